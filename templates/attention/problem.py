@@ -1,0 +1,131 @@
+"""Inputs, reference and tolerances for attention forward, layout (B, H, S, D)."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from templates.family import BufferSpec, Problem, TemplateError, Validation
+
+HEAD_DIMS = (64, 128)
+DTYPES = ("fp16", "bf16")
+# ||out - ref|| / ||ref|| on the checked rows. P is rounded to the element type before P.V, so
+# the bound follows the type's precision: fp16 has 11 significant bits, bf16 8.
+TOLERANCE = {"fp16": 4e-3, "bf16": 3e-2}
+POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
+ROWS_PER_HEAD = 48  # float64 reference rows per checked (b, h)
+CHECKED_HEADS = 4
+
+
+def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int, int]:
+    if isinstance(shape, str):
+        parts = [p.strip() for p in shape.replace("x", ",").split(",")]
+        try:
+            dims = tuple(int(p) for p in parts)
+        except ValueError:
+            raise TemplateError(f"malformed shape {shape!r}: expected B,H,S,D such as 4,16,4096,128") from None
+    else:
+        dims = tuple(int(d) for d in shape)
+    if len(dims) != 4 or min(dims) < 1:
+        raise TemplateError(f"malformed shape {shape!r}: expected four positive integers B,H,S,D")
+    b, h, s, d = dims
+    if d not in HEAD_DIMS:
+        raise TemplateError(f"unsupported head dimension D={d}: attention supports {list(HEAD_DIMS)}")
+    if h > 65535 or b > 65535:
+        raise TemplateError(f"B and H must each be at most 65535 (got B={b}, H={h})")
+    if b * h * s * d * 2 >= 2**31 * 8:
+        raise TemplateError(f"shape {dims} is too large for one tensor")
+    return b, h, s, d
+
+
+def flops(problem: Problem) -> float:
+    b, h, s, d = problem.shape
+    total = 4.0 * b * h * s * s * d
+    return total / 2 if problem.causal else total
+
+
+def min_bytes(problem: Problem) -> int:
+    b, h, s, d = problem.shape
+    return 4 * b * h * s * d * 2  # read Q, K, V once, write O once
+
+
+def scale_log2(head_dim: int) -> float:
+    return math.log2(math.e) / math.sqrt(head_dim)
+
+
+def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> raw 16-bit patterns of `dtype` (round to nearest even)."""
+    if dtype == "fp16":
+        return values.astype(np.float16).view(np.uint16)
+    bits = values.astype(np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """Raw 16-bit patterns -> float64."""
+    if dtype == "fp16":
+        return bits.view(np.float16).astype(np.float64)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in ("q", "k", "v"):
+        values = rng.standard_normal(problem.shape, dtype=np.float32)
+        out[name] = to_bits(values, problem.dtype)
+    return out
+
+
+def outputs(problem: Problem) -> tuple[BufferSpec, ...]:
+    return (BufferSpec("o", tuple(problem.shape), np.dtype(np.uint16), POISON[problem.dtype]),)
+
+
+def checked_rows(seq: int, rng: np.random.Generator) -> np.ndarray:
+    """The first and last rows (tails and the causal corner), plus random rows in between."""
+    edge = min(seq, 8)
+    rows = set(range(edge)) | set(range(seq - edge, seq))
+    rows |= set(rng.integers(0, seq, size=min(seq, ROWS_PER_HEAD - 2 * edge)).tolist())
+    return np.array(sorted(rows))
+
+
+def reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: np.ndarray, causal: bool) -> np.ndarray:
+    """float64 attention for the given query rows of one (b, h)."""
+    d = q.shape[-1]
+    scores = q[rows] @ k.T / math.sqrt(d)
+    if causal:
+        cols = np.arange(k.shape[0])
+        scores = np.where(cols[None, :] > rows[:, None], -np.inf, scores)
+    scores -= scores.max(axis=1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=1, keepdims=True)
+    return weights @ v
+
+
+def validate(problem: Problem, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray]) -> Validation:
+    b_count, h_count, seq, _ = problem.shape
+    out = from_bits(np.asarray(outs["o"]).reshape(problem.shape), problem.dtype)
+    if not np.isfinite(out).all():
+        bad = int((~np.isfinite(out)).sum())
+        return Validation(False, math.nan, math.nan, f"{bad} output elements are NaN/Inf or unwritten")
+    rng = np.random.default_rng(seq * 7919 + b_count * 31 + h_count)
+    heads = {(0, 0), (b_count - 1, h_count - 1)}
+    while len(heads) < min(CHECKED_HEADS, b_count * h_count):
+        heads.add((int(rng.integers(b_count)), int(rng.integers(h_count))))
+    diff_sq = ref_sq = max_abs = 0.0
+    for b, h in sorted(heads):
+        rows = checked_rows(seq, rng)
+        q, k, v = (from_bits(ins[n].reshape(problem.shape)[b, h], problem.dtype) for n in ("q", "k", "v"))
+        ref = reference_rows(q, k, v, rows, problem.causal)
+        diff = out[b, h][rows] - ref
+        diff_sq += float((diff**2).sum())
+        ref_sq += float((ref**2).sum())
+        max_abs = max(max_abs, float(np.abs(diff).max()))
+    error = math.sqrt(diff_sq / ref_sq)
+    limit = TOLERANCE[problem.dtype]
+    if not error <= limit:
+        return Validation(False, error, max_abs, f"relative error {error:.2e} > {limit:.0e} ({problem.dtype})")
+    return Validation(True, error, max_abs)

@@ -1,0 +1,194 @@
+"""Values that cross process boundaries between the coordinator and the workers.
+
+They are frozen, picklable and free of CUDA handles or ORM objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+# Why a trial failed. Every failure a kernel can cause ends in one of these, never in the study.
+FAILURE_KINDS = (
+    "invalid",  # the family's constraints rejected the config before compiling
+    "compile",  # the compiler failed (log in `detail`)
+    "resources",  # compiled, but the launch asked for more than the device has
+    "crash",  # illegal address, trap, misaligned access: the CUDA context died
+    "timeout",  # ran past the deadline (a hang); the worker was replaced
+    "wrong",  # finished but the output does not match the reference (or NaN/Inf/unwritten)
+    "nondeterministic",  # two runs on the same inputs gave different bits
+    "worker",  # the worker process died for another reason
+)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the compiler reports for the kernel (ptxas -v)."""
+
+    registers: int
+    smem_static: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Resources":
+        return cls(**{k: int(data[k]) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    source: str
+    kernel: str
+    options: tuple[str, ...]
+    arch: str = "sm_90a"
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A compiled module: the cubin, its resources and the hashes that key caches."""
+
+    cubin: bytes
+    kernel: str
+    resources: Resources | None
+    source_hash: str  # sha256 of (source, options, arch, toolkit)
+    cubin_hash: str  # sha256 of the cubin: configs with equal cubins are measured once
+    toolkit: str  # e.g. "nvcc 13.0.88" or "nvrtc 13.0"
+    options: tuple[str, ...]
+    compile_seconds: float
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float  # spread: interquartile range
+    repetitions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Timing":
+        return cls(
+            float(data["median_ms"]),
+            float(data["min_ms"]),
+            float(data["max_ms"]),
+            float(data["iqr_ms"]),
+            int(data["repetitions"]),
+        )
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A GPU as the worker sees it."""
+
+    name: str
+    sm_count: int
+    compute_capability: tuple[int, int]
+    max_smem_per_block_optin: int
+    driver_version: str
+    cuda_version: str
+    uuid: str = ""
+    clocks: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["compute_capability"] = list(self.compute_capability)
+        data["clocks"] = dict(self.clocks)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "DeviceInfo":
+        return cls(
+            name=str(data["name"]),
+            sm_count=int(data["sm_count"]),
+            compute_capability=tuple(int(c) for c in data["compute_capability"]),  # type: ignore[arg-type]
+            max_smem_per_block_optin=int(data["max_smem_per_block_optin"]),
+            driver_version=str(data["driver_version"]),
+            cuda_version=str(data["cuda_version"]),
+            uuid=str(data.get("uuid", "")),
+            clocks=dict(data.get("clocks") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The outcome of one trial on a worker: ok with a timing, or a failure with its reason."""
+
+    ok: bool
+    failure: str | None = None  # one of FAILURE_KINDS when not ok
+    reason: str | None = None  # one line a person can read
+    detail: str = ""  # compiler log, CUDA error name, traceback tail
+    timing: Timing | None = None
+    error: float | None = None  # relative error against the reference
+    max_abs_error: float | None = None
+    resources: Resources | None = None
+    cubin_hash: str | None = None
+    compile_seconds: float | None = None
+    gpu_seconds: float = 0.0  # wall time the worker spent on the GPU for this trial
+    replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
+    clocks: Mapping[str, Any] = field(default_factory=dict)  # SM/memory clocks, temperature
+
+    def __post_init__(self) -> None:
+        if self.ok and self.timing is None:
+            raise ValueError("a successful measurement needs a timing")
+        if not self.ok and self.failure not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {self.failure!r}")
+
+    @classmethod
+    def failed(cls, failure: str, reason: str, **extra: Any) -> "Measurement":
+        return cls(ok=False, failure=failure, reason=reason, **extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return measurement_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Measurement":
+        return measurement_from_json(data)
+
+
+def measurement_to_json(m: Measurement) -> dict[str, Any]:
+    """A plain JSON-able dict (nested values as dicts, absent ones as None)."""
+    return {
+        "ok": m.ok,
+        "failure": m.failure,
+        "reason": m.reason,
+        "detail": m.detail,
+        "timing": m.timing.to_json() if m.timing else None,
+        "error": m.error,
+        "max_abs_error": m.max_abs_error,
+        "resources": m.resources.to_json() if m.resources else None,
+        "cubin_hash": m.cubin_hash,
+        "compile_seconds": m.compile_seconds,
+        "gpu_seconds": m.gpu_seconds,
+        "replayed": m.replayed,
+        "clocks": dict(m.clocks),
+    }
+
+
+def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
+    def opt_float(key: str) -> float | None:
+        value = data.get(key)
+        return None if value is None else float(value)
+
+    return Measurement(
+        ok=bool(data["ok"]),
+        failure=data.get("failure"),
+        reason=data.get("reason"),
+        detail=str(data.get("detail") or ""),
+        timing=Timing.from_json(data["timing"]) if data.get("timing") else None,
+        error=opt_float("error"),
+        max_abs_error=opt_float("max_abs_error"),
+        resources=Resources.from_json(data["resources"]) if data.get("resources") else None,
+        cubin_hash=data.get("cubin_hash"),
+        compile_seconds=opt_float("compile_seconds"),
+        gpu_seconds=float(data.get("gpu_seconds") or 0.0),
+        replayed=bool(data.get("replayed", False)),
+        clocks=dict(data.get("clocks") or {}),
+    )
