@@ -1,0 +1,106 @@
+"""Open a database by URL: build the engine, bring the schema up to date, hand out a Repository.
+
+    from storage import open_repository
+
+    repo = open_repository()                                  # $TUNER_DB or ./tuner.db
+    repo = open_repository("postgresql://tuner@db.lab/tuner")  # shared with Optuna's tables
+
+SQLite and PostgreSQL are the databases this package is tested on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from storage.errors import StorageError
+from storage.migrate import upgrade
+from storage.repository import Repository, one_line
+
+CONNECT_TIMEOUT_S = 5  # a server that does not answer fails in seconds, never hangs
+
+
+def default_url() -> str:
+    """``$TUNER_DB`` if set, else a SQLite file ``tuner.db`` in the current directory."""
+    return os.environ.get("TUNER_DB") or f"sqlite:///{Path.cwd() / 'tuner.db'}"
+
+
+def open_repository(url: str | None = None) -> Repository:
+    """Connect to ``url`` (None: :func:`default_url`), create or upgrade our tables, and return
+    a :class:`Repository`. Existing data is never dropped.
+
+    Raises:
+        StorageError: the URL is malformed, the driver is missing, the server does not answer,
+            or the database was written by a newer version of the tuner.
+    """
+    url = url or default_url()
+    engine = make_engine(url)
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        upgrade(engine)
+    except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
+        engine.dispose()
+        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+    return Repository(engine)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with short connect timeouts and SQLite made transactional."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as error:
+        raise StorageError(f"cannot open database {url!r}: not a database URL") from error
+    options: dict[str, Any] = {
+        "json_serializer": _dump_json,
+        "connect_args": _connect_args(parsed),
+        "pool_pre_ping": parsed.get_backend_name() != "sqlite",  # servers drop idle connections
+    }
+    try:
+        engine = create_engine(parsed, **options)
+    except Exception as error:  # unknown dialect, missing driver module, bad options
+        shown = parsed.render_as_string(hide_password=True)
+        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+    if engine.dialect.name == "sqlite":
+        _make_sqlite_transactional(engine)
+    return engine
+
+
+def _dump_json(value: Any) -> str:
+    # NaN and Infinity are not JSON; PostgreSQL refuses them, so SQLite must too.
+    return json.dumps(value, allow_nan=False)
+
+
+def _connect_args(url: URL) -> dict[str, Any]:
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        return {"connect_timeout": CONNECT_TIMEOUT_S}  # libpq rounds values under 2 up to 2
+    if backend == "sqlite":
+        return {"timeout": CONNECT_TIMEOUT_S}  # seconds to wait on another writer's lock
+    return {}
+
+
+def _make_sqlite_transactional(engine: Engine) -> None:
+    """Foreign keys on, and real BEGIN/SAVEPOINT (pysqlite's own handling breaks both).
+
+    See "Serializable isolation / Savepoints / Transactional DDL" in SQLAlchemy's SQLite notes.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # execution_options(sqlite_begin="BEGIN IMMEDIATE") takes the write lock up front
+        connection.exec_driver_sql(connection.get_execution_options().get("sqlite_begin", "BEGIN"))

@@ -1,0 +1,207 @@
+"""The tables of the tuner, as a typed SQLAlchemy 2 ORM.
+
+Every table is prefixed ``tuner_`` because Optuna's RDB storage lives in the same database with
+its own ``studies``, ``trials`` and ``alembic_version`` tables. Relationships are declared with
+``lazy="raise"``: a query that needs a related row loads it explicitly (``joinedload``), so no
+query ever runs by surprise. The schema itself is created by the Alembic migrations in
+``storage/migrations``, never by ``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC (the same on SQLite and PostgreSQL), read back aware."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+class CanonicalJSON(TypeDecorator[Any]):
+    """JSON stored as canonical text, so it can be part of a unique key and compared with ``==``.
+
+    (PostgreSQL's ``json`` type has no equality operator; the text of equal values is equal.)
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(none_as_null=True)}
+
+
+class Device(Base):
+    __tablename__ = "tuner_devices"
+    __table_args__ = (
+        UniqueConstraint(
+            "name", "sm_count", "compute_capability", "driver_version", "cuda_version"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String)
+    sm_count: Mapped[int]
+    compute_capability: Mapped[str] = mapped_column(String)
+    driver_version: Mapped[str] = mapped_column(String)
+    cuda_version: Mapped[str] = mapped_column(String)
+
+
+class Family(Base):
+    __tablename__ = "tuner_families"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+
+
+class TemplateVersion(Base):
+    __tablename__ = "tuner_template_versions"
+    __table_args__ = (UniqueConstraint("family_id", "template_hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    family_id: Mapped[int] = mapped_column(ForeignKey("tuner_families.id"))
+    template_hash: Mapped[str] = mapped_column(String)
+    space: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    family: Mapped[Family] = relationship(lazy="raise")
+
+
+class Problem(Base):
+    __tablename__ = "tuner_problems"
+    __table_args__ = (UniqueConstraint("family_id", "shape", "dtype", "causal"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    family_id: Mapped[int] = mapped_column(ForeignKey("tuner_families.id"))
+    shape: Mapped[list[int]] = mapped_column(CanonicalJSON)
+    dtype: Mapped[str] = mapped_column(String)
+    causal: Mapped[bool] = mapped_column(Boolean)
+
+    family: Mapped[Family] = relationship(lazy="raise")
+
+
+class Study(Base):
+    __tablename__ = "tuner_studies"
+    __table_args__ = (
+        CheckConstraint("status IN ('running', 'finished', 'interrupted')", name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    template_version_id: Mapped[int] = mapped_column(ForeignKey("tuner_template_versions.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("tuner_problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("tuner_devices.id"))
+    sampler: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String)
+    replay: Mapped[bool] = mapped_column(Boolean)
+    settings: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    template_version: Mapped[TemplateVersion] = relationship(lazy="raise")
+    problem: Mapped[Problem] = relationship(lazy="raise")
+    device: Mapped[Device] = relationship(lazy="raise")
+
+
+class Trial(Base):
+    __tablename__ = "tuner_trials"
+    __table_args__ = (
+        UniqueConstraint("study_id", "number"),
+        CheckConstraint("status IN ('ok', 'failed')", name="status"),
+        CheckConstraint("status <> 'ok' OR median_ms IS NOT NULL", name="ok_timed"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
+    number: Mapped[int]
+    params: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String)
+    failure: Mapped[str | None] = mapped_column(String)
+    reason: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    registers: Mapped[int | None]
+    smem_static: Mapped[int | None]
+    stack_bytes: Mapped[int | None]
+    spill_stores: Mapped[int | None]
+    spill_loads: Mapped[int | None]
+    cubin_hash: Mapped[str | None] = mapped_column(String)
+    compile_seconds: Mapped[float | None] = mapped_column(Float)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    min_ms: Mapped[float | None] = mapped_column(Float)
+    max_ms: Mapped[float | None] = mapped_column(Float)
+    iqr_ms: Mapped[float | None] = mapped_column(Float)
+    repetitions: Mapped[int | None]
+    tflops: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[float | None] = mapped_column(Float)
+    max_abs_error: Mapped[float | None] = mapped_column(Float)
+    replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpu_state: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    study: Mapped[Study] = relationship(lazy="raise")
+
+
+class Best(Base):
+    """The fastest ok trial per (template version, problem, device), kept by ``record_trial``."""
+
+    __tablename__ = "tuner_best"
+    __table_args__ = (UniqueConstraint("template_version_id", "problem_id", "device_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    template_version_id: Mapped[int] = mapped_column(ForeignKey("tuner_template_versions.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("tuner_problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("tuner_devices.id"))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"))
+    median_ms: Mapped[float] = mapped_column(Float)
+    tflops: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    trial: Mapped[Trial] = relationship(lazy="raise")

@@ -1,0 +1,226 @@
+"""The statements a Repository runs inside one session; no commits or error handling here.
+
+Each function takes an open :class:`~sqlalchemy.orm.Session` and returns ORM rows (or records
+built from them); :mod:`storage.repository` owns the transaction around them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, case, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage import rows
+from storage.errors import StorageError
+from storage.models import (
+    Base,
+    Best,
+    Device,
+    Family,
+    Problem,
+    Study,
+    TemplateVersion,
+    Trial,
+    utcnow,
+)
+from storage.records import StudySummary
+
+Row = TypeVar("Row", bound=Base)
+DEVICE_KEYS = ("name", "sm_count", "compute_capability", "driver_version", "cuda_version")
+
+
+def known(value: float | None) -> float | None:
+    """NaN means unknown: stored as NULL (SQLite would do so anyway, PostgreSQL would not)."""
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def plain_json(what: str, value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as it will read back from the database (tuples become lists), or StorageError
+    when it is not JSON (NaN, Infinity, numpy scalars): refused alike by every backend."""
+    try:
+        return json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise StorageError(f"{what} are not plain JSON: {error}") from None
+
+
+def get_or_create(
+    session: Session, model: type[Row], key: Mapping[str, Any], extra: Mapping[str, Any] = {}
+) -> Row:
+    """The row of ``model`` with ``key``, inserted with ``extra`` when missing. When a concurrent
+    writer inserts the same key first, its row is returned (the insert runs in a savepoint)."""
+    stmt = select(model).filter_by(**key)
+    row = session.scalars(stmt).one_or_none()
+    if row is not None:
+        return row
+    try:
+        with session.begin_nested():
+            row = model(**key, **extra)
+            session.add(row)
+    except IntegrityError:
+        row = session.scalars(stmt).one()
+    return row
+
+
+def family(session: Session, name: str) -> Family:
+    return get_or_create(session, Family, {"name": name})
+
+
+def template_version(
+    session: Session, family: Family, template_hash: str, space: Mapping[str, Any]
+) -> TemplateVersion:
+    key = {"family_id": family.id, "template_hash": template_hash}
+    return get_or_create(session, TemplateVersion, key, {"space": plain_json("space", space)})
+
+
+def problem(
+    session: Session, family: Family, shape: Sequence[int], dtype: str, causal: bool
+) -> Problem:
+    key = {
+        "family_id": family.id,
+        "shape": [int(d) for d in shape],
+        "dtype": dtype,
+        "causal": bool(causal),
+    }
+    return get_or_create(session, Problem, key)
+
+
+def device(session: Session, device: Mapping[str, Any]) -> Device:
+    """The row of a dict with DEVICE_KEYS (others ignored); capability "9.0" or (9, 0)."""
+    missing = [key for key in DEVICE_KEYS if key not in device]
+    if missing:
+        raise StorageError(f"a device needs {', '.join(missing)}")
+    capability = device["compute_capability"]
+    if not isinstance(capability, str):
+        capability = ".".join(str(part) for part in capability)
+    key = {
+        "name": str(device["name"]),
+        "sm_count": int(device["sm_count"]),
+        "compute_capability": capability,
+        "driver_version": str(device["driver_version"]),
+        "cuda_version": str(device["cuda_version"]),
+    }
+    return get_or_create(session, Device, key)
+
+
+def study(session: Session, study_id: int) -> Study:
+    found = session.get(Study, study_id)
+    if found is None:
+        raise StorageError(f"no study with id {study_id}")
+    return found
+
+
+def offer_best(session: Session, study: Study, trial: Trial) -> None:
+    """Make ``trial`` (ok and flushed) the best of its study's (template version, problem,
+    device) when there is none yet or it is strictly faster than the stored one."""
+    assert trial.status == "ok" and trial.median_ms is not None
+    key = {
+        "template_version_id": study.template_version_id,
+        "problem_id": study.problem_id,
+        "device_id": study.device_id,
+    }
+    values = {"trial_id": trial.id, "median_ms": trial.median_ms, "tflops": trial.tflops}
+    stmt = select(Best).filter_by(**key).with_for_update()
+    best = session.scalars(stmt).one_or_none()
+    if best is None:
+        try:
+            with session.begin_nested():
+                session.add(Best(**key, **values))
+            return
+        except IntegrityError:  # another writer stored a best for this key just now
+            best = session.scalars(stmt).one()
+    if trial.median_ms < best.median_ms:
+        for name, value in values.items():
+            setattr(best, name, value)
+        best.updated_at = utcnow()
+
+
+def best_statement(
+    family: str,
+    shape: Sequence[int],
+    dtype: str,
+    causal: bool,
+    device_name: str | None,
+    template_hash: str | None,
+) -> Select[Any]:
+    """The fastest best row matching the filters, with what :func:`rows.best_record` needs."""
+    stmt = (
+        select(Best, Trial, Study.name, Family.name, TemplateVersion.template_hash, Problem, Device)
+        .join(Trial, Best.trial_id == Trial.id)
+        .join(Study, Trial.study_id == Study.id)
+        .join(TemplateVersion, Best.template_version_id == TemplateVersion.id)
+        .join(Family, TemplateVersion.family_id == Family.id)
+        .join(Problem, Best.problem_id == Problem.id)
+        .join(Device, Best.device_id == Device.id)
+        .where(Family.name == family, Problem.shape == [int(d) for d in shape])
+        .where(Problem.dtype == dtype, Problem.causal == bool(causal))
+        .order_by(Best.median_ms, Best.id)
+        .limit(1)
+    )
+    if device_name is not None:
+        stmt = stmt.where(Device.name == device_name)
+    if template_hash is not None:
+        stmt = stmt.where(TemplateVersion.template_hash == template_hash)
+    return stmt
+
+
+def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
+    """Every study (or the one named) with its trial counts, oldest first."""
+    ok = Trial.status == "ok"
+    counts = (
+        select(
+            Trial.study_id,
+            func.count().label("n_trials"),
+            func.sum(case((ok, 1), else_=0)).label("n_ok"),
+            func.min(case((ok, Trial.median_ms))).label("best_ms"),
+            func.max(case((ok, Trial.tflops))).label("best_tflops"),  # same problem: fastest
+        )
+        .group_by(Trial.study_id)
+        .subquery()
+    )
+    stmt = (
+        select(
+            Study,
+            Family.name,
+            TemplateVersion.template_hash,
+            Problem,
+            Device.name,
+            counts.c.n_trials,
+            counts.c.n_ok,
+            counts.c.best_ms,
+            counts.c.best_tflops,
+        )
+        .join(TemplateVersion, Study.template_version_id == TemplateVersion.id)
+        .join(Family, TemplateVersion.family_id == Family.id)
+        .join(Problem, Study.problem_id == Problem.id)
+        .join(Device, Study.device_id == Device.id)
+        .outerjoin(counts, counts.c.study_id == Study.id)
+        .order_by(Study.created_at, Study.id)
+    )
+    if name is not None:
+        stmt = stmt.where(Study.name == name)
+    return [
+        rows.study_summary(
+            study,
+            family_name,
+            template_hash,
+            problem_row,
+            device_name,
+            (n_trials, n_ok, best_ms, best_tflops),
+        )
+        for (
+            study,
+            family_name,
+            template_hash,
+            problem_row,
+            device_name,
+            n_trials,
+            n_ok,
+            best_ms,
+            best_tflops,
+        ) in session.execute(stmt)
+    ]

@@ -1,0 +1,155 @@
+"""Plain values returned by :class:`storage.Repository`; never ORM objects.
+
+They are frozen and free of database handles, so they can be logged, pickled and compared::
+
+    from storage import open_repository, params_key
+
+    repo = open_repository("sqlite:///tuner.db")
+    done = repo.measured(study.id)           # {params_key(params): TrialRecord}
+    if params_key(params) in done: ...
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+STUDY_STATUSES = ("running", "finished", "interrupted")
+TRIAL_STATUSES = ("ok", "failed")
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """The canonical text of a parameter set: equal configs give equal keys."""
+    return json.dumps(dict(params), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """A GPU model, driver and toolkit: measurements are only comparable on the same one."""
+
+    id: int
+    name: str
+    sm_count: int
+    compute_capability: str  # "9.0"
+    driver_version: str
+    cuda_version: str
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """One tuning run (also the name of its Optuna study)."""
+
+    id: int
+    name: str
+    family: str
+    template_hash: str
+    space: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: str
+    causal: bool
+    device: DeviceRecord
+    sampler: str
+    status: str  # one of STUDY_STATUSES
+    replay: bool
+    settings: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One measured (or failed) configuration of a study."""
+
+    id: int
+    study_id: int
+    number: int  # the Optuna trial number
+    params: dict[str, Any]
+    status: str  # "ok" | "failed"
+    failure: str | None
+    reason: str | None
+    detail: str
+    registers: int | None
+    smem_static: int | None
+    stack_bytes: int | None
+    spill_stores: int | None
+    spill_loads: int | None
+    cubin_hash: str | None
+    compile_seconds: float | None
+    median_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    iqr_ms: float | None
+    repetitions: int | None
+    tflops: float | None
+    error: float | None
+    max_abs_error: float | None
+    replayed: bool
+    gpu_state: dict[str, Any] | None
+    created_at: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def key(self) -> str:
+        return params_key(self.params)
+
+
+@dataclass(frozen=True)
+class BestRecord:
+    """The fastest validated configuration stored for a problem (the winner ``best`` returns)."""
+
+    family: str
+    shape: tuple[int, ...]
+    dtype: str
+    causal: bool
+    template_hash: str
+    device: DeviceRecord
+    study: str  # the study's name
+    trial_number: int
+    params: dict[str, Any]
+    median_ms: float
+    min_ms: float | None
+    max_ms: float | None
+    iqr_ms: float | None
+    repetitions: int | None
+    tflops: float | None
+    error: float | None
+    max_abs_error: float | None
+    registers: int | None
+    smem_static: int | None
+    stack_bytes: int | None
+    spill_stores: int | None
+    spill_loads: int | None
+    cubin_hash: str | None
+    replayed: bool
+    measured_at: datetime  # when the winning trial was recorded
+    updated_at: datetime  # when it became the best
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """One line of ``tuner studies``: a study and the counts of its trials."""
+
+    id: int
+    name: str
+    family: str
+    template_hash: str
+    shape: tuple[int, ...]
+    dtype: str
+    causal: bool
+    device_name: str
+    sampler: str
+    status: str
+    replay: bool
+    n_trials: int
+    n_ok: int
+    n_failed: int
+    best_median_ms: float | None
+    best_tflops: float | None
+    created_at: datetime
+    updated_at: datetime

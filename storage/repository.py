@@ -1,0 +1,311 @@
+"""The Repository: every read and write of the tuner's results, one transaction per call.
+
+    repo = open_repository("sqlite:///tuner.db")
+    study = repo.open_study(
+        "attention-h100-tpe", family="attention", template_hash=family.template_hash,
+        space=space, shape=[4, 16, 4096, 128], dtype="fp16", causal=True,
+        device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
+    )
+    repo.record_trial(study.id, trial.number, params, status="ok", median_ms=0.41, tflops=612.0)
+    winner = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
+
+Every method runs in :meth:`Repository._session`, which commits, or rolls back and raises
+:class:`StorageError` with one line. Methods take plain values and return frozen records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage import queries, rows
+from storage.errors import StorageError
+from storage.models import Study, Trial, utcnow
+from storage.records import (
+    STUDY_STATUSES,
+    TRIAL_STATUSES,
+    BestRecord,
+    StudyRecord,
+    StudySummary,
+    TrialRecord,
+    params_key,
+)
+
+
+def one_line(error: BaseException) -> str:
+    """The driver's message of ``error`` (not SQLAlchemy's wrapper), on one line."""
+    message = str(getattr(error, "orig", None) or error)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines) or type(error).__name__
+
+
+class Repository:
+    """The tuner's results in one database (SQLite or PostgreSQL); see :func:`open_repository`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Repository:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _session(self, what: str, *, write: bool = False) -> Iterator[Session]:
+        """One transaction: commit on success; on any error roll back and raise StorageError.
+
+        ``write`` takes SQLite's write lock at the start (BEGIN IMMEDIATE), so that two writers
+        wait for each other instead of failing when both try to turn a read lock into a write.
+        """
+        session = self._sessions()
+        try:
+            if write:
+                session.connection(execution_options={"sqlite_begin": "BEGIN IMMEDIATE"})
+            yield session
+            session.commit()
+        except StorageError:
+            session.rollback()
+            raise
+        except SQLAlchemyError as error:
+            session.rollback()
+            raise StorageError(f"{what}: {one_line(error)}") from error
+        finally:
+            session.close()
+
+    # -- reference rows ---------------------------------------------------------------------
+
+    def ensure_device(
+        self,
+        name: str,
+        sm_count: int,
+        compute_capability: str | Sequence[int],
+        driver_version: str,
+        cuda_version: str,
+    ) -> int:
+        """The id of this device, created on first use. ``compute_capability``: "9.0" or (9, 0)."""
+        device = {
+            "name": name,
+            "sm_count": sm_count,
+            "compute_capability": compute_capability,
+            "driver_version": driver_version,
+            "cuda_version": cuda_version,
+        }
+        with self._session(f"cannot store device {name!r}", write=True) as session:
+            return queries.device(session, device).id
+
+    def ensure_template_version(
+        self, family: str, template_hash: str, space: Mapping[str, Any]
+    ) -> int:
+        """The id of this version of a family's template, created on first use."""
+        with self._session(
+            f"cannot store template {family}/{template_hash}", write=True
+        ) as session:
+            family_row = queries.family(session, family)
+            return queries.template_version(session, family_row, template_hash, space).id
+
+    def ensure_problem(self, family: str, shape: Sequence[int], dtype: str, causal: bool) -> int:
+        """The id of this problem of a family, created on first use."""
+        with self._session(f"cannot store problem {family} {list(shape)}", write=True) as session:
+            return queries.problem(
+                session, queries.family(session, family), shape, dtype, causal
+            ).id
+
+    # -- studies ----------------------------------------------------------------------------
+
+    def open_study(
+        self,
+        name: str,
+        *,
+        family: str,
+        template_hash: str,
+        space: Mapping[str, Any],
+        shape: Sequence[int],
+        dtype: str,
+        causal: bool,
+        device: Mapping[str, Any],
+        sampler: str,
+        replay: bool,
+        settings: Mapping[str, Any],
+    ) -> StudyRecord:
+        """Create the study ``name``, or re-open it (its status goes back to 'running').
+
+        ``device`` needs the keys name, sm_count, compute_capability, driver_version and
+        cuda_version; others (a DeviceInfo's uuid, clocks) are ignored. A study that exists keeps
+        its sampler, replay flag and settings; one that exists for another template version,
+        problem or device raises StorageError.
+        """
+        with self._session(f"cannot open study {name!r}", write=True) as session:
+            family_row = queries.family(session, family)
+            version = queries.template_version(session, family_row, template_hash, space)
+            problem = queries.problem(session, family_row, shape, dtype, causal)
+            device_row = queries.device(session, device)
+            identity = {
+                "template_version_id": version.id,
+                "problem_id": problem.id,
+                "device_id": device_row.id,
+            }
+            created = {"sampler": sampler, "status": "running", "replay": bool(replay)}
+            created.update(settings=queries.plain_json("settings", settings), **identity)
+            study = queries.get_or_create(session, Study, {"name": name}, created)
+            if any(getattr(study, key) != value for key, value in identity.items()):
+                raise StorageError(
+                    f"study {name!r} exists for another template version, problem or device"
+                )
+            if study.status != "running":
+                study.status = "running"
+                study.updated_at = utcnow()
+                session.flush()
+            return rows.study_record(study, family_row, version, problem, device_row)
+
+    def set_study_status(self, study_id: int, status: str) -> None:
+        """Mark a study 'running', 'finished' or 'interrupted'."""
+        if status not in STUDY_STATUSES:
+            raise StorageError(
+                f"unknown study status {status!r} (one of {', '.join(STUDY_STATUSES)})"
+            )
+        with self._session(f"cannot set the status of study {study_id}", write=True) as session:
+            study = queries.study(session, study_id)
+            study.status = status
+            study.updated_at = utcnow()
+
+    def studies(self) -> list[StudySummary]:
+        """Every study with its trial counts and its fastest ok trial, oldest first."""
+        with self._session("cannot list studies") as session:
+            return queries.summaries(session)
+
+    def study(self, name: str) -> StudySummary:
+        """The summary of the study ``name``; StorageError when there is none."""
+        with self._session(f"cannot read study {name!r}") as session:
+            found = queries.summaries(session, name)
+        if not found:
+            raise StorageError(f"no study named {name!r}")
+        return found[0]
+
+    # -- trials -----------------------------------------------------------------------------
+
+    def record_trial(
+        self,
+        study_id: int,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        status: str,
+        failure: str | None = None,
+        reason: str | None = None,
+        detail: str = "",
+        registers: int | None = None,
+        smem_static: int | None = None,
+        stack_bytes: int | None = None,
+        spill_stores: int | None = None,
+        spill_loads: int | None = None,
+        cubin_hash: str | None = None,
+        compile_seconds: float | None = None,
+        median_ms: float | None = None,
+        min_ms: float | None = None,
+        max_ms: float | None = None,
+        iqr_ms: float | None = None,
+        repetitions: int | None = None,
+        tflops: float | None = None,
+        error: float | None = None,
+        max_abs_error: float | None = None,
+        replayed: bool = False,
+        gpu_state: Mapping[str, Any] | None = None,
+    ) -> TrialRecord:
+        """Store trial ``number`` of a study; in the same transaction, make it the best of its
+        (template version, problem, device) when it is ok and strictly faster than the stored
+        best. Failed trials never become best. NaN floats are stored as None (unknown).
+        """
+        if status not in TRIAL_STATUSES:
+            raise StorageError(
+                f"unknown trial status {status!r} (one of {', '.join(TRIAL_STATUSES)})"
+            )
+        if status == "ok" and (median_ms is None or not math.isfinite(median_ms)):
+            raise StorageError(
+                f"trial {number}: an ok trial needs a finite median_ms, not {median_ms}"
+            )
+        if gpu_state is not None:
+            gpu_state = queries.plain_json("gpu_state", gpu_state)
+        trial = Trial(
+            study_id=study_id,
+            number=number,
+            params=queries.plain_json("params", params),
+            status=status,
+            failure=failure,
+            reason=reason,
+            detail=detail,
+            registers=registers,
+            smem_static=smem_static,
+            stack_bytes=stack_bytes,
+            spill_stores=spill_stores,
+            spill_loads=spill_loads,
+            cubin_hash=cubin_hash,
+            repetitions=repetitions,
+            compile_seconds=queries.known(compile_seconds),
+            median_ms=queries.known(median_ms),
+            min_ms=queries.known(min_ms),
+            max_ms=queries.known(max_ms),
+            iqr_ms=queries.known(iqr_ms),
+            tflops=queries.known(tflops),
+            error=queries.known(error),
+            max_abs_error=queries.known(max_abs_error),
+            replayed=bool(replayed),
+            gpu_state=gpu_state,
+        )
+        with self._session(
+            f"cannot record trial {number} of study {study_id}", write=True
+        ) as session:
+            study = queries.study(session, study_id)
+            session.add(trial)
+            study.updated_at = utcnow()
+            session.flush()
+            if status == "ok":
+                queries.offer_best(session, study, trial)
+            return rows.trial_record(trial)
+
+    def trials(self, study_id: int) -> list[TrialRecord]:
+        """The trials of a study, ordered by number."""
+        with self._session(f"cannot read the trials of study {study_id}") as session:
+            queries.study(session, study_id)
+            stmt = select(Trial).where(Trial.study_id == study_id).order_by(Trial.number)
+            return [rows.trial_record(trial) for trial in session.scalars(stmt)]
+
+    def measured(self, study_id: int) -> dict[str, TrialRecord]:
+        """The trials of a study keyed by :func:`params_key`; a config measured twice maps to
+        its first (lowest-numbered) trial."""
+        done: dict[str, TrialRecord] = {}
+        for trial in self.trials(study_id):
+            done.setdefault(params_key(trial.params), trial)
+        return done
+
+    def best(
+        self,
+        family: str,
+        shape: Sequence[int],
+        dtype: str,
+        causal: bool,
+        *,
+        device_name: str | None = None,
+        template_hash: str | None = None,
+    ) -> BestRecord | None:
+        """The fastest stored ok trial of a problem, across the devices and template versions
+        that match the filters; None when nothing matches."""
+        stmt = queries.best_statement(family, shape, dtype, causal, device_name, template_hash)
+        with self._session(f"cannot read the best of {family} {list(shape)}") as session:
+            row = session.execute(stmt).one_or_none()
+            return None if row is None else rows.best_record(*row)

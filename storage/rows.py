@@ -1,0 +1,133 @@
+"""ORM rows to records: the only place that knows both sides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.models import Best, Device, Family, Problem, Study, TemplateVersion, Trial
+from storage.records import BestRecord, DeviceRecord, StudyRecord, StudySummary, TrialRecord
+
+
+def device_record(device: Device) -> DeviceRecord:
+    return DeviceRecord(
+        id=device.id,
+        name=device.name,
+        sm_count=device.sm_count,
+        compute_capability=device.compute_capability,
+        driver_version=device.driver_version,
+        cuda_version=device.cuda_version,
+    )
+
+
+def study_record(
+    study: Study, family: Family, version: TemplateVersion, problem: Problem, device: Device
+) -> StudyRecord:
+    return StudyRecord(
+        id=study.id,
+        name=study.name,
+        family=family.name,
+        template_hash=version.template_hash,
+        space=dict(version.space),
+        shape=tuple(problem.shape),
+        dtype=problem.dtype,
+        causal=problem.causal,
+        device=device_record(device),
+        sampler=study.sampler,
+        status=study.status,
+        replay=study.replay,
+        settings=dict(study.settings),
+        created_at=study.created_at,
+        updated_at=study.updated_at,
+    )
+
+
+TRIAL_FIELDS = (
+    "failure reason detail registers smem_static stack_bytes spill_stores spill_loads cubin_hash "
+    "compile_seconds median_ms min_ms max_ms iqr_ms repetitions tflops error max_abs_error"
+).split()
+
+
+def trial_record(trial: Trial) -> TrialRecord:
+    values: dict[str, Any] = {name: getattr(trial, name) for name in TRIAL_FIELDS}
+    return TrialRecord(
+        id=trial.id,
+        study_id=trial.study_id,
+        number=trial.number,
+        params=dict(trial.params),
+        status=trial.status,
+        replayed=trial.replayed,
+        gpu_state=None if trial.gpu_state is None else dict(trial.gpu_state),
+        created_at=trial.created_at,
+        **values,
+    )
+
+
+def best_record(
+    best: Best,
+    trial: Trial,
+    study: str,
+    family: str,
+    template_hash: str,
+    problem: Problem,
+    device: Device,
+) -> BestRecord:
+    assert trial.median_ms is not None  # only ok trials become best
+    return BestRecord(
+        family=family,
+        shape=tuple(problem.shape),
+        dtype=problem.dtype,
+        causal=problem.causal,
+        template_hash=template_hash,
+        device=device_record(device),
+        study=study,
+        trial_number=trial.number,
+        params=dict(trial.params),
+        median_ms=trial.median_ms,
+        min_ms=trial.min_ms,
+        max_ms=trial.max_ms,
+        iqr_ms=trial.iqr_ms,
+        repetitions=trial.repetitions,
+        tflops=trial.tflops,
+        error=trial.error,
+        max_abs_error=trial.max_abs_error,
+        registers=trial.registers,
+        smem_static=trial.smem_static,
+        stack_bytes=trial.stack_bytes,
+        spill_stores=trial.spill_stores,
+        spill_loads=trial.spill_loads,
+        cubin_hash=trial.cubin_hash,
+        replayed=trial.replayed,
+        measured_at=trial.created_at,
+        updated_at=best.updated_at,
+    )
+
+
+def study_summary(
+    study: Study,
+    family: str,
+    template_hash: str,
+    problem: Problem,
+    device_name: str,
+    counts: tuple[int | None, int | None, float | None, float | None],
+) -> StudySummary:
+    n_trials, n_ok, best_ms, best_tflops = counts
+    return StudySummary(
+        id=study.id,
+        name=study.name,
+        family=family,
+        template_hash=template_hash,
+        shape=tuple(problem.shape),
+        dtype=problem.dtype,
+        causal=problem.causal,
+        device_name=device_name,
+        sampler=study.sampler,
+        status=study.status,
+        replay=study.replay,
+        n_trials=int(n_trials or 0),
+        n_ok=int(n_ok or 0),
+        n_failed=int(n_trials or 0) - int(n_ok or 0),
+        best_median_ms=best_ms,
+        best_tflops=best_tflops,
+        created_at=study.created_at,
+        updated_at=study.updated_at,
+    )

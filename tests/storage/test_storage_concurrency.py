@@ -1,0 +1,37 @@
+"""Several processes on one database: opening a new one together, recording trials together."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from storage import open_repository
+
+
+def test_opening_a_new_database_together(url):
+    def open_and_close(_: int) -> bool:
+        open_repository(url).close()
+        return True
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(open_and_close, range(4)))
+    with open_repository(url) as repo:
+        assert repo.studies() == []
+
+
+def test_writers_of_one_problem_keep_one_consistent_best(url, study_args):
+    with open_repository(url) as repo:
+        ids = [repo.open_study(f"s{i}", **study_args()).id for i in range(4)]
+
+    def write(index: int) -> None:
+        with open_repository(url) as repo:  # one repository per writer, like one per process
+            for number in range(10):
+                median = 1.0 + ((number * 7 + index * 3) % 17) / 10
+                repo.record_trial(ids[index], number, {"n": number}, status="ok", median_ms=median)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write, range(4)))
+    with open_repository(url) as repo:
+        trials = [t for study_id in ids for t in repo.trials(study_id)]
+        assert len(trials) == 40
+        best = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
+        assert best.median_ms == min(t.median_ms for t in trials)

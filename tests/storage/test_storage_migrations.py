@@ -1,0 +1,114 @@
+"""Schema: created by the migrations, idempotent, equal to the models, beside Optuna's tables."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+
+from storage import StorageError, open_repository
+from storage.migrate import VERSION_TABLE, head_revision
+from storage.models import Base
+
+TABLES = {
+    "tuner_devices",
+    "tuner_families",
+    "tuner_template_versions",
+    "tuner_problems",
+    "tuner_studies",
+    "tuner_trials",
+    "tuner_best",
+}
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _version(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return list(
+                connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_open_creates_our_tables_and_nothing_else(url):
+    open_repository(url).close()
+    assert _tables(url) == TABLES | {VERSION_TABLE}
+    assert _version(url) == [head_revision()]
+
+
+def test_open_twice_is_a_no_op_and_keeps_data(url, study_args):
+    with open_repository(url) as repo:
+        study = repo.open_study("kept", **study_args())
+        repo.record_trial(study.id, 0, {"a": 1}, status="ok", median_ms=1.0)
+    with open_repository(url) as repo:
+        assert [t.number for t in repo.trials(study.id)] == [0]
+        assert repo.study("kept").n_ok == 1
+    assert _version(url) == [head_revision()]
+
+
+def test_migrations_match_the_models(url):
+    open_repository(url).close()
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            )
+            diff = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+    ours = [d for d in diff if "tuner_" in repr(d)]  # ignore unrelated tables of the database
+    assert ours == []
+
+
+def test_a_newer_schema_is_refused_and_left_alone(url, study_args):
+    with open_repository(url) as repo:
+        repo.open_study("future", **study_args())
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(StorageError, match="newer"):
+        open_repository(url)
+    assert _version(url) == ["9999"]
+    assert "tuner_studies" in _tables(url)
+
+
+def test_optuna_and_our_tables_share_a_database(url, study_args):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with open_repository(url) as repo:
+        ours = repo.open_study("shared", **study_args())
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="shared", storage=storage)
+    study.optimize(lambda trial: trial.suggest_int("x", 0, 3), n_trials=2)
+    storage.engine.dispose()
+
+    tables = _tables(url)
+    assert TABLES | {VERSION_TABLE, "alembic_version", "studies", "trials"} <= tables
+    with open_repository(url) as repo:  # our migration does not touch Optuna's tables
+        repo.record_trial(ours.id, 0, {"x": 1}, status="ok", median_ms=2.0)
+        assert repo.study("shared").n_trials == 1
+    loaded = optuna.load_study(study_name="shared", storage=url)
+    assert len(loaded.trials) == 2
+
+
+def test_our_tables_can_come_after_optunas(url):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    optuna.create_study(study_name="first", storage=storage)
+    storage.engine.dispose()
+    with open_repository(url) as repo:
+        assert repo.studies() == []
+    assert optuna.load_study(study_name="first", storage=url).study_name == "first"

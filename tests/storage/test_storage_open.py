@@ -1,0 +1,69 @@
+"""Opening a database: default URL, and one clear StorageError line for every bad one."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from storage import StorageError, default_url, engine, open_repository
+
+
+def test_default_url_is_tuner_db_env_or_a_file_in_cwd(monkeypatch, tmp_path):
+    monkeypatch.delenv("TUNER_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_url() == f"sqlite:///{tmp_path / 'tuner.db'}"
+    monkeypatch.setenv("TUNER_DB", "postgresql://u@h/db")
+    assert default_url() == "postgresql://u@h/db"
+
+
+def test_open_none_uses_the_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("TUNER_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    open_repository().close()
+    assert (tmp_path / "tuner.db").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("not a url", "not a database URL"),
+        ("nosuchdb://host/x", "cannot open database nosuchdb://host/x"),
+        ("sqlite:////no/such/folder/tuner.db", "unable to open database file"),
+    ],
+)
+def test_bad_urls_raise_one_line(url, message):
+    with pytest.raises(StorageError, match=message) as caught:
+        open_repository(url)
+    assert "\n" not in str(caught.value)
+
+
+def test_refused_connection_fails_fast_and_hides_the_password():
+    url = f"postgresql://tuner:secret@127.0.0.1:{_free_port()}/tuner"
+    start = time.monotonic()
+    with pytest.raises(StorageError) as caught:
+        open_repository(url)
+    assert time.monotonic() - start < 5
+    text = str(caught.value)
+    assert text.startswith("cannot open database postgresql://tuner:***@127.0.0.1")
+    assert "refused" in text.lower() and "secret" not in text and "\n" not in text
+
+
+def test_a_silent_server_times_out(monkeypatch):
+    """A server that accepts TCP but never answers must not hang the tuner."""
+    monkeypatch.setattr(engine, "CONNECT_TIMEOUT_S", 2)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(StorageError, match="cannot open database"):
+            open_repository(f"postgresql://tuner@127.0.0.1:{port}/tuner")
+        assert time.monotonic() - start < 10
