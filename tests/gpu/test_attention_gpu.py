@@ -1,0 +1,85 @@
+"""The attention family on a real GPU: random configs against the float64 reference.
+
+Run on the GPU machine: ``pytest -m gpu``. Skipped where no GPU is visible.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from templates import get_family
+from workers.compile import compile_cubin
+from workers.results import CompileRequest
+
+pytestmark = pytest.mark.gpu
+
+FAMILY = get_family("attention")
+PROBLEMS = [
+    FAMILY.parse_problem(f"2,3,{seq},{d}", dtype, causal)
+    for seq in (1000, 4097)
+    for d in (64, 128)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from workers.gpu import GpuBench
+
+    gpu = GpuBench(0)
+    yield gpu
+    gpu.close()
+
+
+@pytest.fixture(scope="module")
+def sample(bench, tmp_path_factory):
+    """Two random valid configs per problem, compiled in parallel on the CPUs."""
+    rng = random.Random(2026)
+    limits = _limits(bench)
+    jobs = []
+    for problem in PROBLEMS:
+        valid = FAMILY.valid_configs(problem, limits)
+        jobs += [(problem, params) for params in rng.sample(valid, 2)]
+    cache = tmp_path_factory.mktemp("cubins")
+
+    def build(job):
+        problem, params = job
+        request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
+        return problem, params, compile_cubin(request, cache_dir=cache)
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(build, jobs))
+
+
+def _limits(bench):
+    from templates.family import DeviceLimits
+
+    info = bench.device_info()
+    return DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+
+
+def test_random_configs_match_the_reference(bench, sample):
+    failures = []
+    for problem, params, binary in sample:
+        result = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=11, min_reps=3, max_reps=5, target_ms=10)
+        if not result.ok:
+            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+            continue
+        assert result.error is not None and result.error < 0.03
+        assert result.timing.median_ms > 0
+    assert not failures, "\n".join(failures)
+
+
+def test_a_wrong_kernel_is_caught(bench, sample):
+    """A kernel rendered for the non-causal problem fails validation on the causal one."""
+    problem, params, binary = next(s for s in sample if s[0].causal)
+    other = FAMILY.parse_problem(problem.shape, problem.dtype, causal=False)
+    wrong = compile_cubin(
+        CompileRequest(FAMILY.render(params, other), "attention_fwd", FAMILY.compile_options(params, other))
+    )
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "attention", problem, seed=5, min_reps=3, max_reps=5)
+    assert not result.ok and result.failure == "wrong", result
