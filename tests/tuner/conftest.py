@@ -1,0 +1,69 @@
+"""Fixtures of the tuner tests: the toy family registered, a SQLite URL, fake pools for tune()."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import pytest
+
+import templates
+import tuner.api
+from tuner_doubles import KERNEL_SOURCE, PROBLEM, FakePool, PoolFactory, ToyFamily
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Iterator[ToyFamily]:
+    folder = tmp_path / "toy_family"
+    folder.mkdir()
+    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
+    family = templates.register(ToyFamily(folder))
+    yield family
+    templates._REGISTRY.pop("toy", None)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+@pytest.fixture
+def pools(monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
+    """Make :func:`tuner.tune` measure on FakePools."""
+    factory = PoolFactory()
+    monkeypatch.setattr(tuner.api, "_open_pool", factory)
+    return factory
+
+
+
+
+@pytest.fixture(scope="session")
+def _grid_tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuner.TuneResult, FakePool]:
+    """The toy space tuned once with the grid sampler (slow: ~70 trials through SQLite)."""
+    folder = tmp_path_factory.mktemp("toy_family")
+    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
+    templates.register(ToyFamily(folder))
+    path = tmp_path_factory.mktemp("grid") / "tuner.db"
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            pools = PoolFactory()
+            patch.setattr(tuner.api, "_open_pool", pools)
+            result = tuner.tune("toy", *PROBLEM, sampler="grid", db=f"sqlite:///{path}", seed=0)
+    finally:
+        templates._REGISTRY.pop("toy", None)
+    return path, result, pools.used[0]
+
+
+@pytest.fixture
+def tuned(toy: ToyFamily, db: str, _grid_tuned: tuple[Path, tuner.TuneResult, FakePool]) -> Tuned:
+    """A copy of the grid-tuned database at ``db`` (same template hash as ``toy``), the
+    TuneResult and the pool it measured on."""
+    path, result, pool = _grid_tuned
+    shutil.copy(path, db.removeprefix("sqlite:///"))
+    return Tuned(result, pool)
+
+
+class Tuned(NamedTuple):
+    result: tuner.TuneResult
+    pool: FakePool

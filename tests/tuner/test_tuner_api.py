@@ -1,0 +1,94 @@
+"""best, export, studies and show on what a (faked) tune stored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tuner
+from tuner_doubles import PROBLEM, failure_of, latency_ms, valid_configs
+
+
+def _fastest_ok(family):
+    ok = [c for c in valid_configs(family) if failure_of(c) is None]
+    return min(ok, key=latency_ms)
+
+
+def test_best_returns_the_fastest_validated_config(toy, db, tuned):
+    winner = tuner.best("toy", *PROBLEM, db=db)
+    assert winner.params == _fastest_ok(toy)
+    assert winner.median_ms == pytest.approx(latency_ms(winner.params))
+    assert winner.tflops > 0 and winner.device.name == "NVIDIA H100 80GB HBM3"
+    assert winner.template_hash == toy.template_hash and winner.study == tuned.result.study
+    assert tuner.best("toy", "2,4,1024,64", "fp16", db=db, device="NVIDIA H100 80GB HBM3") == winner
+
+
+def test_best_with_nothing_stored_is_not_found(toy, db):
+    with pytest.raises(tuner.NotFound, match="no validated result stored for toy 2x4x1024x64-fp16"):
+        tuner.best("toy", *PROBLEM, db=db)
+    with pytest.raises(tuner.NotFound):
+        tuner.best("toy", *PROBLEM, causal=True, db=db)
+
+
+def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
+    out = tmp_path / "out"
+    path = tuner.export("toy", *PROBLEM, out_dir=out, db=db)
+    winner = tuner.best("toy", *PROBLEM, db=db)
+    problem = toy.parse_problem(*PROBLEM)
+    assert path == out / "toy_2x4x1024x64-fp16.cu"
+    assert path.read_text() == toy.render(winner.params, problem)
+    launch = json.loads((out / "launch.json").read_text())
+    expected = toy.launch(winner.params, problem)
+    assert launch["kernel"] == "toy_kernel" and launch["source"] == path.name
+    assert launch["grid"] == list(expected.grid) and launch["block"] == list(expected.block)
+    assert launch["dynamic_smem_bytes"] == expected.smem_bytes
+    assert launch["args"] == [{"kind": "buffer", "value": "q"}, {"kind": "buffer", "value": "out"},
+                              {"kind": "i32", "value": 1024}]
+    assert launch["compile_flags"][:2] == ["-gencode", "arch=compute_90a,code=sm_90a"]
+    assert "-O3" in launch["compile_flags"]
+    assert launch["params"] == winner.params
+    assert launch["measured"]["median_ms"] == winner.median_ms
+    assert launch["measured"]["tflops"] == winner.tflops and launch["measured"]["error"] == 1e-3
+    assert launch["gpu"] == "NVIDIA H100 80GB HBM3" and launch["toolkit"] == "13.0"
+    assert launch["template_hash"] == toy.template_hash
+    assert launch["problem"] == {"shape": [2, 4, 1024, 64], "dtype": "fp16", "causal": False}
+    assert launch["measured_at"].startswith("20")
+
+
+def test_export_refuses_a_winner_of_another_template_version(toy, db, tuned, tmp_path):
+    (toy.folder / "kernel.cu.j2").write_text("__global__ void toy_kernel() { /* v2 */ }\n")
+    with pytest.raises(tuner.TemplateMismatch, match="tune again"):
+        tuner.export("toy", *PROBLEM, out_dir=tmp_path / "out", db=db)
+    assert not (tmp_path / "out").exists()
+    assert tuner.best("toy", *PROBLEM, db=db).params == _fastest_ok(toy)  # still readable
+
+
+def test_studies_and_show(toy, db, tuned):
+    (summary,) = tuner.studies(db=db)
+    assert summary.name == tuned.result.study and summary.status == "finished"
+    assert summary.n_ok + summary.n_failed == summary.n_trials
+    detail = tuner.show(tuned.result.study, db=db)
+    assert detail.summary == summary
+    assert [t.number for t in detail.trials] == sorted(t.number for t in detail.trials)
+    with pytest.raises(tuner.NotFound, match="no study named 'nope'"):
+        tuner.show("nope", db=db)
+
+
+def test_tune_result_reports_the_winner(toy, db, tuned):
+    assert tuned.result.status == "finished" and tuned.result.device == "NVIDIA H100 80GB HBM3"
+    assert tuned.result.best.params == _fastest_ok(toy)
+    assert tuned.result.gpu_busy_s > 0
+
+
+def test_bad_inputs_are_usage_errors(toy, db):
+    with pytest.raises(tuner.UsageError, match="unknown kernel family 'nope'"):
+        tuner.best("nope", *PROBLEM, db=db)
+    with pytest.raises(tuner.UsageError, match="malformed shape"):
+        tuner.tune("toy", "2,4,x", "fp16", db=db)
+    with pytest.raises(tuner.UsageError, match="unsupported dtype"):
+        tuner.tune("toy", "2,4,1024,64", "fp64", db=db)
+    with pytest.raises(tuner.UsageError, match="unknown sampler"):
+        tuner.tune("toy", *PROBLEM, sampler="cmaes", db=db)
+    with pytest.raises(tuner.DatabaseError, match="cannot open database"):
+        tuner.studies(db="postgresql://nobody@127.0.0.1:1/x")

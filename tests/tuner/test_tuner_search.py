@@ -1,0 +1,92 @@
+"""Study naming, the search space mapping, samplers, and how failures are scored."""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from templates.family import Param, Problem
+from tuner import search
+from tuner.errors import UsageError
+
+
+def test_study_name_is_readable_and_deterministic():
+    problem = Problem((4, 16, 4096, 128), "fp16", True)
+    name = search.study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
+    assert name == "attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c"
+    assert name == search.study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
+    other = search.study_name("attention", "3f9a0c1d2e4b5a6c", Problem((4, 16, 4096, 128), "fp16"),
+                              "NVIDIA H200")
+    assert other == "attention/4x16x4096x128-fp16/H200/3f9a0c1d2e4b5a6c"
+    assert search.study_name("attention", "h", problem, "NVIDIA H200", replay=True).endswith("/replay")
+
+
+def test_space_round_trips_values_optuna_cannot_hold():
+    space = search.SearchSpace((Param("TILE", ((64, 64), (128, 64))), Param("SWIZZLE", (True, False)),
+                                Param("K", (1, 2.5, "x", None))))
+    assert space.size == 16
+    for params in ({"TILE": (128, 64), "SWIZZLE": False, "K": None},
+                   {"TILE": (64, 64), "SWIZZLE": True, "K": 2.5}):
+        assert space.decode(space.encode(params)) == params
+    assert space.distributions["TILE"].choices == ("(64, 64)", "(128, 64)")
+    study = optuna.create_study()
+    trial = study.ask(space.distributions)
+    assert space.decode(trial.params)["TILE"] in ((64, 64), (128, 64))
+
+
+@pytest.mark.parametrize("kind, cls", [("tpe", optuna.samplers.TPESampler),
+                                       ("random", optuna.samplers.RandomSampler),
+                                       ("grid", optuna.samplers.GridSampler)])
+def test_make_sampler(kind, cls):
+    space = search.SearchSpace((Param("A", (1, 2)), Param("B", ("x", "y"))))
+    assert isinstance(search.make_sampler(kind, space, seed=0), cls)
+
+
+def test_unknown_sampler_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown sampler 'cmaes'"):
+        search.make_sampler("cmaes", search.SearchSpace((Param("A", (1,)),)))
+
+
+def test_grid_sampler_in_ask_tell_visits_each_point_once():
+    space = search.SearchSpace((Param("A", (1, 2, 3)), Param("B", ("x", "y"))))
+    study = optuna.create_study(sampler=search.make_sampler("grid", space, seed=0))
+    seen = []
+    for _ in range(space.size):
+        trial = study.ask(space.distributions)
+        seen.append(tuple(sorted(trial.params.items())))
+        study.tell(trial, 1.0)  # Optuna's GridSampler would raise here on the last point
+    assert len(set(seen)) == space.size
+
+
+def _failures_after_startup(mode: str, seed: int, n: int = 30) -> int:
+    """How often TPE proposes a failing config after its random start-up trials."""
+    space = search.SearchSpace((Param("A", (16, 32, 64, 128)), Param("B", (1, 2, 4, 8)),
+                                Param("C", (0, 1, 2))))
+    study = optuna.create_study(sampler=search.make_sampler("tpe", space, seed=seed))
+    failures = 0
+    for i in range(n):
+        trial = study.ask(space.distributions)
+        p = trial.params
+        if p["A"] == 128 or p["B"] == 8:  # the failing region
+            failures += i >= search.N_STARTUP_TRIALS
+            if mode == "inf":
+                study.tell(trial, search.FAILED_VALUE)
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, 1.0 + abs(p["A"] - 64) / 64 + abs(p["B"] - 4) / 4 + 0.1 * p["C"])
+    return failures
+
+
+def test_tpe_learns_to_avoid_failures_told_as_inf_not_as_fail():
+    """Why failures are COMPLETE trials valued inf: TPE ignores FAIL trials and keeps proposing
+    the failing region; scored inf they fall in the 'bad' group it steers away from."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        as_inf = sum(_failures_after_startup("inf", seed) for seed in range(4))
+        as_fail = sum(_failures_after_startup("fail", seed) for seed in range(4))
+    assert as_inf * 2 < as_fail, (as_inf, as_fail)

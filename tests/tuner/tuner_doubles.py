@@ -1,0 +1,214 @@
+"""Test doubles for the tuner: a small kernel family and a pool with the WorkerPool interface.
+
+The family ``toy`` has 4 * 3 * 3 * 2 = 72 configs; some are invalid (``check``), and among the
+valid ones the configs with WARPS=4 and STAGES=2 fail on the "GPU" with every failure kind. They
+are given the lowest latencies on purpose: if a failure ever became best, tests would see it.
+
+The pool answers deterministically from the params (no Ray, no GPU) and counts submits. Optuna
+and storage are the real ones, on a SQLite file per test (fixtures in ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from templates.family import (
+    BufferSpec,
+    DeviceLimits,
+    KernelArg,
+    KernelFamily,
+    Launch,
+    Param,
+    Problem,
+    TemplateError,
+    Validation,
+)
+from workers.results import FAILURE_KINDS, DeviceInfo, Measurement, Resources, Timing
+
+KERNEL_SOURCE = "__global__ void toy_kernel() {}\n"
+PROBLEM = ("2,4,1024,64", "fp16")
+GPU_FAILURES = [k for k in FAILURE_KINDS if k != "invalid"]  # what a GPU run can end in
+DEVICE = DeviceInfo(
+    name="NVIDIA H100 80GB HBM3", sm_count=132, compute_capability=(9, 0),
+    max_smem_per_block_optin=232448, driver_version="580.65", cuda_version="13.0",
+    clocks={"sm_mhz": 1980},
+)
+
+
+class ToyFamily(KernelFamily):
+    name = "toy"
+    dtypes = ("fp16", "bf16")
+    params = (
+        Param("BLOCK_M", (16, 32, 64, 128)),
+        Param("BLOCK_N", (16, 32, 64)),
+        Param("WARPS", (1, 2, 4)),
+        Param("STAGES", (1, 2)),
+    )
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
+        try:
+            dims = tuple(int(d) for d in (shape.split(",") if isinstance(shape, str) else shape))
+        except ValueError:
+            raise TemplateError(f"malformed shape {shape!r}: expected B,H,N,D") from None
+        if len(dims) != 4 or min(dims) < 1:
+            raise TemplateError(f"malformed shape {shape!r}: expected four positive B,H,N,D")
+        if dims[3] not in (64, 128):
+            raise TemplateError(f"unsupported head dim D={dims[3]} (64 or 128)")
+        if dtype not in self.dtypes:
+            raise TemplateError(f"unsupported dtype {dtype!r} (fp16 or bf16)")
+        return Problem(dims, dtype, causal)
+
+    def flops(self, problem: Problem) -> float:
+        b, h, n, d = problem.shape
+        return 4.0 * b * h * n * n * d / (2 if problem.causal else 1)
+
+    def min_bytes(self, problem: Problem) -> int:
+        return 4 * math.prod(problem.shape) * 2
+
+    def check(self, params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
+        if params["BLOCK_M"] * params["BLOCK_N"] * params["STAGES"] > 8192:
+            return "smem: tiles do not fit"
+        if params["BLOCK_M"] >= 64 and params["WARPS"] == 1:
+            return "warps: too few warps for the tile"
+        return None
+
+    def render(self, params: Mapping[str, Any], problem: Problem) -> str:
+        defines = "".join(f"#define {k} {v}\n" for k, v in params.items())
+        return defines + (self.folder / "kernel.cu.j2").read_text()
+
+    def launch(self, params: Mapping[str, Any], problem: Problem) -> Launch:
+        b, h, n, _ = problem.shape
+        return Launch(
+            kernel="toy_kernel",
+            grid=(n // params["BLOCK_M"], h, b),
+            block=(32 * params["WARPS"], 1, 1),
+            smem_bytes=params["BLOCK_M"] * params["BLOCK_N"] * params["STAGES"] * 2,
+            args=(KernelArg("buffer", "q"), KernelArg("buffer", "out"), KernelArg("i32", n)),
+        )
+
+    def compile_options(self, params: Mapping[str, Any], problem: Problem) -> tuple[str, ...]:
+        return ("-O3", "-std=c++17")
+
+    def inputs(self, problem: Problem, seed: int) -> dict[str, np.ndarray]:
+        return {}
+
+    def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
+        return ()
+
+    def validate(self, problem, inputs, outputs) -> Validation:
+        return Validation(True, 0.0, 0.0)
+
+
+def latency_ms(params: Mapping[str, Any]) -> float:
+    """A smooth landscape; WARPS=4, STAGES=2 (which fail) would be the fastest."""
+    return round(
+        1.0
+        + 0.3 * abs(math.log2(params["BLOCK_M"]) - 6)
+        + 0.2 * abs(math.log2(params["BLOCK_N"]) - 5)
+        + {1: 0.5, 2: 0.2, 4: 0.0}[params["WARPS"]]
+        + {1: 0.1, 2: 0.0}[params["STAGES"]],
+        6,
+    )
+
+
+def failure_of(params: Mapping[str, Any]) -> str | None:
+    if params["WARPS"] == 4 and params["STAGES"] == 2:
+        index = [16, 32, 64, 128].index(params["BLOCK_M"]) * 3 + [16, 32, 64].index(params["BLOCK_N"])
+        return GPU_FAILURES[index % len(GPU_FAILURES)]
+    return None
+
+
+def measure(params: Mapping[str, Any]) -> Measurement:
+    resources = Resources(registers=96, smem_static=0, stack_bytes=0, spill_stores=0, spill_loads=0)
+    ms = latency_ms(params)
+    timing = Timing(median_ms=ms, min_ms=ms * 0.99, max_ms=ms * 1.02, iqr_ms=ms * 0.01, repetitions=50)
+    failure = failure_of(params)
+    if failure is None:
+        return Measurement(ok=True, timing=timing, error=1e-3, max_abs_error=2e-3,
+                           resources=resources, cubin_hash=f"cubin-{sorted(params.items())}",
+                           compile_seconds=0.5, gpu_seconds=0.01)
+    extra = {"timing": timing, "error": 0.5} if failure == "wrong" else {}
+    return Measurement.failed(failure, f"{failure} in the toy kernel", detail="log tail",
+                              resources=resources, compile_seconds=0.5, **extra)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakePool:
+    """The WorkerPool interface, answering from :func:`measure`. Results come back
+    ``per_poll`` at a time, in submission order; each answered result advances ``clock``."""
+
+    def __init__(self, *, per_poll: int = 2, seconds_per_result: float = 1.0,
+                 interrupt_after_polls: int | None = None, clock: FakeClock | None = None) -> None:
+        self.device = DEVICE
+        self.limits = DeviceLimits(DEVICE.name, DEVICE.compute_capability, DEVICE.sm_count,
+                                   DEVICE.max_smem_per_block_optin)
+        self.num_gpus = 1
+        self.compile_workers = 2
+        self.per_poll = per_poll
+        self.seconds_per_result = seconds_per_result
+        self.interrupt_after_polls = interrupt_after_polls
+        self.clock = clock or FakeClock()
+        self.submitted: list[dict[str, Any]] = []
+        self.sources: list[str] = []
+        self.queue: list[tuple[int, dict[str, Any]]] = []
+        self.polls = 0
+        self.gpu_busy_seconds = 0.0
+        self.closed = False
+
+    def submit(self, ticket, params, source, launch, options) -> None:
+        assert isinstance(launch, Launch) and isinstance(source, str) and "-O3" in options
+        self.submitted.append(dict(params))
+        self.queue.append((ticket, dict(params)))
+
+    def pending(self) -> int:
+        return len(self.queue)
+
+    def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
+        self.polls += 1
+        if self.polls == self.interrupt_after_polls:
+            raise KeyboardInterrupt  # Ctrl-C, once
+        out, self.queue = self.queue[: self.per_poll], self.queue[self.per_poll:]
+        self.clock.now += self.seconds_per_result * len(out)
+        self.gpu_busy_seconds += 0.01 * len(out)
+        return [(ticket, measure(params)) for ticket, params in out]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "FakePool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class PoolFactory:
+    """Stands in for ``tuner.api._open_pool``: hands out ``queued`` pools first, then fresh
+    FakePools, and keeps every pool it handed out in ``used``."""
+
+    def __init__(self) -> None:
+        self.queued: list[FakePool] = []
+        self.used: list[FakePool] = []
+
+    def __call__(self, fam: KernelFamily, problem: Problem, **options: Any) -> FakePool:
+        pool = self.queued.pop(0) if self.queued else FakePool()
+        self.used.append(pool)
+        return pool
+
+
+def valid_configs(family: ToyFamily) -> list[dict[str, Any]]:
+    problem = family.parse_problem(*PROBLEM)
+    return family.valid_configs(problem, FakePool().limits)

@@ -1,0 +1,315 @@
+"""The Python API of the tuner; the CLI only parses arguments and calls these.
+
+    import tuner
+
+    result = tuner.tune("attention", "4,16,4096,128", "fp16", causal=True, trials=200)
+    winner = tuner.best("attention", "4,16,4096,128", "fp16", causal=True)
+    print(winner.median_ms, winner.tflops, winner.params)
+    tuner.export("attention", "4,16,4096,128", "fp16", causal=True, out_dir="out/")
+
+``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); Optuna's study lives in the
+same database as our results. Every error a user can cause is a :class:`tuner.TunerError`
+whose text is one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import optuna
+
+from templates.family import KernelFamily, Problem, TemplateError
+from tuner import search
+from tuner.errors import DatabaseError, NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure
+from tuner.exporter import write_export
+from tuner.loop import Coordinator, LoopOutcome
+
+logger = logging.getLogger("tuner")
+
+DEFAULT_TRIALS = 100  # when neither a trial nor a time budget is given (grid: the whole space)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What one call of :func:`tune` did, and the stored winner afterwards."""
+
+    study: str
+    status: str  # "finished" | "interrupted"
+    reason: str  # why it stopped
+    measured: int  # trials this call sent to the GPU (ok or failed)
+    failed: int
+    reused: int  # asks answered from stored results
+    invalid: int  # asks the family's constraints rejected
+    previous: int  # trials measured by earlier calls of the same study
+    elapsed_s: float
+    gpu_busy_s: float
+    best: Any  # storage.BestRecord | None (for this device and template version)
+    device: str
+
+
+@dataclass(frozen=True)
+class StudyDetail:
+    """One study and its trials, as :func:`show` returns it."""
+
+    summary: Any  # storage.StudySummary
+    trials: list[Any]  # storage.TrialRecord, by number
+
+
+# -- the calls ------------------------------------------------------------------------------------
+def tune(
+    family: str,
+    shape: str | Sequence[int],
+    dtype: str,
+    causal: bool = False,
+    *,
+    trials: int | None = None,
+    time_budget: float | None = None,
+    sampler: str = "tpe",
+    db: str | None = None,
+    ray_address: str | None = None,
+    replay: str | Path | None = None,
+    seed: int | None = None,
+    measure_timeout_s: float = 60.0,
+) -> TuneResult:
+    """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
+
+    Stops after ``trials`` measured trials of the study (counting earlier runs it resumes),
+    after ``time_budget`` seconds, or when every valid config has been measured.
+    Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
+    call again resumes the study.
+    """
+    fam = _family(family)
+    problem = _problem(fam, shape, dtype, causal)
+    if sampler not in search.SAMPLERS:
+        raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
+    if trials is not None and trials < 1:
+        raise UsageError(f"--trials must be at least 1, not {trials}")
+    if time_budget is not None and time_budget <= 0:
+        raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
+    space = search.SearchSpace(fam.params)
+    if trials is None and time_budget is None:
+        trials = space.size if sampler == "grid" else DEFAULT_TRIALS
+    url = _url(db)
+    with _repository(url) as repo, _quiet_optuna():
+        with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
+                        measure_timeout_s=measure_timeout_s) as pool:
+            name, outcome = _run_study(
+                fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
+                trials=trials, time_budget=time_budget, replay=replay,
+            )
+            gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
+            device = pool.device.name
+        winner = _storage_call(lambda: repo.best(
+            fam.name, problem.shape, problem.dtype, problem.causal,
+            device_name=device, template_hash=fam.template_hash,
+        ))
+    return TuneResult(
+        study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
+        failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
+        previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
+        best=winner, device=device,
+    )
+
+
+def _run_study(
+    fam: KernelFamily,
+    problem: Problem,
+    pool: Any,
+    repo: Any,
+    url: str,
+    *,
+    space: search.SearchSpace,
+    sampler: str,
+    seed: int | None,
+    trials: int | None,
+    time_budget: float | None,
+    replay: str | Path | None,
+    **loop_options: Any,
+) -> tuple[str, LoopOutcome]:
+    """Open (or resume) the study of this family version, problem and GPU, and run it."""
+    device = pool.device
+    name = search.study_name(fam.name, fam.template_hash, problem, device.name,
+                             replay=replay is not None)
+    record = _storage_call(lambda: repo.open_study(
+        name, family=fam.name, template_hash=fam.template_hash,
+        space={p.name: list(p.choices) for p in fam.params},
+        shape=list(problem.shape), dtype=problem.dtype, causal=problem.causal,
+        device=device.to_json(), sampler=sampler, replay=replay is not None,
+        settings={"trials": trials, "time_budget": time_budget, "seed": seed,
+                  "replay_file": str(replay) if replay is not None else None},
+    ))
+    study = search.open_study(name, url, search.make_sampler(sampler, space, seed))
+    if study.get_trials(deepcopy=False):
+        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study))
+    logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
+    coordinator = Coordinator(
+        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
+        trials=trials, time_budget=time_budget, **loop_options,
+    )
+    return name, _storage_call(coordinator.run)
+
+
+def best(
+    family: str,
+    shape: str | Sequence[int],
+    dtype: str,
+    causal: bool = False,
+    *,
+    db: str | None = None,
+    device: str | None = None,
+) -> Any:
+    """The fastest validated config stored for the problem (``storage.BestRecord``).
+
+    Results of the current template version win; an older version's winner is returned only
+    when the current one has none. ``device`` filters by GPU name.
+    """
+    fam = _family(family)
+    problem = _problem(fam, shape, dtype, causal)
+    with _repository(_url(db)) as repo:
+        return _best(repo, fam, problem, device)
+
+
+def export(
+    family: str,
+    shape: str | Sequence[int],
+    dtype: str,
+    causal: bool = False,
+    *,
+    out_dir: str | Path,
+    db: str | None = None,
+    device: str | None = None,
+) -> Path:
+    """Write the stored winner as ``<family>_<problem>.cu`` and ``launch.json`` into ``out_dir``.
+
+    Returns the ``.cu`` path. Refuses (:class:`TemplateMismatch`) when the winner was measured
+    with another version of the template than the current one.
+    """
+    fam = _family(family)
+    problem = _problem(fam, shape, dtype, causal)
+    with _repository(_url(db)) as repo:
+        winner = _best(repo, fam, problem, device)
+        if winner.template_hash != fam.template_hash:
+            raise TemplateMismatch(
+                f"the stored winner of {fam.name} {problem.key} was measured with template "
+                f"{winner.template_hash}, the current template is {fam.template_hash}; "
+                "tune again before exporting"
+            )
+    try:
+        return write_export(fam, problem, winner, Path(out_dir))
+    except OSError as error:
+        raise UsageError(f"cannot write to {out_dir}: {error.strerror or error}") from None
+
+
+def studies(db: str | None = None) -> list[Any]:
+    """Every stored study with its counts and best (``storage.StudySummary``), oldest first."""
+    with _repository(_url(db)) as repo:
+        return _storage_call(repo.studies)
+
+
+def show(name: str, db: str | None = None) -> StudyDetail:
+    """One study and all its trials."""
+    with _repository(_url(db)) as repo:
+        found = [s for s in _storage_call(repo.studies) if s.name == name]
+        if not found:
+            raise NotFound(f"no study named {name!r} (see `tuner studies`)")
+        return StudyDetail(found[0], _storage_call(lambda: repo.trials(found[0].id)))
+
+
+# -- seams: the other packages come in here (tests replace _open_pool) -------------------------------
+def _family(name: str) -> KernelFamily:
+    from templates import get_family
+
+    try:
+        return get_family(name)
+    except (TemplateError, LookupError) as error:
+        raise UsageError(_one_line(error)) from None
+
+
+def _problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str, causal: bool) -> Problem:
+    try:
+        return fam.parse_problem(shape, dtype, bool(causal))
+    except (TemplateError, ValueError, TypeError) as error:
+        raise UsageError(_one_line(error)) from None
+
+
+def _url(db: str | None) -> str:
+    from storage import default_url
+
+    return db or default_url()
+
+
+@contextmanager
+def _repository(url: str) -> Iterator[Any]:
+    from storage import StorageError, open_repository
+
+    try:
+        repo = open_repository(url)
+    except StorageError as error:
+        raise DatabaseError(_one_line(error)) from None
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
+@contextmanager
+def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[Any]:
+    """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only)."""
+    from workers import NoGPUError, WorkerError, WorkerPool
+
+    try:
+        pool = WorkerPool(fam.name, problem, **{k: v for k, v in options.items() if v is not None})
+    except NoGPUError:
+        raise NoGPU(
+            "no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"
+        ) from None
+    except (WorkerError, ConnectionError) as error:
+        raise WorkerFailure(f"cannot start the workers: {_one_line(error)}") from None
+    with pool:
+        yield pool
+
+
+def _best(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Any:
+    query = dict(device_name=device)
+    winner = _storage_call(lambda: repo.best(
+        fam.name, problem.shape, problem.dtype, problem.causal,
+        template_hash=fam.template_hash, **query,
+    )) or _storage_call(lambda: repo.best(
+        fam.name, problem.shape, problem.dtype, problem.causal, **query,
+    ))
+    if winner is None:
+        on = f" on {device}" if device else ""
+        raise NotFound(
+            f"no validated result stored for {fam.name} {problem.key}{on}; run `tuner tune` first"
+        )
+    return winner
+
+
+def _storage_call(call: Any) -> Any:
+    """Run ``call``; a StorageError becomes a one-line DatabaseError."""
+    from storage import StorageError
+
+    try:
+        return call()
+    except StorageError as error:
+        raise DatabaseError(_one_line(error)) from None
+
+
+@contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    """Optuna logs every told trial at INFO; our progress lines say it better."""
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__

@@ -1,0 +1,239 @@
+"""The ``tuner`` command: argparse over :mod:`tuner.api`, and nothing else.
+
+    tuner tune attention --shape 4,16,4096,128 --dtype fp16 --causal --time-budget 30m
+    tuner best attention --shape 4,16,4096,128 --dtype fp16 --causal --json
+    tuner export attention --shape 4,16,4096,128 --dtype fp16 --causal -o out/
+    tuner studies
+    tuner show 'attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c'
+
+Every user error prints one line ``tuner: error: ...`` on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+import sys
+from datetime import datetime
+from typing import Any, Sequence
+
+from tuner import api
+from tuner.errors import TunerError
+from tuner.progress import format_params, format_seconds
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)\s*([hms]?)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"30m"`` -> 1800.0; also ``"90s"``, ``"2h"``, ``"1h30m"`` and plain seconds ``"45"``."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = list(_DURATION.finditer(compact))
+    if not compact or "".join(p.group(0) for p in parts) != compact:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (like 90s, 30m, 2h, 1h30m)")
+    seconds = sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)] for p in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"the time budget must be positive, not {text!r}")
+    return seconds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line ``tuner: error: ...`` (no usage block)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"tuner: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tuner", description="Autotune CUDA kernel families on GPUs.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common = _Parser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging")
+    common.add_argument("--db", metavar="URL", help="database URL (default: $TUNER_DB or ./tuner.db)")
+    problem = _Parser(add_help=False)
+    problem.add_argument("family", help="kernel family, e.g. attention")
+    problem.add_argument("--shape", required=True, help="problem shape, e.g. 4,16,4096,128 (B,H,N,D)")
+    problem.add_argument("--dtype", required=True, help="element type, e.g. fp16 or bf16")
+    problem.add_argument("--causal", action="store_true", help="causal masking")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    tune = sub.add_parser("tune", parents=[problem, common], help="search for the fastest config")
+    budget = tune.add_mutually_exclusive_group()
+    budget.add_argument("--trials", type=_positive_int, metavar="N",
+                        help="stop after N measured trials of the study (default 100; grid: all)")
+    budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
+                        help="stop after this long, e.g. 90s, 30m, 2h")
+    tune.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
+    tune.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
+    tune.add_argument("--replay", metavar="FILE", help="answer from a recorded landscape (no GPU)")
+    tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
+    tune.add_argument("--measure-timeout", type=float, default=60.0, metavar="SECONDS",
+                      help="a measurement running longer is killed (default 60)")
+
+    best = sub.add_parser("best", parents=[problem, common], help="print the stored winner")
+    best.add_argument("--json", action="store_true", help="print JSON")
+    best.add_argument("--device", metavar="GPU", help="only results on this GPU name")
+
+    export = sub.add_parser("export", parents=[problem, common], help="write the winner's .cu and launch.json")
+    export.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
+    export.add_argument("--device", metavar="GPU", help="only results on this GPU name")
+
+    studies = sub.add_parser("studies", parents=[common], help="list stored studies")
+    studies.add_argument("--json", action="store_true", help="print JSON")
+
+    show = sub.add_parser("show", parents=[common], help="one study and its trials")
+    show.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return _COMMANDS[args.command](args)
+    except TunerError as error:
+        print(f"tuner: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tuner: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+# -- the commands: call the API, print what it returned -------------------------------------------
+def _tune(args: argparse.Namespace) -> int:
+    result = api.tune(
+        args.family, args.shape, args.dtype, args.causal, trials=args.trials,
+        time_budget=args.time_budget, sampler=args.sampler, db=args.db,
+        ray_address=args.ray_address, replay=args.replay, seed=args.seed,
+        measure_timeout_s=args.measure_timeout,
+    )
+    print(f"study     {result.study}")
+    print(f"status    {result.status}: {result.reason}")
+    print(f"trials    {result.measured} measured ({result.failed} failed), {result.reused} reused, "
+          f"{result.invalid} invalid, {result.previous} from earlier runs")
+    print(f"time      {format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy)")
+    if result.best is None:
+        print("best      no validated config yet")
+    else:
+        print(f"best      {_best_line(result.best)}")
+    return EXIT_INTERRUPTED if result.status == "interrupted" else 0
+
+
+def _best(args: argparse.Namespace) -> int:
+    winner = api.best(args.family, args.shape, args.dtype, args.causal, db=args.db, device=args.device)
+    if args.json:
+        print(json.dumps(_plain(winner), indent=2))
+        return 0
+    rows = [
+        ("config", format_params(winner.params)),
+        ("median", f"{winner.median_ms:.4f} ms" + _spread(winner)),
+        ("TFLOPS", f"{winner.tflops:.1f}" if winner.tflops is not None else "-"),
+        ("error", f"{winner.error:.3g}" if winner.error is not None else "-"),
+        ("GPU", f"{winner.device.name} (driver {winner.device.driver_version})"),
+        ("toolkit", f"CUDA {winner.device.cuda_version}"),
+        ("template", winner.template_hash),
+        ("study", f"{winner.study}, trial {winner.trial_number}" + (" (replayed)" if winner.replayed else "")),
+        ("when", _when(winner.measured_at)),
+    ]
+    for label, value in rows:
+        print(f"{label:<10}{value}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    path = api.export(args.family, args.shape, args.dtype, args.causal, out_dir=args.out,
+                      db=args.db, device=args.device)
+    print(f"wrote {path} and {path.parent / 'launch.json'}")
+    return 0
+
+
+def _studies(args: argparse.Namespace) -> int:
+    found = api.studies(db=args.db)
+    if args.json:
+        print(json.dumps([_plain(s) for s in found], indent=2))
+        return 0
+    if not found:
+        print("no studies stored")
+    for s in found:
+        best = f"{s.best_median_ms:.4f} ms" if s.best_median_ms is not None else "-"
+        print(f"{s.name}  {s.status:<11} {s.sampler:<6} {s.n_ok} ok / {s.n_failed} failed  "
+              f"best {best}  {_when(s.updated_at)}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    detail = api.show(args.study, db=args.db)
+    if args.json:
+        print(json.dumps({"study": _plain(detail.summary),
+                          "trials": [_plain(t) for t in detail.trials]}, indent=2))
+        return 0
+    s = detail.summary
+    print(f"{s.name}: {s.status}, {s.sampler} sampler, {s.n_trials} trials "
+          f"({s.n_ok} ok, {s.n_failed} failed) on {s.device_name}")
+    for t in detail.trials:
+        result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
+        print(f"  #{t.number:<5} {result}  {format_params(t.params)}")
+    return 0
+
+
+_COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show}
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    logger = logging.getLogger("tuner")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
+
+
+def _spread(winner: Any) -> str:
+    extra = []
+    if winner.min_ms is not None:
+        extra.append(f"min {winner.min_ms:.4f}")
+    if winner.iqr_ms is not None:
+        extra.append(f"IQR {winner.iqr_ms:.4f}")
+    if winner.repetitions:
+        extra.append(f"{winner.repetitions} reps")
+    return f" ({', '.join(extra)})" if extra else ""
+
+
+def _best_line(winner: Any) -> str:
+    tflops = f", {winner.tflops:.1f} TFLOPS" if winner.tflops is not None else ""
+    return f"{winner.median_ms:.4f} ms{tflops} {format_params(winner.params)}"
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A record (frozen dataclass, possibly nested) as JSON-ready data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value

@@ -1,0 +1,98 @@
+"""Write a stored winner out as a CUDA source and the facts needed to launch it.
+
+    path = write_export(family, problem, best_record, Path("out"), toolkit="nvcc 13.0.88")
+    # out/attention_4x16x4096x128-fp16-causal.cu and out/launch.json
+
+The source is re-rendered from the stored params with the current template, so the caller
+must first check that the stored template hash is the current one (``tuner.api.export`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from templates.family import KernelFamily, Problem
+ARCH = "sm_90a"  # what the workers compile for (workers.results.CompileRequest.arch)
+
+
+def arch_flags(arch: str = ARCH) -> tuple[str, str]:
+    return ("-gencode", f"arch={arch.replace('sm_', 'compute_', 1)},code={arch}")
+
+
+def source_name(family: KernelFamily, problem: Problem) -> str:
+    return f"{family.name}_{problem.key}.cu"
+
+
+def launch_document(
+    family: KernelFamily, problem: Problem, best: Any, *, source: str, toolkit: str | None
+) -> dict[str, Any]:
+    """The content of ``launch.json``: how to compile and launch the winner, and how it did."""
+    launch = family.launch(best.params, problem).to_json()
+    flags = [*arch_flags(), *family.compile_options(best.params, problem)]
+    return {
+        "family": family.name,
+        "source": source,
+        "kernel": launch["kernel"],
+        "grid": launch["grid"],
+        "block": launch["block"],
+        "dynamic_smem_bytes": launch["dynamic_smem_bytes"],
+        "args": launch["args"],
+        "compile_flags": flags,
+        "params": dict(best.params),
+        "problem": problem.to_json(),
+        "measured": {
+            "median_ms": best.median_ms,
+            "min_ms": best.min_ms,
+            "max_ms": best.max_ms,
+            "iqr_ms": best.iqr_ms,
+            "tflops": best.tflops,
+            "error": best.error,
+            "max_abs_error": best.max_abs_error,
+            "replayed": best.replayed,
+        },
+        "resources": {
+            "registers": best.registers,
+            "smem_static": best.smem_static,
+            "stack_bytes": best.stack_bytes,
+            "spill_stores": best.spill_stores,
+            "spill_loads": best.spill_loads,
+        },
+        "gpu": best.device.name,
+        "compute_capability": best.device.compute_capability,
+        "driver_version": best.device.driver_version,
+        "cuda_version": best.device.cuda_version,
+        "toolkit": toolkit or best.device.cuda_version,
+        "template_hash": best.template_hash,
+        "study": best.study,
+        "trial": best.trial_number,
+        "measured_at": _iso(best.measured_at),
+    }
+
+
+def write_export(
+    family: KernelFamily, problem: Problem, best: Any, out_dir: Path, *, toolkit: str | None = None
+) -> Path:
+    """Write the ``.cu`` and ``launch.json`` into ``out_dir``; return the ``.cu`` path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = family.render(best.params, problem)
+    cu = out_dir / source_name(family, problem)
+    document = launch_document(family, problem, best, source=cu.name, toolkit=toolkit)
+    _write_atomic(cu, source)
+    _write_atomic(out_dir / "launch.json", json.dumps(document, indent=2) + "\n")
+    return cu
+
+
+def _iso(value: datetime | str | None) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,309 @@
+"""The coordinator: Optuna asks, the family checks, the pool measures, storage records, Optuna is told.
+
+Several trials are in flight at once (``lookahead``); the coordinator is the only writer of the
+database. It runs against anything with the :class:`workers.WorkerPool` interface::
+
+    coordinator = Coordinator(family, problem, pool=pool, repository=repo, study=study,
+                              record=record, space=space, trials=200)
+    outcome = coordinator.run()      # LoopOutcome(status="finished", reason="200 trials measured")
+
+Rules it keeps:
+
+- a config the family rejects is told ``inf`` at once, recorded once as ``invalid``, never
+  compiled, and does not count toward the trial budget;
+- a config measured before (in this study, by this run or an earlier one) is never measured
+  again: its stored value is told back; one asked again while in flight waits for that result;
+- it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
+  run, when every valid config has been measured, or after ``max_idle_asks`` asks in a row that
+  brought nothing new;
+- trials left RUNNING by a killed run are told (from storage) or marked FAIL and re-queued;
+- on KeyboardInterrupt it keeps what finished, re-queues what was in flight and returns
+  ``status="interrupted"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import optuna
+from optuna.trial import Trial
+
+from storage import params_key
+from templates.family import KernelFamily, Problem, TemplateError
+from tuner import search
+from tuner.progress import Best, Progress
+from workers.results import Measurement
+
+logger = logging.getLogger("tuner")
+
+MAX_IDLE_ASKS = 500
+
+
+class Pool(Protocol):
+    """What the coordinator needs of :class:`workers.WorkerPool` (a test can pass a double)."""
+
+    device: Any
+    limits: Any
+    num_gpus: int
+
+    def submit(self, ticket: int, params: dict[str, Any], source: str, launch: Any, options: Sequence[str]) -> None: ...
+
+    def poll(self, timeout: float) -> list[tuple[int, Measurement]]: ...
+
+
+@dataclass
+class _InFlight:
+    trial: Trial
+    params: dict[str, Any]
+    key: str
+    followers: list[Trial] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    status: str  # "finished" | "interrupted"
+    reason: str
+    measured: int  # by this run
+    failed: int
+    reused: int
+    invalid: int
+    previous: int  # measured by earlier runs of the study
+    elapsed_s: float
+
+
+def default_lookahead(pool: Pool) -> int:
+    """Compile workers plus two trials per GPU, so no GPU waits for a compile."""
+    compilers = getattr(pool, "compile_workers", None) or os.cpu_count() or 1
+    return int(compilers) + 2 * max(1, int(getattr(pool, "num_gpus", 1) or 1))
+
+
+class Coordinator:
+    """Runs one study to its budget. See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        family: KernelFamily,
+        problem: Problem,
+        *,
+        pool: Pool,
+        repository: Any,
+        study: optuna.Study,
+        record: Any,
+        space: search.SearchSpace,
+        trials: int | None = None,
+        time_budget: float | None = None,
+        lookahead: int | None = None,
+        max_idle_asks: int = MAX_IDLE_ASKS,
+        poll_interval: float = 0.5,
+        clock: Callable[[], float] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.family, self.problem, self.pool = family, problem, pool
+        self.repository, self.study, self.record, self.space = repository, study, record, space
+        self.trials, self.time_budget = trials, time_budget
+        self.lookahead = max(1, lookahead or default_lookahead(pool))
+        self.max_idle_asks = max_idle_asks
+        self.poll_interval = poll_interval
+        self.clock = clock = clock or time.monotonic
+        self.progress = progress or Progress(
+            record.name, trials=trials, time_budget=time_budget, clock=clock
+        )
+        self._known: dict[str, float] = {}  # params_key -> objective told to Optuna
+        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight_keys: dict[str, int] = {}
+        self._previous = 0
+        self._idle = 0
+        self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
+        self._n_valid = 0
+        self._started = clock()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> LoopOutcome:
+        self._started = self.clock()
+        self._resume()
+        self.repository.set_study_status(self.record.id, "running")
+        status, reason = "interrupted", "interrupted"
+        try:
+            reason = self._loop()
+            status = "finished"
+        except KeyboardInterrupt:
+            logger.warning("interrupted: keeping finished trials, re-queueing the ones in flight")
+            try:
+                self._collect(0.0)  # what finished meanwhile is kept
+            except KeyboardInterrupt:
+                pass
+        finally:
+            self._abandon_in_flight()
+            self.repository.set_study_status(self.record.id, status)
+            self.progress.finish(status, reason)
+        c = self.progress.counts
+        return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
+                           self._previous, self.clock() - self._started)
+
+    def _loop(self) -> str:
+        while True:
+            stop = self._stop_reason()
+            if stop is None:
+                self._fill()
+                stop = self._stop_reason()
+            if self._in_flight:
+                self._collect(self.poll_interval)
+                self.progress.tick(len(self._in_flight))
+            elif stop is not None:
+                return stop
+
+    def _stop_reason(self) -> str | None:
+        """Why no new trial should be asked now, or None."""
+        measured = self._previous + self.progress.counts.measured
+        if self.trials is not None and measured + len(self._in_flight) >= self.trials:
+            return f"{self.trials} trials measured"
+        if self.time_budget is not None and self.clock() - self._started >= self.time_budget:
+            return f"time budget of {self.time_budget:g}s spent"
+        if not self._unmeasured:
+            return f"every valid config ({self._n_valid}) measured"
+        if self._idle >= self.max_idle_asks:
+            return f"{self._idle} asks in a row brought no new config"
+        return None
+
+    def _fill(self) -> None:
+        """Ask until ``lookahead`` trials are in flight; pause after many idle asks in a row."""
+        idle_this_round = 0
+        while len(self._in_flight) < self.lookahead and idle_this_round < 2 * self.lookahead:
+            if self._stop_reason() is not None:
+                return
+            if self._ask_one():
+                idle_this_round = 0
+            else:
+                idle_this_round += 1
+
+    # -- one trial --------------------------------------------------------------------------------
+    def _ask_one(self) -> bool:
+        """Ask Optuna for one trial; True when it went to the pool."""
+        trial = self.study.ask(self.space.distributions)
+        params = self.space.decode(trial.params)
+        key = params_key(params)
+        if key in self._known:
+            search.tell(self.study, trial, self._known[key], reused=True)
+            self.progress.reused()
+            self._idle += 1
+            return False
+        if key in self._in_flight_keys:
+            self._in_flight[self._in_flight_keys[key]].followers.append(trial)
+            self.progress.reused()
+            self._idle += 1
+            return False
+        reason = self.family.check(params, self.problem, self.pool.limits)
+        if reason is None:
+            try:
+                source = self.family.render(params, self.problem)
+                launch = self.family.launch(params, self.problem)
+                options = tuple(self.family.compile_options(params, self.problem))
+            except TemplateError as error:
+                reason = f"render: {error}"
+        if reason is not None:
+            self._record_invalid(trial, params, key, reason)
+            self._idle += 1
+            return False
+        self.pool.submit(trial.number, params, source, launch, options)
+        self._in_flight[trial.number] = _InFlight(trial, params, key)
+        self._in_flight_keys[key] = trial.number
+        self._unmeasured.discard(key)
+        self._idle = 0
+        logger.debug("trial %d submitted %s", trial.number, params)
+        return True
+
+    def _record_invalid(self, trial: Trial, params: dict[str, Any], key: str, reason: str) -> None:
+        self.repository.record_trial(
+            self.record.id, trial.number, params, status="failed", failure="invalid",
+            reason=reason, replayed=False,
+        )
+        self._known[key] = search.FAILED_VALUE
+        self._unmeasured.discard(key)
+        search.tell(self.study, trial, search.FAILED_VALUE, failure="invalid")
+        self.progress.invalid()
+        logger.debug("trial %d invalid: %s", trial.number, reason)
+
+    def _collect(self, timeout: float) -> None:
+        for ticket, measurement in self.pool.poll(timeout):
+            flight = self._in_flight.pop(ticket, None)
+            if flight is None:
+                logger.warning("ignoring a result for unknown ticket %r", ticket)
+                continue
+            del self._in_flight_keys[flight.key]
+            self._finish(flight, measurement)
+
+    def _finish(self, flight: _InFlight, m: Measurement) -> None:
+        """Record first, then tell: a crash in between is repaired by :meth:`_resume`."""
+        timing, res = m.timing, m.resources
+        tflops = None
+        if m.ok and timing is not None and timing.median_ms > 0:
+            tflops = self.family.flops(self.problem) / (timing.median_ms / 1e3) / 1e12
+        self.repository.record_trial(
+            self.record.id, flight.trial.number, flight.params,
+            status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
+            detail=m.detail,
+            registers=res.registers if res else None,
+            smem_static=res.smem_static if res else None,
+            stack_bytes=res.stack_bytes if res else None,
+            spill_stores=res.spill_stores if res else None,
+            spill_loads=res.spill_loads if res else None,
+            cubin_hash=m.cubin_hash, compile_seconds=m.compile_seconds,
+            median_ms=timing.median_ms if timing else None,
+            min_ms=timing.min_ms if timing else None,
+            max_ms=timing.max_ms if timing else None,
+            iqr_ms=timing.iqr_ms if timing else None,
+            repetitions=timing.repetitions if timing else None,
+            tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
+            replayed=m.replayed, gpu_state=_gpu_state(self.pool),
+        )
+        value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
+        self._known[flight.key] = value
+        search.tell(self.study, flight.trial, value, failure=m.failure, tflops=tflops)
+        for follower in flight.followers:
+            search.tell(self.study, follower, value, reused=True)
+        self.progress.measured(
+            flight.trial.number, flight.params, failure=None if m.ok else m.failure,
+            median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
+        )
+
+    # -- resume and interruption ------------------------------------------------------------------
+    def _resume(self) -> None:
+        """Load what the study measured before; settle trials a killed run left RUNNING."""
+        valid = {params_key(c) for c in self.family.valid_configs(self.problem, self.pool.limits)}
+        self._n_valid = len(valid)
+        best: Best | None = None
+        for trial in self.repository.trials(self.record.id):
+            key = params_key(trial.params)
+            ok = trial.status == "ok" and trial.median_ms is not None
+            self._known.setdefault(key, trial.median_ms if ok else search.FAILED_VALUE)
+            if trial.failure != "invalid":
+                self._previous += 1
+            if ok and (best is None or trial.median_ms < best.median_ms):
+                best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
+        self._unmeasured = valid - self._known.keys()
+        for orphan in search.orphans(self.study):
+            params = orphan.params if orphan.params.keys() == self.space.distributions.keys() else None
+            key = params_key(self.space.decode(params)) if params is not None else None
+            if key is not None and key in self._known:
+                self.study.tell(orphan.number, self._known[key], skip_if_finished=True)
+            else:
+                search.abandon(self.study, orphan.number, params)
+                logger.info("trial %d was left running by an earlier run: re-queued", orphan.number)
+        self.progress.resumed(self._previous, best)
+
+    def _abandon_in_flight(self) -> None:
+        for flight in list(self._in_flight.values()):
+            search.abandon(self.study, flight.trial, flight.trial.params)
+            for follower in flight.followers:
+                search.abandon(self.study, follower, None)
+        self._in_flight.clear()
+        self._in_flight_keys.clear()
+
+
+def _gpu_state(pool: Pool) -> dict[str, Any] | None:
+    clocks = getattr(getattr(pool, "device", None), "clocks", None)
+    return dict(clocks) if clocks else None

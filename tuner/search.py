@@ -1,0 +1,168 @@
+"""The Optuna side of a study: its name, its sampler, its space and how results are told.
+
+One Optuna study exists per (family, template version, problem, GPU); its name is readable and
+deterministic, so running the same command again resumes it::
+
+    from tuner.search import SearchSpace, make_sampler, open_study, study_name
+
+    name = study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
+    # 'attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c'
+    space = SearchSpace(family.params)
+    study = open_study(name, "sqlite:///tuner.db", make_sampler("tpe", space, seed=0))
+    trial = study.ask(space.distributions)
+    params = space.decode(trial.params)
+
+Failures are scored like Triton's autotuner does: a config that fails to compile, run or
+validate is told as a COMPLETE trial with the value ``inf`` (:data:`FAILED_VALUE`). TPE only
+learns from COMPLETE and PRUNED trials; a FAIL trial is invisible to it, so it keeps proposing
+the failing region (``tests/tuner/test_search.py`` measures the difference).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from templates.family import Param, Problem
+from tuner.errors import DatabaseError, UsageError
+
+SAMPLERS = ("tpe", "random", "grid")
+FAILED_VALUE = float("inf")  # the objective of a config that failed or cannot run
+N_STARTUP_TRIALS = 10
+
+_OPTUNA_TYPES = (type(None), bool, int, float, str)
+
+
+def gpu_slug(device_name: str) -> str:
+    """``'NVIDIA H100 80GB HBM3'`` -> ``'H100-80GB-HBM3'`` (safe in a study name)."""
+    name = re.sub(r"^NVIDIA\s+", "", device_name.strip())
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "unknown-gpu"
+
+
+def study_name(
+    family: str, template_hash: str, problem: Problem, device_name: str, *, replay: bool = False
+) -> str:
+    """The study of one family version, problem and GPU model (replayed studies are apart)."""
+    name = f"{family}/{problem.key}/{gpu_slug(device_name)}/{template_hash}"
+    return name + "/replay" if replay else name
+
+
+class SearchSpace:
+    """A family's parameters as Optuna categorical distributions, and back.
+
+    Optuna categoricals hold ``None``, ``bool``, ``int``, ``float`` or ``str``; any other choice
+    (a tuple, say) is shown to Optuna as its ``repr`` and decoded back to the original value.
+    """
+
+    def __init__(self, params: Sequence[Param]) -> None:
+        self.params = tuple(params)
+        self._to_optuna: dict[str, dict[Any, Any]] = {}
+        self._from_optuna: dict[str, dict[Any, Any]] = {}
+        for param in self.params:
+            encode = {}
+            for choice in param.choices:
+                encode[_hashable(choice)] = choice if type(choice) in _OPTUNA_TYPES else repr(choice)
+            self._to_optuna[param.name] = encode
+            self._from_optuna[param.name] = {v: c for v, c in zip(encode.values(), param.choices)}
+        self.distributions: dict[str, CategoricalDistribution] = {
+            p.name: CategoricalDistribution(list(self._to_optuna[p.name].values()))
+            for p in self.params
+        }
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(p.choices) for p in self.params)
+
+    def grid(self) -> dict[str, list[Any]]:
+        """The full categorical space, as :class:`optuna.samplers.GridSampler` wants it."""
+        return {name: list(dist.choices) for name, dist in self.distributions.items()}
+
+    def encode(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {name: self._to_optuna[name][_hashable(value)] for name, value in params.items()}
+
+    def decode(self, optuna_params: Mapping[str, Any]) -> dict[str, Any]:
+        return {p.name: self._from_optuna[p.name][optuna_params[p.name]] for p in self.params}
+
+
+def _hashable(value: Any) -> Any:
+    return (type(value).__name__, repr(value))
+
+
+def make_sampler(kind: str, space: SearchSpace, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """``tpe`` (multivariate, constant liar for trials in flight), ``random`` or ``grid``."""
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS, constant_liar=True
+        )
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return _GridSampler(space.grid(), seed=seed)
+    raise UsageError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """GridSampler whose ``after_trial`` does not call ``study.stop()``: outside ``optimize``
+    (ask/tell) that raises; the coordinator stops by itself once every valid config is measured."""
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        return None
+
+
+def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create the Optuna study in the database at ``url``, or load it to resume."""
+    try:
+        storage = optuna.storages.RDBStorage(url)
+        return optuna.create_study(
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            direction="minimize",
+            load_if_exists=True,
+        )
+    except Exception as error:  # driver, SQLAlchemy and Optuna errors alike
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DatabaseError(f"cannot open the Optuna study {name!r} in {url}: {first}") from None
+
+
+def tell(study: optuna.Study, trial: Trial, value: float, **attrs: Any) -> None:
+    """Tell one result (``inf`` for a failure) with a few user attributes for later reading."""
+    for key, attr in attrs.items():
+        if attr is not None:
+            trial.set_user_attr(key, attr)
+    study.tell(trial, value)
+
+
+def abandon(study: optuna.Study, trial: Trial | FrozenTrial | int, params: Mapping[str, Any] | None) -> None:
+    """Mark a trial that will never be told as FAIL; queue its params to be asked first again."""
+    number = trial if isinstance(trial, int) else trial.number
+    study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+    if params is not None and not _is_waiting(study, params):
+        study.enqueue_trial(dict(params))
+
+
+def _is_waiting(study: optuna.Study, params: Mapping[str, Any]) -> bool:
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if trial.system_attrs.get("fixed_params") == dict(params):
+            return True
+    return False
+
+
+def orphans(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials asked but never told: left RUNNING by a run that was killed."""
+    return list(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def resume_seed(seed: int | None, study: optuna.Study) -> int | None:
+    """A resumed study should not replay its first random proposals: shift the seed."""
+    return None if seed is None else seed + len(study.get_trials(deepcopy=False))
+
+
+def values_of(trials: Iterable[FrozenTrial]) -> list[float]:
+    return [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
