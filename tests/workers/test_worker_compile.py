@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import workers.compile as compile_mod
+from workers.compile import compile_cubin, parse_ptxas, toolkit_version
+from workers.errors import CompileError
+from workers.results import CompileRequest
+
+KERNEL = r'''
+extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
+  __shared__ float s[256];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  s[threadIdx.x] = i < n ? x[i] : 0.f;
+  __syncthreads();
+  if (i < n) y[i] = a * s[threadIdx.x];
+}
+'''
+BACKENDS = [pytest.param("nvcc", marks=pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")),
+            "nvrtc"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiles_for_sm90a_with_resources(backend):
+    binary = compile_cubin(CompileRequest(KERNEL, "scale", ("-O3",)), backend=backend)
+    assert binary.cubin[:4] == b"\x7fELF"
+    assert binary.resources is not None and binary.resources.registers > 0
+    assert binary.resources.smem_static == 1024
+    assert binary.toolkit == toolkit_version(backend) and binary.toolkit.startswith(backend)
+    assert len(binary.cubin_hash) == 64 and binary.compile_seconds > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_hit_does_not_recompile(backend, tmp_path, monkeypatch):
+    calls = []
+    name = "_run_nvcc" if backend == "nvcc" else "_run_nvrtc"
+    real = getattr(compile_mod, name)
+    monkeypatch.setattr(compile_mod, name, lambda *a: calls.append(1) or real(*a))
+    request = CompileRequest(KERNEL, "scale", ("-O3",))
+    first = compile_cubin(request, backend=backend, cache_dir=tmp_path)
+    second = compile_cubin(request, backend=backend, cache_dir=tmp_path)
+    assert calls == [1]
+    assert second == first
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_syntax_error_raises_with_log(backend):
+    with pytest.raises(CompileError) as info:
+        compile_cubin(CompileRequest(KERNEL.replace("s[threadIdx.x];", "s[threadIdx.x]"), "scale", ()),
+                      backend=backend)
+    assert "\n" not in str(info.value)
+    assert "error" in info.value.log.lower()
+
+
+def test_options_change_the_source_hash():
+    a = compile_cubin(CompileRequest(KERNEL, "scale", ("-O3",)), backend="nvrtc")
+    b = compile_cubin(CompileRequest(KERNEL, "scale", ("-O3", "--use_fast_math")), backend="nvrtc")
+    assert a.source_hash != b.source_hash
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")
+def test_timeout_is_a_compile_error():
+    with pytest.raises(CompileError, match="timed out"):
+        compile_cubin(CompileRequest(KERNEL, "scale", ()), backend="nvcc", timeout_s=0.01)
+
+
+def test_parse_ptxas_picks_the_kernel():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z5otherPf' for 'sm_90a'
+ptxas info    : Function properties for _Z5otherPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+ptxas info    : Compiling entry function 'attn_fwd' for 'sm_90a'
+ptxas info    : Function properties for attn_fwd
+    96 bytes stack frame, 40 bytes spill stores, 44 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 16384 bytes smem, 400 bytes cmem[0]
+"""
+    r = parse_ptxas(log, "attn_fwd")
+    assert (r.registers, r.smem_static, r.stack_bytes, r.spill_stores, r.spill_loads) == (255, 16384, 96, 40, 44)
+    assert parse_ptxas(log, "other").registers == 8
+    assert parse_ptxas("nothing", "x") is None
+
+
+def test_unknown_backend():
+    with pytest.raises(CompileError, match="unknown compiler backend"):
+        compile_cubin(CompileRequest(KERNEL, "scale", ()), backend="clang")

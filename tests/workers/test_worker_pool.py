@@ -1,0 +1,156 @@
+"""The pool end to end through real Ray actors; test doubles stand in for the GPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import worker_family
+from workers.gpu import gpu_count
+from templates.family import Problem
+from worker_doubles import FAKE_DEVICE, FakeBench, TwoFakeBenches
+from workers import NoGPUError, WorkerPool
+from workers.replay import save_landscape
+from workers.results import Measurement, Timing
+
+PROBLEM = Problem((1024,), "fp32")
+FAMILY = worker_family.FAMILY
+TIMEOUT = 3.0
+HAS_GPU = gpu_count() > 0
+
+
+def _source(tag: int, variant: str = "ok") -> str:
+    return FAMILY.render({"variant": variant, "tag": tag}, PROBLEM)
+
+
+LAUNCH = FAMILY.launch({"variant": "ok", "tag": 0}, PROBLEM)
+
+
+def _submit(pool, ticket, behaviour="ok", tag=None, source=None):
+    source = source or _source(ticket if tag is None else tag)
+    pool.submit(ticket, {"behaviour": behaviour, "tag": ticket}, source, LAUNCH, ())
+
+
+def _drain(pool, deadline_s=60.0) -> dict[int, Measurement]:
+    results = {}
+    end = time.monotonic() + deadline_s
+    while pool.pending() and time.monotonic() < end:
+        results.update(pool.poll(timeout=1.0))
+    assert not pool.pending(), f"still pending: {pool.pending()}"
+    return results
+
+
+@pytest.fixture
+def pool_factory(ray_session, tmp_path):
+    pools = []
+
+    def make(worker_cls=FakeBench, **kw):
+        kw.setdefault("measure_timeout_s", TIMEOUT)
+        pool = WorkerPool(worker_family.NAME, PROBLEM, worker_cls=worker_cls, backend="nvrtc",
+                          cache_dir=tmp_path / "cache", **kw)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def test_ok_measurements(pool_factory):
+    pool = pool_factory()
+    assert pool.device == FAKE_DEVICE and pool.limits.sm_count == 132
+    for ticket in range(3):
+        _submit(pool, ticket)
+    assert pool.pending() == 3
+    results = _drain(pool)
+    assert sorted(results) == [0, 1, 2]
+    assert all(m.ok and m.resources.registers > 0 and m.cubin_hash for m in results.values())
+    assert pool.gpu_busy_seconds == pytest.approx(1.5)
+
+
+def test_hang_times_out_and_the_pool_goes_on(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0, "hang")
+    _submit(pool, 1)  # queued behind the hang: re-dispatched to the fresh actor
+    _submit(pool, 2)
+    results = _drain(pool)
+    assert results[0].failure == "timeout"
+    assert results[1].ok and results[2].ok
+
+
+def test_dead_process_is_a_worker_failure_and_replaced(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0, "exit")
+    _submit(pool, 1)
+    results = _drain(pool)
+    assert results[0].failure == "worker"
+    assert results[1].ok
+
+
+def test_crash_replaces_the_actor(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0)
+    first = _drain(pool)[0]
+    _submit(pool, 1, "crash")
+    assert _drain(pool)[1].failure == "crash"
+    _submit(pool, 2)
+    results = _drain(pool)
+    assert results[2].ok
+    assert results[2].detail.split()[0] != first.detail.split()[0]  # another process (pid)
+
+
+def test_bench_exception_fails_the_trial_only(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0, "raise")
+    _submit(pool, 1)
+    results = _drain(pool)
+    assert results[0].failure == "worker" and "the bench broke" in results[0].reason
+    assert results[1].ok
+
+
+def test_compile_error_resolves_the_ticket(pool_factory):
+    pool = pool_factory()
+    pool.submit(0, {}, "this is not CUDA", LAUNCH, ())
+    _submit(pool, 1)
+    results = _drain(pool)
+    assert results[0].failure == "compile" and "error" in results[0].detail.lower()
+    assert "\n" not in results[0].reason
+    assert results[1].ok
+
+
+def test_equal_cubins_are_measured_once(pool_factory):
+    pool = pool_factory(worker_cls=TwoFakeBenches)
+    source = _source(7)
+    for ticket in range(4):
+        _submit(pool, ticket, source=source)
+    results = _drain(pool)
+    hashes = {m.cubin_hash for m in results.values()}
+    assert len(hashes) == 1
+    shared = [t for t, m in results.items() if "shared" in m.detail]
+    assert len(shared) == 3
+    assert all(results[t].ok for t in results)
+    assert pool.gpu_busy_seconds == pytest.approx(0.5)
+
+
+def test_replay_answers_from_the_landscape(pool_factory, tmp_path):
+    recorded = Measurement(ok=True, timing=Timing(0.5, 0.4, 0.7, 0.05, 50), error=1e-7,
+                           max_abs_error=1e-6, gpu_seconds=0.3)
+    path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
+                          problem=PROBLEM, template_hash="abc",
+                          entries=[({"variant": "ok", "tag": 1}, recorded)])
+    pool = pool_factory(worker_cls=None, replay=path)
+    assert pool.device == FAKE_DEVICE and pool.num_gpus == 0
+    pool.submit(0, {"tag": 1, "variant": "ok"}, "", LAUNCH, ())
+    pool.submit(1, {"variant": "ok", "tag": 2}, "", LAUNCH, ())
+    results = _drain(pool)
+    assert results[0].ok and results[0].replayed and results[0].timing == recorded.timing
+    assert results[1].failure == "invalid" and results[1].replayed
+    assert results[1].reason == "not in the recorded landscape"
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is visible here")
+def test_no_gpu_and_no_replay_is_one_clear_error(ray_session):
+    with pytest.raises(NoGPUError, match="no GPU visible to Ray") as info:
+        WorkerPool(worker_family.NAME, PROBLEM)
+    assert "\n" not in str(info.value)

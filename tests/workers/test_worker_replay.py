@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from templates.family import Problem
+from worker_doubles import FAKE_DEVICE
+from workers.errors import WorkerError
+from workers.replay import ReplayBench, load_landscape, save_landscape
+from workers.results import Measurement, Resources, Timing, measurement_from_json, measurement_to_json
+
+PROBLEM = Problem((4, 16, 4096, 128), "fp16", True)
+
+
+def test_measurement_json_round_trip():
+    m = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40), error=1e-3, max_abs_error=2e-3,
+                    resources=Resources(128, 0, 0, 0, 0), cubin_hash="ab", compile_seconds=1.5,
+                    gpu_seconds=0.7, clocks={"sm_mhz": 1980})
+    assert measurement_from_json(json.loads(json.dumps(measurement_to_json(m)))) == m
+    f = Measurement.failed("compile", "nvcc failed", detail="log")
+    assert measurement_from_json(measurement_to_json(f)) == f
+
+
+def test_landscape_round_trip_and_bench(tmp_path):
+    ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
+    bad = Measurement.failed("resources", "too much smem")
+    path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
+                          template_hash="h", entries=[({"a": 1, "b": 2}, ok), ({"a": 2, "b": 2}, bad)])
+    land = load_landscape(path)
+    assert land.device == FAKE_DEVICE and land.problem == PROBLEM and len(land.entries) == 2
+    bench = ReplayBench(path)
+    assert bench.measure(None, None, "attention", PROBLEM, params={"b": 2, "a": 1}).replayed
+    assert bench.measure(None, None, "attention", PROBLEM, params={"a": 2, "b": 2}).failure == "resources"
+    missing = bench.measure(None, None, "attention", PROBLEM, params={"a": 3, "b": 2})
+    assert missing.failure == "invalid" and missing.reason == "not in the recorded landscape"
+
+
+def test_malformed_landscape_is_one_line(tmp_path):
+    path = tmp_path / "l.json"
+    path.write_text('{"format": 99}')
+    with pytest.raises(WorkerError, match="unknown format") as info:
+        load_landscape(path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(WorkerError, match="cannot read"):
+        load_landscape(tmp_path / "absent.json")

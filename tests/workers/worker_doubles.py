@@ -1,0 +1,43 @@
+"""Test doubles for GpuBench, run in real Ray actors. ``params["behaviour"]`` picks what
+``measure`` does: ok, hang (sleeps for ever), exit (os._exit), crash (a dead-context result)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from workers.results import DeviceInfo, Measurement, Timing
+
+FAKE_DEVICE = DeviceInfo("Fake H100", 132, (9, 0), 232448, "580.00", "13.0", uuid="GPU-fake")
+
+
+class FakeBench:
+    ray_options = {"num_gpus": 0}  # no GPU in the test cluster
+    num_workers = 1
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def device_info(self) -> DeviceInfo:
+        return FAKE_DEVICE
+
+    def measure(self, binary, launch, family_name, problem, *, params=None, **options):
+        behaviour = (params or {}).get("behaviour", "ok")
+        self.calls += 1
+        if behaviour == "hang":
+            time.sleep(3600)
+        if behaviour == "exit":
+            os._exit(3)
+        if behaviour == "crash":
+            return Measurement.failed("crash", "CUDA_ERROR_ILLEGAL_ADDRESS during synchronize",
+                                      detail="CUDA_ERROR_ILLEGAL_ADDRESS", gpu_seconds=0.01)
+        if behaviour == "raise":
+            raise RuntimeError("the bench broke")
+        assert binary is not None and binary.cubin[:4] == b"\x7fELF"
+        return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
+                           max_abs_error=0.0, gpu_seconds=0.5,
+                           detail=f"pid={os.getpid()} calls={self.calls}")
+
+
+class TwoFakeBenches(FakeBench):
+    num_workers = 2

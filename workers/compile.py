@@ -1,0 +1,344 @@
+"""CUDA source -> cubin, with nvcc or NVRTC, cached on disk by what went in::
+
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    request = CompileRequest(source, kernel="scale", options=("-O3",))
+    binary = compile_cubin(request, cache_dir=Path("~/.cache/tuner").expanduser())
+    binary.resources.registers, binary.cubin_hash
+
+The cache key is sha256(source, kernel, options, arch, toolkit version), so a new toolkit
+never answers with an old binary. The resources come from ptxas' ``-v`` report.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from workers.errors import CompileError
+from workers.results import Binary, CompileRequest, Resources
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "nvcc", "nvrtc")
+DEFAULT_TIMEOUT_S = 300.0
+
+
+# -- toolkit -----------------------------------------------------------------------------------
+def resolve_backend(backend: str = "auto") -> str:
+    if backend not in BACKENDS:
+        raise CompileError(f"unknown compiler backend {backend!r} (one of {', '.join(BACKENDS)})")
+    if backend == "auto":
+        return "nvcc" if shutil.which("nvcc") else "nvrtc"
+    return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise CompileError("nvcc not found on PATH")
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    match = re.search(r"V(\d+\.\d+\.\d+)", out) or re.search(r"release (\d+\.\d+)", out)
+    return f"nvcc {match.group(1) if match else out.strip().splitlines()[-1]}"
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise CompileError(f"NVRTC is not available: {exc}") from exc
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"nvrtcVersion failed: {err.name}")
+    return f"nvrtc {major}.{minor}"
+
+
+def toolkit_version(backend: str = "auto") -> str:
+    """``"nvcc 13.0.88"`` or ``"nvrtc 13.0"``; read once per process."""
+    return _nvcc_version() if resolve_backend(backend) == "nvcc" else _nvrtc_version()
+
+
+# -- ptxas' report ----------------------------------------------------------------------------
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+
+
+def parse_ptxas(log: str, kernel: str) -> Resources | None:
+    """Resources of ``kernel`` (or of the only entry function) from a ``ptxas -v`` report."""
+    starts = list(_ENTRY.finditer(log))
+    if not starts:
+        return None
+    blocks = {}
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(log)
+        blocks[match.group(1)] = log[match.start() : end]
+    name = kernel if kernel in blocks else None
+    if name is None:
+        near = [n for n in blocks if kernel in n]  # a C++-mangled name holds the plain one
+        name = near[0] if len(near) == 1 else (next(iter(blocks)) if len(blocks) == 1 else None)
+    if name is None:
+        return None
+    block = blocks[name]
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, block)
+        return int(found.group(1)) if found else 0
+
+    registers = re.search(r"Used (\d+) registers", block)
+    if registers is None:
+        return None
+    return Resources(
+        registers=int(registers.group(1)),
+        smem_static=number(r"(\d+) bytes smem"),
+        stack_bytes=number(r"(\d+) bytes stack frame"),
+        spill_stores=number(r"(\d+) bytes spill stores"),
+        spill_loads=number(r"(\d+) bytes spill loads"),
+    )
+
+
+def _cuobjdump_resources(cubin: bytes, kernel: str) -> Resources | None:
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="tuner-cuobjdump-") as tmp:
+        path = Path(tmp, "kernel.cubin")
+        path.write_bytes(cubin)
+        try:
+            out = subprocess.run(
+                [tool, "--dump-resource-usage", str(path)], capture_output=True, text=True, timeout=60
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+    found: dict[str, Resources] = {}
+    current = None
+    for line in out.splitlines():
+        header = re.match(r"\s*Function (\S+):", line)
+        if header:
+            current = header.group(1)
+            continue
+        fields = dict(re.findall(r"(\w+):(\d+)", line))
+        if current and "REG" in fields:
+            found[current] = Resources(
+                registers=int(fields["REG"]),
+                smem_static=int(fields.get("SHARED", 0)),
+                stack_bytes=int(fields.get("STACK", 0)),
+                spill_stores=0,  # cuobjdump does not report spills
+                spill_loads=0,
+            )
+    if kernel in found:
+        return found[kernel]
+    near = [r for name, r in found.items() if kernel in name]
+    return near[0] if len(near) == 1 else None
+
+
+# -- the backends -----------------------------------------------------------------------------
+def _compute_arch(arch: str) -> str:
+    return arch.replace("sm_", "compute_", 1)
+
+
+def _run_nvcc(request: CompileRequest, timeout_s: float) -> tuple[bytes, str]:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise CompileError("nvcc not found on PATH")
+    with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
+        src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+        src.write_text(request.source)
+        gencode = f"arch={_compute_arch(request.arch)},code={request.arch}"
+        cmd = [nvcc, "-cubin", "-gencode", gencode, "-Xptxas", "-v", *request.options]
+        cmd += ["-o", str(out), str(src)]
+        proc = subprocess.Popen(
+            cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # so a timeout kills cicc and ptxas too
+        )
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+            raise CompileError(f"nvcc timed out after {timeout_s:g} s", log or "") from None
+        if proc.returncode != 0 or not out.exists():
+            raise CompileError(f"nvcc failed (exit {proc.returncode}): {_first_error(log)}", log)
+        return out.read_bytes(), log
+
+
+def _nvrtc_options(request: CompileRequest) -> list[bytes]:
+    opts = [f"--gpu-architecture={request.arch}", "-Xptxas=-v"]
+    for option in request.options:
+        if re.fullmatch(r"-O\d", option):  # NVRTC optimises by default and rejects -O3
+            continue
+        opts.append(option)
+    for include in _cuda_include_dirs():
+        opts.append(f"--include-path={include}")
+    return [o.encode() for o in opts]
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_include_dirs() -> tuple[str, ...]:
+    found = []
+    candidates = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    for root in candidates:
+        include = Path(root, "include") if root else None
+        if include and (include / "cuda_fp16.h").exists() and str(include) not in found:
+            found.append(str(include))
+    return tuple(found[:1])
+
+
+def _nvrtc_compile(request: CompileRequest) -> tuple[bytes, str]:
+    from cuda.bindings import nvrtc
+
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(request.source.encode(), b"kernel.cu", 0, [], [])
+    if err != ok:
+        raise CompileError(f"nvrtcCreateProgram failed: {err.name}")
+    try:
+        opts = _nvrtc_options(request)
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\x00 ").decode(errors="replace")
+        if result != ok:
+            raise CompileError(f"nvrtc failed ({result.name}): {_first_error(log)}", log)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        if err != ok or size == 0:
+            raise CompileError(f"nvrtcGetCUBIN failed: {err.name}", log)
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _run_nvrtc(request: CompileRequest, timeout_s: float) -> tuple[bytes, str]:
+    """NVRTC runs in this process; a thread enforces the deadline (the pool kills the task)."""
+    box: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = _nvrtc_compile(request)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="nvrtc", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise CompileError(f"nvrtc timed out after {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+def _first_error(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for line in lines:
+        if "error" in line.lower():
+            return line[:300]
+    return lines[0][:300] if lines else "no output"
+
+
+# -- the entry point ---------------------------------------------------------------------------
+def source_hash(request: CompileRequest, toolkit: str) -> str:
+    key = [request.source, request.kernel, list(request.options), request.arch, toolkit]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
+
+
+def compile_cubin(
+    request: CompileRequest,
+    *,
+    backend: str = "auto",
+    cache_dir: Path | str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Binary:
+    """Compile ``request`` to a cubin for ``request.arch``; raise CompileError with the log."""
+    chosen = resolve_backend(backend)
+    toolkit = toolkit_version(chosen)
+    key = source_hash(request, toolkit)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if cache is not None:
+        hit = _cache_read(cache, key)
+        if hit is not None:
+            logger.debug("compile cache hit %s", key[:12])
+            return hit
+    start = time.perf_counter()
+    run = _run_nvcc if chosen == "nvcc" else _run_nvrtc
+    cubin, log = run(request, timeout_s)
+    seconds = time.perf_counter() - start
+    resources = parse_ptxas(log, request.kernel) or _cuobjdump_resources(cubin, request.kernel)
+    binary = Binary(
+        cubin=cubin,
+        kernel=request.kernel,
+        resources=resources,
+        source_hash=key,
+        cubin_hash=hashlib.sha256(cubin).hexdigest(),
+        toolkit=toolkit,
+        options=tuple(request.options),
+        compile_seconds=seconds,
+        log=log,
+    )
+    if cache is not None:
+        _cache_write(cache, binary)
+    return binary
+
+
+def _cache_read(cache: Path, key: str) -> Binary | None:
+    meta, blob = cache / f"{key}.json", cache / f"{key}.cubin"
+    try:
+        data = json.loads(meta.read_text())
+        cubin = blob.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(cubin).hexdigest() != data.get("cubin_hash"):
+        logger.warning("compile cache entry %s is corrupt; recompiling", key[:12])
+        return None
+    return Binary(
+        cubin=cubin,
+        kernel=data["kernel"],
+        resources=Resources.from_json(data["resources"]) if data.get("resources") else None,
+        source_hash=key,
+        cubin_hash=data["cubin_hash"],
+        toolkit=data["toolkit"],
+        options=tuple(data["options"]),
+        compile_seconds=float(data["compile_seconds"]),
+        log=data.get("log", ""),
+    )
+
+
+def _cache_write(cache: Path, binary: Binary) -> None:
+    data = {
+        "kernel": binary.kernel,
+        "resources": binary.resources.to_json() if binary.resources else None,
+        "cubin_hash": binary.cubin_hash,
+        "toolkit": binary.toolkit,
+        "options": list(binary.options),
+        "compile_seconds": binary.compile_seconds,
+        "log": binary.log,
+    }
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        for suffix, payload in ((".cubin", binary.cubin), (".json", json.dumps(data).encode())):
+            fd, tmp = tempfile.mkstemp(dir=cache, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+            os.replace(tmp, cache / f"{binary.source_hash}{suffix}")
+    except OSError as exc:
+        logger.warning("could not write the compile cache in %s: %s", cache, exc)
+
+
+__all__ = ["compile_cubin", "parse_ptxas", "resolve_backend", "source_hash", "toolkit_version"]

@@ -1,0 +1,245 @@
+"""One GPU's bench: load a cubin, check its output, time it (CUDA driver API, no Ray)::
+
+    bench = GpuBench()                      # device 0 (Ray sets CUDA_VISIBLE_DEVICES)
+    info = bench.device_info()
+    m = bench.measure(binary, launch, "attention", problem, seed=0)
+    m.ok, m.timing.median_ms, m.failure
+
+A measurement never raises for what a kernel does: it ends in ``Measurement.failed(kind, ...)``.
+A crash (illegal address, trap, ...) leaves the CUDA context unusable; the bench then marks
+itself ``dead`` and the pool replaces its process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import statistics
+import shutil
+import subprocess
+import time
+import traceback
+from typing import Any, Mapping
+
+from templates.family import KernelFamily, Launch, Problem
+from workers.errors import LaunchError, NoGPUError
+from workers.results import Binary, DeviceInfo, Measurement, Timing
+from workers.trial import Trial
+
+logger = logging.getLogger(__name__)
+
+# Errors after which the context is unusable: the process must go.
+CRASH_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+})
+# Errors that say the launch asked for more than the device has; the context lives on.
+RESOURCE_ERRORS = frozenset({
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_OUT_OF_RESOURCES",
+    "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_OUT_OF_MEMORY",
+})
+_STATIC_SMEM_LIMIT = 48 * 1024
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(call: str, result: Any) -> Any:
+    """Unpack a cuda-python result tuple; raise LaunchError on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise LaunchError(call, name, int(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def gpu_count() -> int:
+    """Devices the driver sees, 0 when there is no driver or no GPU (never raises)."""
+    try:
+        driver = _driver()
+        _check("cuInit", driver.cuInit(0))
+        return int(_check("cuDeviceGetCount", driver.cuDeviceGetCount()))
+    except Exception:  # no library, no driver, no device: all mean "none"
+        return 0
+
+
+def resolve_family(name: str) -> KernelFamily:
+    """``"attention"`` through templates.get_family, or ``"package.module:ATTR"`` for a family
+    that lives elsewhere (tests); the latter is imported in whatever process asks for it."""
+    import templates
+
+    if ":" in name:
+        module, attr = name.split(":", 1)
+        family = getattr(importlib.import_module(module), attr)
+        return family
+    return templates.get_family(name)
+
+
+def read_clocks(uuid: str = "") -> dict[str, Any]:
+    """Current SM/memory clocks (MHz) and temperature (C) from nvidia-smi, or {}."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    cmd = [smi, "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,driver_version",
+           "--format=csv,noheader,nounits"]
+    if uuid:
+        cmd += ["--id=" + uuid]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+        sm, mem, temp, drv = [f.strip() for f in out.strip().splitlines()[0].split(",")]
+        return {"sm_mhz": int(sm), "mem_mhz": int(mem), "temperature_c": int(temp), "driver": drv}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
+
+
+class GpuBench:
+    """The GPU side of a worker: one device, its primary context, one stream."""
+
+    def __init__(self, device_ordinal: int = 0) -> None:
+        driver = _driver()
+        self.dead = False
+        try:
+            _check("cuInit", driver.cuInit(0))
+            count = _check("cuDeviceGetCount", driver.cuDeviceGetCount())
+        except Exception as exc:
+            raise NoGPUError(f"no GPU visible to the CUDA driver: {exc}") from None
+        if device_ordinal >= count:
+            raise NoGPUError(f"no GPU {device_ordinal}: the driver sees {count}")
+        self._device = _check("cuDeviceGet", driver.cuDeviceGet(device_ordinal))
+        self._ctx = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(self._device))
+        _check("cuCtxSetCurrent", driver.cuCtxSetCurrent(self._ctx))
+        self._stream = _check("cuStreamCreate", driver.cuStreamCreate(0))
+        l2 = self._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
+        self._flush_bytes = max(2 * l2, 1 << 20)
+        self._flush_buf = _check("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
+        self._info: DeviceInfo | None = None
+
+    # -- the device ---------------------------------------------------------------------------
+    def _attribute(self, name: str) -> int:
+        driver = _driver()
+        attr = getattr(driver.CUdevice_attribute, name)
+        return int(_check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr, self._device)))
+
+    def device_info(self) -> DeviceInfo:
+        if self._info is None:
+            driver = _driver()
+            raw = _check("cuDeviceGetName", driver.cuDeviceGetName(256, self._device))
+            name = raw.split(b"\x00", 1)[0].decode(errors="replace").strip()
+            uuid = bytes(_check("cuDeviceGetUuid", driver.cuDeviceGetUuid(self._device)).bytes)
+            h = uuid.hex()
+            uuid_text = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+            version = int(_check("cuDriverGetVersion", driver.cuDriverGetVersion()))
+            cuda_version = f"{version // 1000}.{(version % 1000) // 10}"
+            clocks = read_clocks(uuid_text)
+            self._info = DeviceInfo(
+                name=name,
+                sm_count=self._attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+                compute_capability=(
+                    self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                    self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"),
+                ),
+                max_smem_per_block_optin=self._attribute(
+                    "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"
+                ),
+                driver_version=str(clocks.pop("driver", "")) or cuda_version,
+                cuda_version=cuda_version,
+                uuid=uuid_text,
+                clocks=clocks,
+            )
+        return self._info
+
+    # -- one trial ----------------------------------------------------------------------------
+    def measure(
+        self,
+        binary: Binary,
+        launch: Launch,
+        family_name: str,
+        problem: Problem,
+        *,
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        warmup_ms: float = 25.0,
+        rep: int | None = None,
+        min_reps: int = 20,
+        max_reps: int = 200,
+        target_ms: float = 300.0,
+        flush_l2: bool = True,
+    ) -> Measurement:
+        """Load, run, validate, check determinism, time. ``params`` is unused (replay needs it)."""
+        if self.dead:
+            return Measurement.failed("worker", "this GPU worker's context is dead", **self._tags(binary))
+
+        start = time.perf_counter()
+        trial = Trial(self, binary, launch)
+        try:
+            family = resolve_family(family_name)
+            result = trial.run(family, problem, seed=seed, warmup_ms=warmup_ms, rep=rep,
+                               min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
+                               flush_l2=flush_l2)
+        except LaunchError as exc:
+            result = self._classify(exc, trial.stage)
+        except Exception as exc:  # a family or host bug: fail this trial, keep the worker
+            tail = "".join(traceback.format_exception(exc)[-3:])
+            result = Measurement.failed("worker", f"{type(exc).__name__}: {exc}".splitlines()[0],
+                                        detail=tail)
+        finally:
+            if not self.dead:
+                try:
+                    trial.release()
+                except LaunchError as exc:
+                    logger.warning("cleanup failed, the context is unusable: %s", exc)
+                    self.dead = True
+        seconds = time.perf_counter() - start
+        clocks = read_clocks(self._info.uuid if self._info else "") if result.ok else {}
+        clocks.pop("driver", None)
+        return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,
+                              "clocks": clocks})
+
+    def _classify(self, exc: LaunchError, stage: str) -> Measurement:
+        """Turn a driver error into a failure kind; mark the bench dead when the context is."""
+        if exc.name in CRASH_ERRORS:
+            self.dead = True
+            return Measurement.failed("crash", f"{exc.name} during {stage}", detail=exc.name)
+        if exc.name in RESOURCE_ERRORS and stage in ("smem", "launch", "alloc"):
+            return Measurement.failed("resources", f"{exc.name} at {stage}", detail=exc.name)
+        if stage in ("load", "function"):
+            return Measurement.failed("compile", f"module unusable: {exc}", detail=exc.name)
+        self.dead = True  # an error we do not know: do not trust the context any more
+        return Measurement.failed("crash", f"{exc.name} during {stage}", detail=exc.name)
+
+    @staticmethod
+    def _tags(binary: Binary | None) -> dict[str, Any]:
+        if binary is None:
+            return {}
+        return {"resources": binary.resources, "cubin_hash": binary.cubin_hash,
+                "compile_seconds": binary.compile_seconds}
+
+    def close(self) -> None:
+        if self.dead:
+            return
+        driver = _driver()
+        driver.cuMemFree(self._flush_buf)
+        driver.cuStreamDestroy(self._stream)
+        driver.cuDevicePrimaryCtxRelease(self._device)
+        self.dead = True
+
+
+def timing_of(samples_ms: list[float]) -> Timing:
+    ordered = sorted(samples_ms)
+    q1, _, q3 = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else (ordered[0],) * 3
+    return Timing(
+        median_ms=float(statistics.median(ordered)),
+        min_ms=float(ordered[0]),
+        max_ms=float(ordered[-1]),
+        iqr_ms=float(q3 - q1),
+        repetitions=len(ordered),
+    )
+
+
+__all__ = ["GpuBench", "gpu_count", "read_clocks", "resolve_family", "timing_of"]

@@ -1,0 +1,370 @@
+"""Compile on CPUs, measure on GPUs, through Ray; ticket in, Measurement out::
+
+    with WorkerPool("attention", problem) as pool:        # one actor per GPU Ray sees
+        pool.submit(7, params, source, launch, options)    # returns at once
+        for ticket, measurement in pool.poll(timeout=1.0):
+            ...
+
+Each actor runs one measurement at a time and the queue stays here, so a killed actor loses
+nothing but the trial it was running. A measurement past ``measure_timeout_s`` kills and
+replaces its actor (failure ``timeout``); a dead process (``worker``) or context (``crash``)
+is replaced too. Configs whose cubins are equal are measured once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from templates.family import DeviceLimits, Launch, Problem
+from workers.compile import compile_cubin
+from workers.errors import CompileError, NoGPUError, WorkerError
+from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
+
+logger = logging.getLogger(__name__)
+
+_MAX_STARTS = 3  # consecutive actor deaths without a result before a GPU slot is given up
+_START_TIMEOUT_S = 180.0
+_COMPILE_GRACE_S = 30.0  # past compile_timeout_s the Ray task is cancelled by force
+
+
+@dataclass(frozen=True)
+class _CompileFailure:
+    reason: str
+    log: str
+
+
+def _compile_task(request: CompileRequest, backend: str, cache_dir: str | None,
+                  timeout_s: float) -> Binary | _CompileFailure:
+    try:
+        return compile_cubin(request, backend=backend, cache_dir=cache_dir, timeout_s=timeout_s)
+    except CompileError as exc:
+        return _CompileFailure(str(exc), exc.log)
+
+
+@dataclass
+class _Ticket:
+    ticket: int
+    params: dict[str, Any]
+    source: str
+    launch: Launch
+    options: tuple[str, ...]
+    binary: Binary | None = None
+    deadline: float = 0.0
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    ready_ref: Any = None  # set while the actor is starting
+    ticket: _Ticket | None = None
+    ref: Any = None
+    deadline: float = 0.0
+    deaths: int = 0
+
+
+@dataclass
+class _Hashes:
+    done: dict[str, Measurement] = field(default_factory=dict)
+    owner: dict[str, int] = field(default_factory=dict)  # hash -> ticket measuring it
+    waiters: dict[str, list[_Ticket]] = field(default_factory=dict)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        family: str,
+        problem: Problem,
+        *,
+        ray_address: str | None = None,
+        replay: str | Path | None = None,
+        compile_workers: int | None = None,
+        measure_timeout_s: float = 60.0,
+        compile_timeout_s: float = 300.0,
+        cache_dir: str | Path | None = None,
+        worker_cls: type | None = None,
+        backend: str = "auto",
+        seed: int = 0,
+        measure_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.family, self.problem = family, problem
+        self._replay = replay is not None
+        self._measure_timeout_s = measure_timeout_s
+        self._compile_timeout_s = compile_timeout_s
+        self._cache_dir = str(cache_dir) if cache_dir is not None else None
+        self._backend, self._seed = backend, seed
+        self._measure_options = dict(measure_options or {})
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(address=ray_address, ignore_reinit_error=True, include_dashboard=False,
+                     logging_level=logging.WARNING)
+        cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+        self._compile_workers = max(1, compile_workers or cpus)
+        self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
+        self._compile_queue: deque[_Ticket] = deque()
+        self._compiling: dict[Any, _Ticket] = {}
+        self._measure_queue: deque[_Ticket] = deque()
+        self._owners: dict[Any, _Slot] = {}  # measure or ready ref -> its slot
+        self._hashes = _Hashes()
+        self._results: list[tuple[int, Measurement]] = []
+        self._known: set[int] = set()
+        self._returned = 0
+        self.gpu_busy_seconds = 0.0
+        self._closed = False
+        try:
+            self._start_actors(worker_cls, replay)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- actors -------------------------------------------------------------------------------
+    def _start_actors(self, worker_cls: type | None, replay: str | Path | None) -> None:
+        if replay is not None:
+            from workers.replay import ReplayBench, load_landscape
+
+            landscape = load_landscape(replay)
+            if landscape.family != self.family or landscape.problem != self.problem:
+                raise WorkerError(
+                    f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
+                    f"not {self.family} {self.problem.key}")
+            cls, args, options = worker_cls or ReplayBench, (str(replay),), {"num_gpus": 0}
+        else:
+            from workers.gpu import GpuBench
+
+            cls, args, options = worker_cls or GpuBench, (), {"num_gpus": 1}
+        options = {"num_cpus": 0, "max_restarts": 0, **options, **getattr(cls, "ray_options", {})}
+        if options["num_gpus"] > 0:
+            gpus = ray.cluster_resources().get("GPU", 0)
+            if gpus < options["num_gpus"]:
+                raise NoGPUError(
+                    f"no GPU visible to Ray: the cluster has {gpus:g} GPU(s); run on a GPU machine, "
+                    "pass ray_address=... of a cluster with GPUs, or replay=<landscape.json>")
+            count = int(gpus // options["num_gpus"])
+        else:
+            count = int(getattr(cls, "num_workers", 1))
+        self._actor_cls = ray.remote(cls).options(**options)
+        self._actor_args = args
+        self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
+        infos = []
+        for slot in self._slots:
+            try:
+                infos.append(ray.get(slot.actor.device_info.remote(), timeout=_START_TIMEOUT_S))
+            except RayError as exc:
+                raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+        self.device: DeviceInfo = infos[0]
+        if any(info.name != self.device.name for info in infos):
+            logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
+
+    def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
+        """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
+        logger.warning("replacing a worker: %s", why)
+        ray.kill(slot.actor, no_restart=True)
+        for ref in (slot.ref, slot.ready_ref):
+            self._owners.pop(ref, None)
+        slot.ticket = slot.ref = None
+        slot.deaths = slot.deaths + 1 if count else 0
+        if slot.deaths > _MAX_STARTS:
+            self._slots.remove(slot)
+            if not self._slots:
+                raise WorkerError(f"every worker died {_MAX_STARTS} times in a row; last: {why}")
+            return
+        slot.actor = self._actor_cls.remote(*self._actor_args)
+        slot.ready_ref = slot.actor.__ray_ready__.remote()
+        self._owners[slot.ready_ref] = slot
+
+    # -- public surface -----------------------------------------------------------------------
+    @property
+    def limits(self) -> DeviceLimits:
+        d = self.device
+        return DeviceLimits(d.name, tuple(d.compute_capability), d.sm_count,  # type: ignore[arg-type]
+                            d.max_smem_per_block_optin)
+
+    @property
+    def num_gpus(self) -> int:
+        return 0 if self._replay else len(self._slots)
+
+    def submit(self, ticket: int, params: Mapping[str, Any], source: str, launch: Launch,
+               options: tuple[str, ...]) -> None:
+        if ticket in self._known:
+            raise ValueError(f"ticket {ticket} was already submitted")
+        self._known.add(ticket)
+        item = _Ticket(ticket, dict(params), source, launch, tuple(options))
+        (self._measure_queue if self._replay else self._compile_queue).append(item)
+        self._pump()
+
+    def pending(self) -> int:
+        """Tickets submitted and not yet returned by ``poll``."""
+        return len(self._known) - self._returned
+
+    def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
+        """Finished tickets; waits up to ``timeout`` seconds for the first one."""
+        end = time.monotonic() + max(timeout, 0.0)
+        while True:
+            self._pump()
+            self._expire()
+            refs = list(self._compiling) + list(self._owners)
+            now = time.monotonic()
+            if self._results or not refs or now >= end:
+                break
+            deadlines = [s.deadline for s in self._slots if s.ticket is not None]
+            deadlines += [t.deadline for t in self._compiling.values()]
+            wait = max(0.0, min([end] + deadlines) - now)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                self._handle(ref)
+        out, self._results = self._results, []
+        self._returned += len(out)
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ref in self._compiling:
+            ray.cancel(ref, force=True)
+        for slot in getattr(self, "_slots", []):
+            ray.kill(slot.actor, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the machine --------------------------------------------------------------------------
+    def _pump(self) -> None:
+        while self._compile_queue and len(self._compiling) < self._compile_workers:
+            item = self._compile_queue.popleft()
+            request = CompileRequest(item.source, item.launch.kernel, item.options)
+            ref = self._compile.remote(request, self._backend, self._cache_dir, self._compile_timeout_s)
+            item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
+            self._compiling[ref] = item
+        for slot in self._slots:
+            if slot.ticket is None and slot.ready_ref is None and self._measure_queue:
+                self._dispatch(slot, self._measure_queue.popleft())
+
+    def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
+        slot.ticket = item
+        slot.ref = slot.actor.measure.remote(item.binary, item.launch, self.family, self.problem,
+                                             params=item.params, seed=self._seed,
+                                             **self._measure_options)
+        slot.deadline = time.monotonic() + self._measure_timeout_s
+        self._owners[slot.ref] = slot
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for slot in list(self._slots):
+            if slot.ticket is not None and now > slot.deadline:
+                item = slot.ticket
+                # a hang is the kernel's fault, not the worker's: it does not count as a death
+                self._replace(slot, f"ticket {item.ticket} ran past {self._measure_timeout_s:g} s",
+                              count=False)
+                self._finish(item, Measurement.failed(
+                    "timeout", f"ran past {self._measure_timeout_s:g} s; the worker was replaced"))
+        for ref, item in list(self._compiling.items()):
+            if now > item.deadline:
+                ray.cancel(ref, force=True)
+                del self._compiling[ref]
+                self._resolve(item, Measurement.failed(
+                    "compile", f"compile ran past {self._compile_timeout_s:g} s"))
+
+    def _handle(self, ref: Any) -> None:
+        if ref in self._compiling:
+            item = self._compiling.pop(ref)
+            try:
+                result = ray.get(ref)
+            except RayError as exc:
+                self._resolve(item, Measurement.failed("worker", f"compile task died: {_one_line(exc)}"))
+                return
+            if isinstance(result, _CompileFailure):
+                self._resolve(item, Measurement.failed("compile", result.reason, detail=result.log[-4000:]))
+            else:
+                item.binary = result
+                self._compiled(item)
+            return
+        slot = self._owners.pop(ref, None)
+        if slot is None:
+            return
+        if ref is slot.ready_ref:
+            slot.ready_ref = None
+            try:
+                ray.get(ref)
+            except RayError as exc:
+                self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
+            return
+        item, slot.ticket, slot.ref = slot.ticket, None, None
+        try:
+            measurement = ray.get(ref)
+        except RayActorError as exc:
+            self._replace(slot, f"the worker process died: {_one_line(exc)}")
+            measurement = Measurement.failed("worker", "the worker process died; it was replaced",
+                                             detail=_one_line(exc))
+        except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
+            measurement = Measurement.failed("worker", _one_line(exc.cause or exc), detail=str(exc)[-2000:])
+        else:
+            slot.deaths = 0
+            if measurement.failure == "crash":  # the CUDA context is gone with the kernel
+                self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False)
+        self._finish(item, measurement)
+
+    # -- tickets ------------------------------------------------------------------------------
+    def _compiled(self, item: _Ticket) -> None:
+        digest = item.binary.cubin_hash  # type: ignore[union-attr]
+        hashes = self._hashes
+        if digest in hashes.done:
+            self._resolve(item, self._shared(hashes.done[digest], hashes.owner.get(digest)))
+        elif digest in hashes.owner:
+            hashes.waiters.setdefault(digest, []).append(item)
+        else:
+            hashes.owner[digest] = item.ticket
+            self._measure_queue.append(item)
+
+    def _finish(self, item: _Ticket, measurement: Measurement) -> None:
+        """A measured ticket is done: answer it and every ticket waiting on the same cubin."""
+        self._resolve(item, measurement)
+        if item.binary is None:
+            return
+        digest, hashes = item.binary.cubin_hash, self._hashes
+        waiters = hashes.waiters.pop(digest, [])
+        if measurement.failure == "worker":  # not the cubin's fault: measure it again
+            hashes.owner.pop(digest, None)
+            for waiter in waiters:
+                self._compiled(waiter)
+            return
+        hashes.done[digest] = measurement
+        for waiter in waiters:
+            self._resolve(waiter, self._shared(measurement, item.ticket))
+
+    @staticmethod
+    def _shared(measurement: Measurement, ticket: int | None) -> Measurement:
+        note = f"shared: same cubin as ticket {ticket}, measured once"
+        detail = f"{measurement.detail}; {note}" if measurement.detail else note
+        return replace(measurement, detail=detail, gpu_seconds=0.0)
+
+    def _resolve(self, item: _Ticket, measurement: Measurement) -> None:
+        binary = item.binary
+        if binary is not None:
+            measurement = replace(measurement, cubin_hash=binary.cubin_hash,
+                                  compile_seconds=binary.compile_seconds,
+                                  resources=binary.resources or measurement.resources)
+        if self._replay:
+            measurement = replace(measurement, replayed=True)
+        self.gpu_busy_seconds += measurement.gpu_seconds
+        self._results.append((item.ticket, measurement))

@@ -1,0 +1,128 @@
+"""Recorded landscapes: every measured config of one family, problem and device, as JSON.
+
+A landscape lets the search run and be tested without a GPU::
+
+    save_landscape("attn.json", device=info, family="attention", problem=problem,
+                   template_hash=family.template_hash, entries=[(params, measurement), ...])
+    with WorkerPool("attention", problem, replay="attn.json") as pool:
+        ...                                   # answers come from the file, replayed=True
+
+The file: ``{"format": 1, "device": {...}, "family": "...", "problem": {...},
+"template_hash": "...", "entries": [{"params": {...}, "measurement": {...}}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from templates.family import Launch, Problem
+from workers.errors import WorkerError
+from workers.results import Binary, DeviceInfo, Measurement, measurement_from_json, measurement_to_json
+
+FORMAT = 1
+NOT_RECORDED = "not in the recorded landscape"
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """A canonical text for a config: equal params, equal key, whatever the order."""
+    return json.dumps(dict(params), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Landscape:
+    device: DeviceInfo
+    family: str
+    problem: Problem
+    template_hash: str
+    entries: tuple[tuple[Mapping[str, Any], Measurement], ...]
+
+    def lookup(self) -> dict[str, Measurement]:
+        return {params_key(p): m for p, m in self.entries}
+
+
+def save_landscape(
+    path: str | Path,
+    *,
+    device: DeviceInfo,
+    family: str,
+    problem: Problem,
+    template_hash: str,
+    entries: Iterable[tuple[Mapping[str, Any], Measurement]],
+) -> Path:
+    """Write a landscape atomically; returns its path."""
+    path = Path(path)
+    data = {
+        "format": FORMAT,
+        "device": device.to_json(),
+        "family": family,
+        "problem": problem.to_json(),
+        "template_hash": template_hash,
+        "entries": [{"params": dict(p), "measurement": measurement_to_json(m)} for p, m in entries],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".landscape-")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def load_landscape(path: str | Path) -> Landscape:
+    """Read a landscape; a missing or malformed file raises WorkerError with one line."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise WorkerError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise WorkerError(f"landscape {path} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise WorkerError(f"landscape {path}: unknown format {data.get('format')!r}, expected {FORMAT}"
+                          if isinstance(data, dict) else f"landscape {path}: not an object")
+    try:
+        return Landscape(
+            device=DeviceInfo.from_json(data["device"]),
+            family=str(data["family"]),
+            problem=Problem.from_json(data["problem"]),
+            template_hash=str(data.get("template_hash", "")),
+            entries=tuple(
+                (dict(e["params"]), measurement_from_json(e["measurement"])) for e in data["entries"]
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkerError(f"landscape {path} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+class ReplayBench:
+    """GpuBench's interface, answered from a landscape by params. Needs no GPU."""
+
+    dead = False
+
+    def __init__(self, landscape: Landscape | str | Path) -> None:
+        self._landscape = landscape if isinstance(landscape, Landscape) else load_landscape(landscape)
+        self._lookup = self._landscape.lookup()
+
+    def device_info(self) -> DeviceInfo:
+        return self._landscape.device
+
+    def measure(
+        self,
+        binary: Binary | None,
+        launch: Launch | None,
+        family_name: str,
+        problem: Problem,
+        *,
+        params: Mapping[str, Any] | None = None,
+        **_timing: Any,
+    ) -> Measurement:
+        recorded = self._lookup.get(params_key(params or {}))
+        if recorded is None:
+            return Measurement.failed("invalid", NOT_RECORDED, replayed=True)
+        return replace(recorded, replayed=True)
+
+    def close(self) -> None:
+        pass

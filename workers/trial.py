@@ -1,0 +1,198 @@
+"""One trial's CUDA state on a GpuBench: the module, the buffers, the launch and the timing.
+
+``Trial.run`` raises LaunchError with ``Trial.stage`` telling where; GpuBench classifies it.
+``Trial.release`` frees everything the trial took (called unless the context is dead).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from templates.family import KernelFamily, Launch, Problem
+from workers.results import Binary, Measurement
+
+if TYPE_CHECKING:
+    from workers.gpu import GpuBench
+
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+class Trial:
+    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch) -> None:
+        from workers.gpu import _check, _driver
+
+        self._d = _driver()
+        self._check = _check
+        self.bench = bench
+        self.binary = binary
+        self.launch = launch
+        self.stage = "load"
+        self.module: Any = None
+        self.function: Any = None
+        self.buffers: dict[str, tuple[Any, int]] = {}  # name -> (CUdeviceptr, bytes)
+        self.events: list[Any] = []
+        self._param_values: list[Any] = []  # keeps the ctypes values alive during launches
+        self._param_array: Any = None
+
+    # -- steps --------------------------------------------------------------------------------
+    def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
+            rep: int | None, min_reps: int, max_reps: int, target_ms: float,
+            flush_l2: bool) -> Measurement:
+        d, check, launch = self._d, self._check, self.launch
+        check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench._ctx))
+        self.stage = "load"
+        self.module = check("cuModuleLoadData", d.cuModuleLoadData(self.binary.cubin))
+        self.stage = "function"
+        self.function = check("cuModuleGetFunction",
+                              d.cuModuleGetFunction(self.module, launch.kernel.encode()))
+        self.stage = "smem"
+        failure = self._raise_smem_limit()
+        if failure is not None:
+            return failure
+        self.stage = "alloc"
+        inputs = {name: np.ascontiguousarray(a) for name, a in family.inputs(problem, seed).items()}
+        specs = family.outputs(problem)
+        for name, array in inputs.items():
+            ptr = self._alloc(name, array.nbytes)
+            self.stage = "copy"
+            check("cuMemcpyHtoD", d.cuMemcpyHtoD(ptr, array.ctypes.data, array.nbytes))
+            self.stage = "alloc"
+        for spec in specs:
+            self._alloc(spec.name, int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize)
+        self._build_params()
+
+        first = self._run_once(specs)
+        validation = family.validate(problem, inputs, first)
+        if not validation.ok:
+            return Measurement.failed("wrong", validation.reason or "output does not match the reference",
+                                      error=validation.error, max_abs_error=validation.max_abs_error)
+        second = self._run_once(specs)
+        for name, array in first.items():
+            if array.tobytes() != second[name].tobytes():
+                differ = int(np.count_nonzero(array.view(np.uint8) != second[name].view(np.uint8)))
+                return Measurement.failed(
+                    "nondeterministic", f"two runs differ in {differ} bytes of {name!r}",
+                    error=validation.error, max_abs_error=validation.max_abs_error)
+        self.stage = "timing"
+        samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2)
+        from workers.gpu import timing_of
+
+        return Measurement(ok=True, timing=timing_of(samples), error=validation.error,
+                           max_abs_error=validation.max_abs_error)
+
+    def _raise_smem_limit(self) -> Measurement | None:
+        d, check = self._d, self._check
+        attrs = d.CUfunction_attribute
+        static = int(check("cuFuncGetAttribute",
+                           d.cuFuncGetAttribute(attrs.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.function)))
+        limit = self.bench.device_info().max_smem_per_block_optin
+        dynamic = self.launch.smem_bytes
+        if static + dynamic > limit:
+            return Measurement.failed(
+                "resources", f"needs {static + dynamic} bytes of shared memory per block "
+                f"({static} static + {dynamic} dynamic), the device allows {limit}")
+        if dynamic > _DEFAULT_DYNAMIC_SMEM:
+            check("cuFuncSetAttribute", d.cuFuncSetAttribute(
+                self.function, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic))
+        return None
+
+    def _alloc(self, name: str, nbytes: int) -> Any:
+        if name in self.buffers:
+            raise ValueError(f"buffer {name!r} is both an input and an output")
+        ptr = self._check("cuMemAlloc", self._d.cuMemAlloc(max(nbytes, 1)))
+        self.buffers[name] = (ptr, nbytes)
+        return ptr
+
+    def _build_params(self) -> None:
+        """kernelParams as C wants it: a void*[] whose entries point at each argument's value."""
+        values: list[Any] = []
+        for arg in self.launch.args:
+            if arg.kind == "buffer":
+                if arg.value not in self.buffers:
+                    raise ValueError(f"launch names an unknown buffer {arg.value!r}")
+                values.append(ctypes.c_uint64(int(self.buffers[arg.value][0])))
+            elif arg.kind == "i32":
+                values.append(ctypes.c_int32(int(arg.value)))
+            else:  # f32
+                values.append(ctypes.c_float(float(arg.value)))
+        self._param_values = values
+        self._param_array = (ctypes.c_void_p * max(len(values), 1))(
+            *[ctypes.addressof(v) for v in values])
+
+    def _launch(self) -> None:
+        launch, d = self.launch, self._d
+        self.stage = "launch"
+        self._check("cuLaunchKernel", d.cuLaunchKernel(
+            self.function, *launch.grid, *launch.block, launch.smem_bytes, self.bench._stream,
+            ctypes.addressof(self._param_array), 0))
+
+    def _poison(self, specs) -> None:
+        self.stage = "poison"
+        for spec in specs:
+            ptr, nbytes = self.buffers[spec.name]
+            self._check("cuMemsetD16", self._d.cuMemsetD16(ptr, int(spec.poison) & 0xFFFF, nbytes // 2))
+
+    def _run_once(self, specs) -> dict[str, np.ndarray]:
+        d, check = self._d, self._check
+        self._poison(specs)
+        self._launch()
+        self.stage = "synchronize"
+        check("cuStreamSynchronize", d.cuStreamSynchronize(self.bench._stream))
+        self.stage = "readback"
+        outputs = {}
+        for spec in specs:
+            ptr, nbytes = self.buffers[spec.name]
+            host = np.empty(spec.shape, dtype=spec.dtype)
+            check("cuMemcpyDtoH", d.cuMemcpyDtoH(host.ctypes.data, ptr, nbytes))
+            outputs[spec.name] = host
+        return outputs
+
+    def _event(self) -> Any:
+        event = self._check("cuEventCreate", self._d.cuEventCreate(0))
+        self.events.append(event)
+        return event
+
+    def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
+              target_ms: float, flush_l2: bool) -> list[float]:
+        d, check, stream = self._d, self._check, self.bench._stream
+        begin, end = self._event(), self._event()
+        check("cuEventRecord", d.cuEventRecord(begin, stream))
+        for _ in range(3):
+            self._launch()
+        check("cuEventRecord", d.cuEventRecord(end, stream))
+        self.stage = "timing"
+        check("cuEventSynchronize", d.cuEventSynchronize(end))
+        estimate = max(check("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)) / 3, 1e-3)
+        for _ in range(min(max(1, math.ceil(warmup_ms / estimate)), 10_000)):
+            self._launch()
+        count = rep if rep is not None else min(max(math.ceil(target_ms / estimate), min_reps), max_reps)
+        pairs = [(self._event(), self._event()) for _ in range(count)]
+        flush_words = self.bench._flush_bytes // 4
+        for i, (start, stop) in enumerate(pairs):
+            if flush_l2:
+                self.stage = "flush"
+                check("cuMemsetD32Async",
+                      d.cuMemsetD32Async(self.bench._flush_buf, i, flush_words, stream))
+            check("cuEventRecord", d.cuEventRecord(start, stream))
+            self._launch()
+            check("cuEventRecord", d.cuEventRecord(stop, stream))
+        self.stage = "timing"
+        check("cuStreamSynchronize", d.cuStreamSynchronize(stream))
+        return [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
+
+    # -- cleanup ------------------------------------------------------------------------------
+    def release(self) -> None:
+        d, check = self._d, self._check
+        for event in self.events:
+            check("cuEventDestroy", d.cuEventDestroy(event))
+        self.events.clear()
+        for ptr, _ in self.buffers.values():
+            check("cuMemFree", d.cuMemFree(ptr))
+        self.buffers.clear()
+        if self.module is not None:
+            check("cuModuleUnload", d.cuModuleUnload(self.module))
+            self.module = None
