@@ -13,6 +13,7 @@ is replaced too. Configs whose cubins are equal are measured once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -325,8 +326,14 @@ class WorkerPool:
         self._finish(item, measurement)
 
     # -- tickets ------------------------------------------------------------------------------
+    @staticmethod
+    def _key(item: _Ticket) -> str:
+        """Equal cubin and equal launch (grid, block, smem, args): one measurement serves both."""
+        launch = json.dumps(item.launch.to_json(), sort_keys=True, default=str)
+        return f"{item.binary.cubin_hash}:{launch}"  # type: ignore[union-attr]
+
     def _compiled(self, item: _Ticket) -> None:
-        digest = item.binary.cubin_hash  # type: ignore[union-attr]
+        digest = self._key(item)
         hashes = self._hashes
         if digest in hashes.done:
             self._resolve(item, self._shared(hashes.done[digest], hashes.owner.get(digest)))
@@ -341,7 +348,7 @@ class WorkerPool:
         self._resolve(item, measurement)
         if item.binary is None:
             return
-        digest, hashes = item.binary.cubin_hash, self._hashes
+        digest, hashes = self._key(item), self._hashes
         waiters = hashes.waiters.pop(digest, [])
         if measurement.failure == "worker":  # not the cubin's fault: measure it again
             hashes.owner.pop(digest, None)
