@@ -9,8 +9,9 @@ database. It runs against anything with the :class:`workers.WorkerPool` interfac
 
 Rules it keeps:
 
-- a config the family rejects is told ``inf`` at once, recorded once as ``invalid``, never
-  compiled, and does not count toward the trial budget;
+- a config the family rejects is told ``inf`` at once (user attribute ``failure="invalid"``
+  and its reason); it is never compiled, not stored (storage holds measured trials only) and
+  does not count toward the trial budget;
 - a config measured before (in this study, by this run or an earlier one) is never measured
   again: its stored value is told back; one asked again while in flight waits for that result;
 - it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
@@ -205,7 +206,7 @@ class Coordinator:
             except TemplateError as error:
                 reason = f"render: {error}"
         if reason is not None:
-            self._record_invalid(trial, params, key, reason)
+            self._reject(trial, key, reason)
             self._idle += 1
             return False
         self.pool.submit(trial.number, params, source, launch, options)
@@ -216,14 +217,11 @@ class Coordinator:
         logger.debug("trial %d submitted %s", trial.number, params)
         return True
 
-    def _record_invalid(self, trial: Trial, params: dict[str, Any], key: str, reason: str) -> None:
-        self.repository.record_trial(
-            self.record.id, trial.number, params, status="failed", failure="invalid",
-            reason=reason, replayed=False,
-        )
+    def _reject(self, trial: Trial, key: str, reason: str) -> None:
+        """Tell a config the family rejected: ``inf`` at once, nothing compiled or stored."""
         self._known[key] = search.FAILED_VALUE
         self._unmeasured.discard(key)
-        search.tell(self.study, trial, search.FAILED_VALUE, failure="invalid")
+        search.tell(self.study, trial, search.FAILED_VALUE, failure="invalid", reason=reason)
         self.progress.invalid()
         logger.debug("trial %d invalid: %s", trial.number, reason)
 
@@ -280,8 +278,7 @@ class Coordinator:
             key = params_key(trial.params)
             ok = trial.status == "ok" and trial.median_ms is not None
             self._known.setdefault(key, trial.median_ms if ok else search.FAILED_VALUE)
-            if trial.failure != "invalid":
-                self._previous += 1
+            self._previous += 1
             if ok and (best is None or trial.median_ms < best.median_ms):
                 best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
         self._unmeasured = valid - self._known.keys()

@@ -2,8 +2,8 @@
 
 One status line at most every ``interval`` seconds, plus one line per new best::
 
-    tuner: 42/200 measured (3 failed, 5 reused, 17 invalid), 6 in flight | best 1.234 ms
-           412.5 TFLOPS {BLOCK_M: 128, ...} | 8.1 trials/min, ETA 19m30s
+    42/200 measured (3 failed: compile 2, wrong 1; 5 reused, 17 invalid), 6 in flight
+    | best 1.2340 ms 412.5 TFLOPS {BLOCK_M: 128, ...} | 8.1 trials/min, ETA 19m30s
 
 The coordinator calls it; it never touches Optuna, the pool or the database.
 """
@@ -146,8 +146,10 @@ class Progress:
         c = self.counts
         done = c.previous + c.measured
         total = f"/{self.trials}" if self.trials is not None else ""
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(c.failures.items()))
+        failed = f"{c.failed} failed: {kinds}" if kinds else f"{c.failed} failed"
         text = (
-            f"{done}{total} measured ({c.failed} failed, {c.reused} reused, {c.invalid} invalid), "
+            f"{done}{total} measured ({failed}; {c.reused} reused, {c.invalid} invalid), "
             f"{self.in_flight} in flight"
         )
         text += f" | best {self._best_text()}" if self.best else " | no valid result yet"

@@ -40,7 +40,7 @@ def test_trial_budget_records_every_measured_trial(toy, db, pools):
     repo = open_repository(db)
     study = next(s for s in repo.studies() if s.name == result.study)
     assert study.status == "finished"
-    stored = [t for t in repo.trials(study.id) if t.failure != "invalid"]
+    stored = repo.trials(study.id)
     assert len(stored) == 20
     for trial in stored:
         assert (trial.status == "ok") == (failure_of(trial.params) is None)
@@ -61,18 +61,17 @@ def test_invalid_configs_are_told_without_compiling_and_do_not_count(toy, db, po
     assert result.invalid > 0 and result.measured == 15
     repo = open_repository(db)
     study = next(s for s in repo.studies() if s.name == result.study)
-    invalid = [t for t in repo.trials(study.id) if t.failure == "invalid"]
-    assert invalid and all(t.reason for t in invalid)
-    assert len({params_key(t.params) for t in invalid}) == len(invalid)  # each recorded once
-    told = {t.number: t for t in _optuna_trials(db, result.study)}
-    assert all(told[t.number].value == float("inf") for t in invalid)
+    assert len(repo.trials(study.id)) == 15  # storage holds measured trials only
+    invalid = [t for t in _optuna_trials(db, result.study) if t.user_attrs.get("failure") == "invalid"]
+    assert len(invalid) == result.invalid
+    assert all(t.value == float("inf") and t.user_attrs["reason"] for t in invalid)
 
 
 def test_failures_are_stored_with_their_kind_and_never_become_best(toy, db, tuned):
     result = tuned.result
     repo = open_repository(db)
     study = next(s for s in repo.studies() if s.name == result.study)
-    failed = [t for t in repo.trials(study.id) if t.status == "failed" and t.failure != "invalid"]
+    failed = [t for t in repo.trials(study.id) if t.status == "failed"]
     assert {t.failure for t in failed} == set(GPU_FAILURES)
     assert all(t.failure == failure_of(t.params) and t.reason for t in failed)
     assert all(t.tflops is None for t in failed)
@@ -173,3 +172,23 @@ def test_resume_after_a_kill_settles_running_trials(toy, db, pools):
     assert all(t.value == stored.median_ms for t in told) and len(told) >= 2
     assert params_key(pools.used[1].submitted[0]) == params_key(fresh)
     assert second.previous == 5 and second.measured == 3
+
+
+def test_many_asks_without_a_new_config_stop_the_study(toy, db):
+    pool = FakePool(per_poll=1)
+    problem = toy.parse_problem(*PROBLEM)
+    with open_repository(db) as repo:
+        _, outcome = api._run_study(
+            toy, problem, pool, repo, db, space=search.SearchSpace(toy.params), sampler="random",
+            seed=3, trials=None, time_budget=None, replay=None, max_idle_asks=3, lookahead=1,
+        )
+    assert outcome.reason == "3 asks in a row brought no new config"
+    assert outcome.measured == len(pool.submitted) < len(valid_configs(toy))
+
+
+def test_replayed_studies_are_kept_apart(toy, db, pools):
+    real = _tune(trials=3, db=db)
+    replayed = _tune(trials=3, db=db, replay="landscape.json")
+    assert replayed.study == real.study + "/replay" and replayed.previous == 0
+    summaries = {s.name: s for s in open_repository(db).studies()}
+    assert summaries[replayed.study].replay and not summaries[real.study].replay

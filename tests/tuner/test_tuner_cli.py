@@ -1,0 +1,142 @@
+"""The ``tuner`` command: user errors are one line and exit 2; output comes from the API."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main, parse_duration
+from tuner_doubles import PROBLEM
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
+
+
+def _error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("tuner: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["best", "toy", "--shape", "2,4,x,64", "--dtype", "fp16"], "malformed shape"),
+    (["best", "toy", "--shape", "2,4,1024,96", "--dtype", "fp16"], "unsupported head dim"),
+    (["best", "toy", "--shape", "2,4,1024,64", "--dtype", "fp64"], "unsupported dtype"),
+    (["best", "nope", *SHAPE], "unknown kernel family 'nope'"),
+    (["tune", "toy", *SHAPE, "--sampler", "cmaes"], "invalid choice: 'cmaes'"),
+    (["tune", "toy", *SHAPE, "--time-budget", "soon"], "not a duration"),
+    (["tune", "toy", *SHAPE, "--trials", "0"], "must be at least 1"),
+    (["tune", "toy", *SHAPE, "--trials", "5", "--time-budget", "1m"], "not allowed with"),
+    (["best", "toy", "--dtype", "fp16"], "the following arguments are required: --shape"),
+    (["export", "toy", *SHAPE], "the following arguments are required: -o/--out"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_inputs_exit_2_with_one_line(toy, db, argv, message, capsys):
+    code = _run(argv + ["--db", db] if argv[0] != "frobnicate" else argv)
+    assert code == 2
+    assert message in _error_line(capsys)
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exit:  # argparse's errors exit from inside parse_args
+        return int(exit.code)
+
+
+def test_unreachable_database_is_one_line(toy, capsys):
+    code = _run(["best", "toy", *SHAPE, "--db", "postgresql://nobody@127.0.0.1:1/x"])
+    assert code == 2
+    assert "cannot open database postgresql://nobody@127.0.0.1:1/x" in _error_line(capsys)
+
+
+def test_best_with_nothing_stored_is_one_line(toy, db, capsys):
+    assert _run(["best", "toy", *SHAPE, "--db", db]) == 2
+    assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
+
+
+def test_show_unknown_study_is_one_line(db, capsys):
+    assert _run(["show", "nope", "--db", db]) == 2
+    assert "no study named 'nope'" in _error_line(capsys)
+
+
+def test_no_gpu_is_one_line_and_non_zero(toy, db, monkeypatch, capsys):
+    from tuner import api
+    from tuner.errors import NoGPU
+
+    def no_gpu(*args, **kwargs):
+        raise NoGPU("no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)")
+
+    monkeypatch.setattr(api, "_open_pool", no_gpu)
+    assert _run(["tune", "toy", *SHAPE, "--db", db]) == 2
+    line = _error_line(capsys)
+    assert "no GPU is visible" in line and "--replay" in line
+
+
+def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
+    assert _run(["tune", "toy", *SHAPE, "--trials", "12", "--seed", "1", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "status    finished: 12 trials measured" in out and "best      " in out
+
+    assert _run(["best", "toy", *SHAPE, "--db", db]) == 0
+    out = capsys.readouterr().out
+    for label in ("config", "median", "TFLOPS", "GPU", "toolkit", "when"):
+        assert any(line.startswith(label) for line in out.splitlines()), (label, out)
+
+    assert _run(["best", "toy", *SHAPE, "--json", "--db", db]) == 0
+    winner = json.loads(capsys.readouterr().out)
+    assert winner["device"]["name"] == "NVIDIA H100 80GB HBM3" and winner["median_ms"] > 0
+
+    assert _run(["export", "toy", *SHAPE, "-o", str(tmp_path / "out"), "--db", db]) == 0
+    assert (tmp_path / "out" / "launch.json").exists()
+    assert (tmp_path / "out" / "toy_2x4x1024x64-fp16.cu").exists()
+    capsys.readouterr()
+
+    assert _run(["studies", "--json", "--db", db]) == 0
+    (study,) = json.loads(capsys.readouterr().out)
+    assert study["status"] == "finished" and study["n_trials"] == 12
+    assert _run(["show", study["name"], "--db", db]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 13
+    assert _run(["show", study["name"], "--json", "--db", db]) == 0
+    assert len(json.loads(capsys.readouterr().out)["trials"]) == 12
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("2h", 7200),
+                                           ("1h30m", 5400), ("45", 45), ("1.5h", 5400)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def _subprocess(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_process_prints_no_traceback(tmp_path):
+    done = _subprocess("best", "nope", "--shape", "4,16,4096,128", "--dtype", "fp16", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "tuner: error: unknown kernel family 'nope' (known: attention)"
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")
+def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
+    """The real path: workers.WorkerPool starts Ray, finds no GPU, raises NoGPUError."""
+    done = _subprocess("tune", "attention", "--shape", "4,16,4096,128", "--dtype", "fp16",
+                       "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("tuner:")]
+    assert ours == ["tuner: error: no GPU is visible (to tune without one, replay a recorded "
+                    "landscape with --replay FILE)"]
+    others = [line for line in done.stderr.splitlines() if not line.startswith("tuner:")]
+    if others:  # Ray's own logging from ray.init (workers/pool.py), not ours
+        pytest.xfail(f"Ray printed {len(others)} more line(s): {others[0][:120]}")
