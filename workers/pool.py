@@ -108,6 +108,13 @@ class WorkerPool:
         self._cache_dir = str(cache_dir) if cache_dir is not None else None
         self._backend, self._seed = backend, seed
         self._measure_options = dict(measure_options or {})
+        if replay is None and worker_cls is None and ray_address is None and not ray.is_initialized():
+            from workers.gpu import gpu_count
+
+            if gpu_count() == 0:  # say so before a local Ray starts (and prints) anything
+                raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
+                                 "machine, pass ray_address=... of a cluster with GPUs, or "
+                                 "replay=<landscape.json>")
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(address=ray_address, ignore_reinit_error=True, include_dashboard=False,

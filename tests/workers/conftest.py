@@ -1,4 +1,4 @@
-"""Shared fixtures for the workers' tests: one Ray for the session, GPU detection."""
+"""Shared fixtures for the workers' tests: one Ray for the session."""
 
 from __future__ import annotations
 
@@ -17,28 +17,6 @@ for path in (str(HERE), str(ROOT)):
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(HERE), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU")
-
-
-def _has_gpu() -> bool:
-    from workers.gpu import gpu_count
-
-    return gpu_count() > 0
-
-
-HAS_GPU = _has_gpu()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="no NVIDIA GPU visible to the CUDA driver")
-    for item in items:
-        if "gpu" in item.keywords and str(item.fspath).startswith(str(HERE)):
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,76 @@
+"""A real study on the GPU through Ray; its winner is queried, exported, rebuilt and re-timed.
+
+Run on the GPU machine: ``pytest -m gpu``. Skipped where no GPU is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+import tuner
+from templates import get_family
+from templates.family import KernelArg, Launch
+from workers.results import Binary
+
+pytestmark = pytest.mark.gpu
+
+SHAPE, DTYPE, CAUSAL = "4,16,2048,64", "fp16", True
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("study")
+    db = f"sqlite:///{folder}/tuner.db"
+    result = tuner.tune("attention", SHAPE, DTYPE, CAUSAL, trials=40, db=db, seed=3)
+    return folder, db, result
+
+
+def test_forty_trials_complete_and_best_is_their_fastest_valid_trial(study):
+    folder, db, result = study
+    assert result.status == "finished"
+    assert result.measured == 40
+    detail = tuner.show(result.study, db=db)
+    ok = [t for t in detail.trials if t.status == "ok"]
+    assert len(detail.trials) == 40 and len(ok) >= 20
+    assert all(t.error is not None and t.error < 4e-3 for t in ok)
+    winner = tuner.best("attention", SHAPE, DTYPE, CAUSAL, db=db)
+    assert winner.median_ms == min(t.median_ms for t in ok)
+    assert winner.device.name == result.device and "H" in winner.device.name
+    assert result.gpu_busy_s > 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
+    from workers.gpu import GpuBench
+
+    folder, db, _ = study
+    cu = tuner.export("attention", SHAPE, DTYPE, CAUSAL, out_dir=folder / "out", db=db)
+    doc = json.loads((cu.parent / "launch.json").read_text())
+    cubin = cu.with_suffix(".cubin")
+    subprocess.run(["nvcc", "-cubin", *doc["compile_flags"], str(cu), "-o", str(cubin)], check=True)
+    binary = Binary(
+        cubin=cubin.read_bytes(), kernel=doc["kernel"], resources=None, source_hash="export",
+        cubin_hash="export", toolkit="nvcc", options=tuple(doc["compile_flags"]), compile_seconds=0.0,
+    )
+    launch = Launch(
+        doc["kernel"], tuple(doc["grid"]), tuple(doc["block"]), doc["dynamic_smem_bytes"],
+        tuple(KernelArg(a["kind"], a["value"]) for a in doc["args"]),
+    )
+    family = get_family("attention")
+    problem = family.parse_problem(SHAPE, DTYPE, CAUSAL)
+    bench = GpuBench(0)
+    try:
+        medians = []
+        for seed in range(3):
+            result = bench.measure(binary, launch, "attention", problem, seed=seed)
+            assert result.ok, result
+            medians.append(result.timing.median_ms)
+    finally:
+        bench.close()
+    stored = doc["measured"]["median_ms"]
+    again = sorted(medians)[1]
+    assert abs(again - stored) / stored < 0.05, (medians, stored)
