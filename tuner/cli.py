@@ -198,12 +198,15 @@ _COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studie
 
 # -- helpers ---------------------------------------------------------------------------------------
 def _setup_logging(verbose: bool) -> None:
+    """Our progress on stderr; the workers' and storage's warnings too (everything with -v)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    logger = logging.getLogger("tuner")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logger.propagate = False
+    for name, level in (("tuner", logging.INFO), ("workers", logging.WARNING),
+                        ("storage", logging.WARNING)):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.DEBUG if verbose else level)
+        logger.propagate = False
 
 
 def _spread(winner: Any) -> str:

@@ -127,19 +127,22 @@ class Coordinator:
         self._started = self.clock()
         self._resume()
         self.repository.set_study_status(self.record.id, "running")
-        status, reason = "interrupted", "interrupted"
+        status, reason = "interrupted", "stopped by an error"
         try:
             reason = self._loop()
             status = "finished"
         except KeyboardInterrupt:
-            logger.warning("interrupted: keeping finished trials, re-queueing the ones in flight")
+            reason = "interrupted by the user"
             try:
                 self._collect(0.0)  # what finished meanwhile is kept
             except KeyboardInterrupt:
                 pass
         finally:
+            if self._in_flight:
+                logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
             self.repository.set_study_status(self.record.id, status)
+            self.progress.in_flight = 0
             self.progress.finish(status, reason)
         c = self.progress.counts
         return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
