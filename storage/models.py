@@ -173,6 +173,7 @@ class Trial(Base):
     spill_stores: Mapped[int | None]
     spill_loads: Mapped[int | None]
     cubin_hash: Mapped[str | None] = mapped_column(String)
+    toolkit: Mapped[str | None] = mapped_column(String)
     compile_seconds: Mapped[float | None] = mapped_column(Float)
     median_ms: Mapped[float | None] = mapped_column(Float)
     min_ms: Mapped[float | None] = mapped_column(Float)

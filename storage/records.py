@@ -77,6 +77,7 @@ class TrialRecord:
     spill_stores: int | None
     spill_loads: int | None
     cubin_hash: str | None
+    toolkit: str | None
     compile_seconds: float | None
     median_ms: float | None
     min_ms: float | None
@@ -126,6 +127,7 @@ class BestRecord:
     spill_stores: int | None
     spill_loads: int | None
     cubin_hash: str | None
+    toolkit: str | None
     replayed: bool
     measured_at: datetime  # when the winning trial was recorded
     updated_at: datetime  # when it became the best

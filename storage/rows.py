@@ -42,7 +42,7 @@ def study_record(
 
 
 TRIAL_FIELDS = (
-    "failure reason detail registers smem_static stack_bytes spill_stores spill_loads cubin_hash "
+    "failure reason detail registers smem_static stack_bytes spill_stores spill_loads cubin_hash toolkit "
     "compile_seconds median_ms min_ms max_ms iqr_ms repetitions tflops error max_abs_error"
 ).split()
 
@@ -96,6 +96,7 @@ def best_record(
         spill_stores=trial.spill_stores,
         spill_loads=trial.spill_loads,
         cubin_hash=trial.cubin_hash,
+        toolkit=trial.toolkit,
         replayed=trial.replayed,
         measured_at=trial.created_at,
         updated_at=best.updated_at,

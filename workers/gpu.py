@@ -218,7 +218,7 @@ class GpuBench:
         if binary is None:
             return {}
         return {"resources": binary.resources, "cubin_hash": binary.cubin_hash,
-                "compile_seconds": binary.compile_seconds}
+                "toolkit": binary.toolkit, "compile_seconds": binary.compile_seconds}
 
     def close(self) -> None:
         if self.dead:

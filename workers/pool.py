@@ -376,6 +376,7 @@ class WorkerPool:
         binary = item.binary
         if binary is not None:
             measurement = replace(measurement, cubin_hash=binary.cubin_hash,
+                                  toolkit=binary.toolkit,
                                   compile_seconds=binary.compile_seconds,
                                   resources=binary.resources or measurement.resources)
         if self._replay:

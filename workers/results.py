@@ -130,6 +130,7 @@ class Measurement:
     max_abs_error: float | None = None
     resources: Resources | None = None
     cubin_hash: str | None = None
+    toolkit: str | None = None  # what compiled the cubin, e.g. "nvcc 13.0.88"
     compile_seconds: float | None = None
     gpu_seconds: float = 0.0  # wall time the worker spent on the GPU for this trial
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
@@ -165,6 +166,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "max_abs_error": m.max_abs_error,
         "resources": m.resources.to_json() if m.resources else None,
         "cubin_hash": m.cubin_hash,
+        "toolkit": m.toolkit,
         "compile_seconds": m.compile_seconds,
         "gpu_seconds": m.gpu_seconds,
         "replayed": m.replayed,
@@ -187,6 +189,7 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         max_abs_error=opt_float("max_abs_error"),
         resources=Resources.from_json(data["resources"]) if data.get("resources") else None,
         cubin_hash=data.get("cubin_hash"),
+        toolkit=data.get("toolkit"),
         compile_seconds=opt_float("compile_seconds"),
         gpu_seconds=float(data.get("gpu_seconds") or 0.0),
         replayed=bool(data.get("replayed", False)),
