@@ -87,7 +87,7 @@ def tune(
     if sampler not in search.SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
     if trials is not None and trials < 1:
-        raise UsageError(f"--trials must be at least 1, not {trials}")
+        raise UsageError(f"trials must be at least 1, not {trials}")
     if time_budget is not None and time_budget <= 0:
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     space = search.SearchSpace(fam.params)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -162,7 +162,3 @@ def orphans(study: optuna.Study) -> list[FrozenTrial]:
 def resume_seed(seed: int | None, study: optuna.Study) -> int | None:
     """A resumed study should not replay its first random proposals: shift the seed."""
     return None if seed is None else seed + len(study.get_trials(deepcopy=False))
-
-
-def values_of(trials: Iterable[FrozenTrial]) -> list[float]:
-    return [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
