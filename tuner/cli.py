@@ -147,7 +147,7 @@ def _best(args: argparse.Namespace) -> int:
         ("TFLOPS", f"{winner.tflops:.1f}" if winner.tflops is not None else "-"),
         ("error", f"{winner.error:.3g}" if winner.error is not None else "-"),
         ("GPU", f"{winner.device.name} (driver {winner.device.driver_version})"),
-        ("toolkit", f"CUDA {winner.device.cuda_version}"),
+        ("toolkit", f"{winner.toolkit or '-'} (CUDA {winner.device.cuda_version})"),
         ("template", winner.template_hash),
         ("study", f"{winner.study}, trial {winner.trial_number}" + (" (replayed)" if winner.replayed else "")),
         ("when", _when(winner.measured_at)),

@@ -1,6 +1,6 @@
 """Write a stored winner out as a CUDA source and the facts needed to launch it.
 
-    path = write_export(family, problem, best_record, Path("out"), toolkit="nvcc 13.0.88")
+    path = write_export(family, problem, best_record, Path("out"))
     # out/attention_4x16x4096x128-fp16-causal.cu and out/launch.json
 
 The source is re-rendered from the stored params with the current template, so the caller
@@ -28,9 +28,7 @@ def source_name(family: KernelFamily, problem: Problem) -> str:
     return f"{family.name}_{problem.key}.cu"
 
 
-def launch_document(
-    family: KernelFamily, problem: Problem, best: Any, *, source: str, toolkit: str | None
-) -> dict[str, Any]:
+def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source: str) -> dict[str, Any]:
     """The content of ``launch.json``: how to compile and launch the winner, and how it did."""
     launch = family.launch(best.params, problem).to_json()
     flags = [*arch_flags(), *family.compile_options(best.params, problem)]
@@ -66,7 +64,7 @@ def launch_document(
         "compute_capability": best.device.compute_capability,
         "driver_version": best.device.driver_version,
         "cuda_version": best.device.cuda_version,
-        "toolkit": toolkit or best.device.cuda_version,
+        "toolkit": best.toolkit,  # what compiled the measured cubin, e.g. "nvcc 13.0.88"
         "template_hash": best.template_hash,
         "study": best.study,
         "trial": best.trial_number,
@@ -74,14 +72,12 @@ def launch_document(
     }
 
 
-def write_export(
-    family: KernelFamily, problem: Problem, best: Any, out_dir: Path, *, toolkit: str | None = None
-) -> Path:
+def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Path) -> Path:
     """Write the ``.cu`` and ``launch.json`` into ``out_dir``; return the ``.cu`` path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = family.render(best.params, problem)
     cu = out_dir / source_name(family, problem)
-    document = launch_document(family, problem, best, source=cu.name, toolkit=toolkit)
+    document = launch_document(family, problem, best, source=cu.name)
     _write_atomic(cu, source)
     _write_atomic(out_dir / "launch.json", json.dumps(document, indent=2) + "\n")
     return cu

@@ -260,6 +260,7 @@ class Coordinator:
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
             replayed=m.replayed, gpu_state=_gpu_state(self.pool),
+            toolkit=m.toolkit,
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value

@@ -50,7 +50,7 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     assert launch["params"] == winner.params
     assert launch["measured"]["median_ms"] == winner.median_ms
     assert launch["measured"]["tflops"] == winner.tflops and launch["measured"]["error"] == 1e-3
-    assert launch["gpu"] == "NVIDIA H100 80GB HBM3" and launch["toolkit"] == "13.0"
+    assert launch["gpu"] == "NVIDIA H100 80GB HBM3" and launch["toolkit"] == "nvcc 13.0.88"
     assert launch["template_hash"] == toy.template_hash
     assert launch["problem"] == {"shape": [2, 4, 1024, 64], "dtype": "fp16", "causal": False}
     assert launch["measured_at"].startswith("20")

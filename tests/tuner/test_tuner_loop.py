@@ -50,6 +50,7 @@ def test_trial_budget_records_every_measured_trial(toy, db, pools):
             assert trial.tflops == pytest.approx(flops / (trial.median_ms / 1e3) / 1e12)
             assert trial.registers == 96 and trial.repetitions == 50
             assert trial.gpu_state == {"sm_mhz": 1980} and not trial.replayed
+            assert trial.toolkit == "nvcc 13.0.88"
     assert all(t.state == TrialState.COMPLETE for t in _optuna_trials(db, result.study))
 
 

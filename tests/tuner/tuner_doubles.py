@@ -132,7 +132,7 @@ def measure(params: Mapping[str, Any]) -> Measurement:
     if failure is None:
         return Measurement(ok=True, timing=timing, error=1e-3, max_abs_error=2e-3,
                            resources=resources, cubin_hash=f"cubin-{sorted(params.items())}",
-                           compile_seconds=0.5, gpu_seconds=0.01)
+                           compile_seconds=0.5, gpu_seconds=0.01, toolkit="nvcc 13.0.88")
     extra = {"timing": timing, "error": 0.5} if failure == "wrong" else {}
     return Measurement.failed(failure, f"{failure} in the toy kernel", detail="log tail",
                               resources=resources, compile_seconds=0.5, **extra)
