@@ -153,5 +153,6 @@ class StudySummary:
     n_failed: int
     best_median_ms: float | None
     best_tflops: float | None
+    settings: dict[str, Any]
     created_at: datetime
     updated_at: datetime

@@ -129,6 +129,7 @@ def study_summary(
         n_failed=int(n_trials or 0) - int(n_ok or 0),
         best_median_ms=best_ms,
         best_tflops=best_tflops,
+        settings=dict(study.settings),
         created_at=study.created_at,
         updated_at=study.updated_at,
     )

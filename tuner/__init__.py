@@ -10,6 +10,7 @@ The same from a shell: ``tuner tune attention --shape 4,16,4096,128 --dtype fp16
 """
 
 from tuner.api import StudyDetail, TuneResult, best, export, show, studies, tune
+from tuner.landscape import record_landscape
 from tuner.errors import (
     DatabaseError,
     NoGPU,
@@ -32,6 +33,7 @@ __all__ = [
     "WorkerFailure",
     "best",
     "export",
+    "record_landscape",
     "show",
     "studies",
     "tune",

@@ -140,6 +140,7 @@ def _run_study(
         shape=list(problem.shape), dtype=problem.dtype, causal=problem.causal,
         device=device.to_json(), sampler=sampler, replay=replay is not None,
         settings={"trials": trials, "time_budget": time_budget, "seed": seed,
+                  "device": device.to_json(),
                   "replay_file": str(replay) if replay is not None else None},
     ))
     study = search.open_study(name, url, search.make_sampler(sampler, space, seed))

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from tuner import api
 from tuner.errors import TunerError
+from tuner.landscape import record_landscape
 from tuner.progress import format_params, format_seconds
 
 EXIT_USAGE = 2
@@ -96,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     studies = sub.add_parser("studies", parents=[common], help="list stored studies")
     studies.add_argument("--json", action="store_true", help="print JSON")
+
+    landscape = sub.add_parser("landscape", parents=[common],
+                               help="write a study's trials as a replay landscape (JSON)")
+    landscape.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
@@ -193,7 +199,14 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show}
+def _landscape(args: argparse.Namespace) -> int:
+    path = record_landscape(args.study, args.out, db=args.db)
+    print(f"wrote {path}")
+    return 0
+
+
+_COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show,
+             "landscape": _landscape}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

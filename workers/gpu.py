@@ -21,6 +21,8 @@ import time
 import traceback
 from typing import Any, Mapping
 
+import numpy as np
+
 from templates.family import KernelFamily, Launch, Problem
 from workers.errors import LaunchError, NoGPUError
 from workers.results import Binary, DeviceInfo, Measurement, Timing
@@ -119,6 +121,17 @@ class GpuBench:
         self._flush_bytes = max(2 * l2, 1 << 20)
         self._flush_buf = _check("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
         self._info: DeviceInfo | None = None
+        self._inputs: dict[tuple[str, Problem, int], dict[str, Any]] = {}
+
+    def host_inputs(self, family: KernelFamily, problem: Problem, seed: int) -> dict[str, Any]:
+        """The family's random inputs for (problem, seed), drawn once: a study measures every
+        trial on the same inputs, and drawing 100M normals costs a second per trial."""
+        key = (family.name, problem, seed)
+        if key not in self._inputs:
+            self._inputs.clear()  # one problem at a time: keep host memory bounded
+            drawn = family.inputs(problem, seed)
+            self._inputs[key] = {name: np.ascontiguousarray(a) for name, a in drawn.items()}
+        return self._inputs[key]
 
     # -- the device ---------------------------------------------------------------------------
     def _attribute(self, name: str) -> int:

@@ -54,7 +54,7 @@ class Trial:
         if failure is not None:
             return failure
         self.stage = "alloc"
-        inputs = {name: np.ascontiguousarray(a) for name, a in family.inputs(problem, seed).items()}
+        inputs = self.bench.host_inputs(family, problem, seed)
         specs = family.outputs(problem)
         for name, array in inputs.items():
             ptr = self._alloc(name, array.nbytes)

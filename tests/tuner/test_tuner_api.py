@@ -92,3 +92,27 @@ def test_bad_inputs_are_usage_errors(toy, db):
         tuner.tune("toy", *PROBLEM, sampler="cmaes", db=db)
     with pytest.raises(tuner.DatabaseError, match="cannot open database"):
         tuner.studies(db="postgresql://nobody@127.0.0.1:1/x")
+
+
+def test_record_landscape_writes_every_stored_trial(toy, db, tuned, tmp_path):
+    from workers.replay import ReplayBench, load_landscape
+
+    path = tuner.record_landscape(tuned.result.study, tmp_path / "land.json", db=db)
+    landscape = load_landscape(path)
+    stored = tuner.show(tuned.result.study, db=db).trials
+    assert landscape.family == "toy" and landscape.problem == toy.parse_problem(*PROBLEM)
+    assert landscape.device.name == "NVIDIA H100 80GB HBM3" and landscape.device.max_smem_per_block_optin > 0
+    assert len(landscape.entries) == len(stored)
+    by_key = landscape.lookup()
+    for trial in stored:
+        recorded = by_key[json.dumps(trial.params, sort_keys=True)]
+        assert recorded.ok == (trial.status == "ok")
+        if trial.status == "ok":
+            assert recorded.timing.median_ms == trial.median_ms
+        else:
+            assert recorded.failure == trial.failure
+    bench = ReplayBench(path)
+    answered = bench.measure(None, None, "toy", landscape.problem, params=stored[0].params)
+    assert answered.replayed and answered.ok == (stored[0].status == "ok")
+    with pytest.raises(tuner.NotFound, match="no study named"):
+        tuner.record_landscape("nope", tmp_path / "x.json", db=db)
