@@ -72,6 +72,23 @@ def toolkit_version(backend: str = "auto") -> str:
     return _nvcc_version() if resolve_backend(backend) == "nvcc" else _nvrtc_version()
 
 
+def default_cache_dir() -> Path:
+    """``$TUNER_CACHE``, else ``$XDG_CACHE_HOME/kernel-tuner/cubins`` (``~/.cache/...``)."""
+    if os.environ.get("TUNER_CACHE"):
+        return Path(os.environ["TUNER_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kernel-tuner" / "cubins"
+
+
+def check_toolkit_for_driver(toolkit: str, driver_cuda: str) -> None:
+    """Refuse a compiler newer than the driver's CUDA: its cubins may not load there."""
+    found = re.search(r"(\d+)\.(\d+)", toolkit)
+    have = re.search(r"(\d+)\.(\d+)", driver_cuda)
+    if found and have and tuple(map(int, found.groups())) > tuple(map(int, have.groups())):
+        raise CompileError(f"the toolkit ({toolkit}) is newer than the GPU driver's CUDA "
+                           f"{driver_cuda}; install a toolkit no newer than the driver")
+
+
 # -- ptxas' report ----------------------------------------------------------------------------
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 

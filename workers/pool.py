@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from templates.family import DeviceLimits, Launch, Problem
-from workers.compile import compile_cubin
+from workers.compile import check_toolkit_for_driver, compile_cubin, default_cache_dir, toolkit_version
 from workers.errors import CompileError, NoGPUError, WorkerError
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
 
@@ -105,7 +105,7 @@ class WorkerPool:
         self._replay = replay is not None
         self._measure_timeout_s = measure_timeout_s
         self._compile_timeout_s = compile_timeout_s
-        self._cache_dir = str(cache_dir) if cache_dir is not None else None
+        self._cache_dir = str(cache_dir if cache_dir is not None else default_cache_dir())
         self._backend, self._seed = backend, seed
         self._measure_options = dict(measure_options or {})
         if replay is None and worker_cls is None and ray_address is None and not ray.is_initialized():
@@ -134,6 +134,8 @@ class WorkerPool:
         self._closed = False
         try:
             self._start_actors(worker_cls, replay)
+            if replay is None:
+                check_toolkit_for_driver(toolkit_version(backend), self.device.cuda_version)
         except BaseException:
             self.close()
             raise

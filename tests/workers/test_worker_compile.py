@@ -86,3 +86,22 @@ ptxas info    : Used 255 registers, used 1 barriers, 16384 bytes smem, 400 bytes
 def test_unknown_backend():
     with pytest.raises(CompileError, match="unknown compiler backend"):
         compile_cubin(CompileRequest(KERNEL, "scale", ()), backend="clang")
+
+
+def test_a_toolkit_newer_than_the_driver_is_refused():
+    from workers.compile import check_toolkit_for_driver
+
+    check_toolkit_for_driver("nvcc 13.0.88", "13.0")
+    check_toolkit_for_driver("nvrtc 12.8", "13.0")
+    with pytest.raises(CompileError, match="newer than the GPU driver's CUDA 13.0"):
+        check_toolkit_for_driver("nvcc 13.4.1", "13.0")
+
+
+def test_cubins_are_cached_under_the_user_cache_by_default(monkeypatch, tmp_path):
+    from workers.compile import default_cache_dir
+
+    monkeypatch.delenv("TUNER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "kernel-tuner" / "cubins"
+    monkeypatch.setenv("TUNER_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
