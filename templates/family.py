@@ -153,6 +153,8 @@ class KernelFamily(abc.ABC):
     folder: Path
     params: tuple[Param, ...]
     dtypes: tuple[str, ...]
+    # (shape, dtype, causal) problems that `tuner bench FAMILY` compares against peers
+    suite: tuple[tuple[tuple[int, ...], str, bool], ...] = ()
 
     # -- problems ---------------------------------------------------------------------------
     @abc.abstractmethod

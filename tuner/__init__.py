@@ -10,6 +10,7 @@ The same from a shell: ``tuner tune attention --shape 4,16,4096,128 --dtype fp16
 """
 
 from tuner.api import StudyDetail, TuneResult, best, export, show, studies, tune
+from tuner.bench import BenchRow, bench
 from tuner.landscape import record_landscape
 from tuner.errors import (
     DatabaseError,
@@ -22,6 +23,7 @@ from tuner.errors import (
 )
 
 __all__ = [
+    "BenchRow",
     "DatabaseError",
     "NoGPU",
     "NotFound",
@@ -31,6 +33,7 @@ __all__ = [
     "TunerError",
     "UsageError",
     "WorkerFailure",
+    "bench",
     "best",
     "export",
     "record_landscape",

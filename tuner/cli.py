@@ -21,7 +21,9 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from tuner import api
-from tuner.errors import TunerError
+from tuner.bench import bench as run_bench
+from tuner.bench import suite_of
+from tuner.errors import TunerError, UsageError
 from tuner.landscape import record_landscape
 from tuner.progress import format_params, format_seconds
 
@@ -97,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     studies = sub.add_parser("studies", parents=[common], help="list stored studies")
     studies.add_argument("--json", action="store_true", help="print JSON")
+
+    bench = sub.add_parser("bench", parents=[common],
+                           help="time stored winners beside their peers (torch SDPA) on this GPU")
+    bench.add_argument("family", help="kernel family, e.g. attention")
+    bench.add_argument("--shape", help="one problem instead of the family's suite, e.g. 4,16,4096,128")
+    bench.add_argument("--dtype", help="element type of --shape, or only the suite's problems of it")
+    bench.add_argument("--causal", action="store_true", help="causal masking (with --shape)")
+    bench.add_argument("--tune", type=_positive_int, metavar="N",
+                       help="first tune each problem to N trials (resumes what is stored)")
+    bench.add_argument("--json", action="store_true", help="print JSON")
 
     landscape = sub.add_parser("landscape", parents=[common],
                                help="write a study's trials as a replay landscape (JSON)")
@@ -199,6 +211,39 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    if args.shape is not None and args.dtype is None:
+        raise UsageError("--shape needs --dtype")
+    if args.shape is not None:
+        problems = [(args.shape, args.dtype, args.causal)]
+    else:  # the family's suite, or its problems of one dtype
+        problems = [p for p in suite_of(args.family) if args.dtype in (None, p[1])] or None
+    rows = run_bench(args.family, problems, db=args.db, tune_trials=args.tune)
+    if args.json:
+        print(json.dumps([_plain(row) for row in rows], indent=2))
+        return 0
+    peers = sorted({name for row in rows for name in row.peers})
+    head = ["problem", "ours", "TFLOPS", "error", *(f"{p} TFLOPS" for p in peers),
+            *(f"vs {p}" for p in peers), "regs", "smem", "blocks/SM"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        cells = [row.problem.key]
+        if row.median_ms is None:
+            cells += [row.note, "-", "-"]
+        else:
+            cells += [f"{1000 * row.median_ms:.1f} us", f"{row.tflops:.0f}", f"{row.error:.1e}"]
+        for p in peers:
+            peer = row.peers.get(p)
+            cells.append(f"{peer.tflops:.0f}" if peer and peer.tflops else "-")
+        for p in peers:
+            ratio = row.ratio(p)
+            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+        cells += [str(row.registers or "-"), str(row.smem_bytes or "-"), str(row.blocks_per_sm or "-")]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
 def _landscape(args: argparse.Namespace) -> int:
     path = record_landscape(args.study, args.out, db=args.db)
     print(f"wrote {path}")
@@ -206,7 +251,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape}
+             "landscape": _landscape, "bench": _bench}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ from templates.family import (
 )
 
 KERNEL_NAME = "attention_fwd"
+SUITE_SHAPES = (
+    (1, 8, 512, 64), (2, 8, 512, 64), (16, 16, 2048, 64), (8, 16, 2048, 128),
+    (4, 16, 4096, 128), (1, 32, 8192, 128), (2, 16, 1000, 64), (1, 16, 4097, 128),
+)
 _FOLDER = Path(__file__).parent
 
 
@@ -39,6 +43,8 @@ class AttentionFamily(KernelFamily):
     folder = _FOLDER
     params = _space.PARAMS
     dtypes = _problem.DTYPES
+    suite = tuple((shape, dtype, causal) for shape in SUITE_SHAPES for dtype in _problem.DTYPES
+                  for causal in (False, True))
 
     def __init__(self) -> None:
         env = jinja2.Environment(

@@ -7,9 +7,9 @@ from typing import Any, Mapping
 from templates.family import DeviceLimits, Param, Problem
 
 PARAMS: tuple[Param, ...] = (
-    Param("BLOCK_M", (64, 128), "query rows per thread block"),
+    Param("BLOCK_M", (64, 128, 32), "query rows per thread block (32: more blocks for small problems)"),
     Param("BLOCK_N", (32, 64, 128), "keys per step of the K/V loop"),
-    Param("NUM_WARPS", (4, 8), "warps that compute (16 or 32 rows each)"),
+    Param("NUM_WARPS", (4, 8, 2), "warps that compute (16 or 32 rows each)"),
     Param("STAGES", (1, 2, 3), "cp.async K/V stages in shared memory (1: no overlap)"),
     Param("SMEM_LAYOUT", ("pad8", "swizzle", "pad0", "pad16"), "row padding in halves, or XOR swizzle"),
     Param("WARP_SPECIALIZED", (0, 1), "one producer warp loads K/V, the compute warps only compute"),
@@ -42,9 +42,10 @@ def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
 
 
 def fragment_registers(params: Mapping[str, Any], head_dim: int) -> int:
-    """Registers per compute thread held by S and O accumulators, P and (optionally) Q fragments."""
+    """Registers per compute thread held across the K/V loop: the S and O accumulators and
+    (optionally) Q's fragments. P is packed from S one 16-key step at a time, so it adds little."""
     tiles = int(m_tiles(params))
-    per_tile = params["BLOCK_N"] // 2 + head_dim // 2 + params["BLOCK_N"] // 4
+    per_tile = params["BLOCK_N"] // 2 + head_dim // 2
     if params["Q_IN_REGS"]:
         per_tile += head_dim // 4
     return tiles * per_tile

@@ -1,0 +1,93 @@
+"""`tuner bench`: stored winners re-timed beside peers (GPU parts with a test-double bench)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tuner
+from templates import get_family
+from tuner.bench import _bench_rows, blocks_per_sm
+from tuner_doubles import PROBLEM, latency_ms
+from workers.gpu import gpu_count
+from workers.peers import time_peers
+from workers.results import Measurement, Resources, Timing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _LocalDouble:
+    """LocalBench's interface; the GPU cannot run here. It times every config at 0.9x its
+    stored latency and records what it was asked to measure."""
+
+    def __init__(self, device_name):
+        self.device = type("Device", (), {"name": device_name})()
+        self.asked = []
+
+    def measure(self, family, problem, source, launch, options, *, seed=0):
+        params = dict(line.split()[1:] for line in source.splitlines() if line.startswith("#define"))
+        self.asked.append((family, problem.key, source))
+        median = 0.9 * latency_ms({k: int(v) for k, v in params.items()})
+        return Measurement(ok=True, timing=Timing(median, median, median, 0.0, 20), error=1e-4,
+                           resources=Resources(96, 0, 0, 0, 0))
+
+
+def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
+    problem = toy.parse_problem(*PROBLEM)
+    local = _LocalDouble("NVIDIA H100 80GB HBM3")
+    rows = _bench_rows(toy, [problem, toy.parse_problem(PROBLEM[0], PROBLEM[1], True)], local,
+                       db=db, seed=0, peers=True)
+    winner = tuner.best("toy", *PROBLEM, db=db)
+    assert rows[0].params == winner.params
+    assert rows[0].median_ms == pytest.approx(0.9 * winner.median_ms)  # re-timed, not read back
+    assert rows[0].tflops == pytest.approx(toy.flops(problem) / rows[0].median_ms / 1e9)
+    assert rows[0].registers == 96 and rows[0].blocks_per_sm >= 1
+    assert rows[0].peers == {} and rows[0].ratio("flash") is None  # no peers for a toy family
+    assert local.asked[0][2] == toy.render(winner.params, problem)
+    assert rows[1].params is None and "not tuned on NVIDIA H100" in rows[1].note
+    assert len(local.asked) == 1
+
+
+def test_rows_of_another_gpu_are_not_benched(toy, db, tuned):
+    rows = _bench_rows(toy, [toy.parse_problem(*PROBLEM)], _LocalDouble("NVIDIA H200"), db=db, seed=0,
+                       peers=False)
+    assert rows[0].median_ms is None and "not tuned on NVIDIA H200" in rows[0].note
+
+
+@pytest.mark.parametrize(
+    "registers, threads, smem, expected",
+    [(255, 128, 64 * 1024, 2), (128, 128, 16 * 1024, 4), (64, 64, 0, 16), (32, 1024, 0, 2),
+     (168, 288, 100 * 1024, 1), (96, 128, 150 * 1024, 1)],
+)
+def test_blocks_per_sm(registers, threads, smem, expected):
+    assert blocks_per_sm(registers, threads, smem) == expected
+
+
+def test_the_attention_suite_covers_the_issue_shapes():
+    suite = get_family("attention").suite
+    assert len(suite) == 32
+    assert {s for s, _, _ in suite} >= {(1, 8, 512, 64), (2, 16, 1000, 64), (1, 16, 4097, 128)}
+    for shape, dtype, causal in suite:
+        get_family("attention").parse_problem(shape, dtype, causal)
+
+
+def test_no_peers_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    problem = get_family("attention").parse_problem("1,8,512,64", "fp16")
+    assert time_peers("attention", problem) == {}
+    assert time_peers("toy", problem) == {}
+
+
+def test_cli_bench_without_a_gpu_says_so_in_one_line(tmp_path):
+    if gpu_count():
+        pytest.skip("a GPU is visible here")
+    done = subprocess.run([sys.executable, "-m", "tuner", "bench", "attention", "--db", f"sqlite:///{tmp_path}/t.db"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "tuner: error: no GPU is visible: `tuner bench` times kernels on this machine's GPU"]

@@ -1,0 +1,162 @@
+"""Our stored winners against the peers, timed side by side in this process on this GPU.
+
+    rows = tuner.bench("attention")                         # the family's suite
+    rows = tuner.bench("attention", [("4,16,4096,128", "fp16", True)], tune_trials=40)
+    for row in rows:
+        print(row.problem.key, row.median_ms, row.ratio("flash"))
+
+Each winner is re-compiled (cached) and re-timed here, not read back from the database, so its
+number and the peers' come from the same process, GPU and method.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from templates.family import KernelFamily, Problem
+
+logger = logging.getLogger("tuner")
+
+# Per-SM limits of compute capability 9.0 (H100, H200).
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 233472
+SM_THREADS = 2048
+SM_BLOCKS = 32
+RESERVED_SHARED_PER_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class PeerTiming:
+    name: str
+    median_ms: float | None
+    tflops: float | None
+    error: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    problem: Problem
+    params: dict[str, Any] | None  # the stored winner; None when the problem was never tuned here
+    median_ms: float | None
+    tflops: float | None
+    error: float | None
+    registers: int | None
+    smem_bytes: int | None
+    blocks_per_sm: int | None
+    note: str = ""
+    peers: dict[str, PeerTiming] = field(default_factory=dict)
+
+    def ratio(self, peer: str) -> float | None:
+        """Speed-up over a peer (peer time / our time): above 1.0 we are faster."""
+        other = self.peers.get(peer)
+        if other is None or other.median_ms is None or not self.median_ms:
+            return None
+        return other.median_ms / self.median_ms
+
+
+def suite_of(family: str) -> list[tuple[Any, str, bool]]:
+    """The family's benchmark problems (shape, dtype, causal)."""
+    from tuner.api import _family
+
+    return list(_family(family).suite)
+
+
+def blocks_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
+    """Resident blocks per SM: the tightest of registers, shared memory, threads and blocks."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-registers * 32 // 256) * 256  # allocated in units of 256 per warp
+    by_regs = SM_REGISTERS // (regs_per_warp * warps) if registers else SM_BLOCKS
+    by_smem = SM_SHARED_BYTES // (smem_bytes + RESERVED_SHARED_PER_BLOCK)
+    return max(0, min(by_regs, by_smem, SM_THREADS // threads, SM_BLOCKS))
+
+
+def bench(
+    family: str,
+    problems: Sequence[tuple[Any, str, bool]] | None = None,
+    *,
+    db: str | None = None,
+    tune_trials: int | None = None,
+    seed: int = 0,
+    peers: bool = True,
+) -> list[BenchRow]:
+    """Time the stored winner of each problem (the family's suite by default) beside its peers.
+
+    With ``tune_trials``, each problem is first tuned to that many trials (a study that has
+    them already measures nothing more).
+    """
+    from tuner.api import _family, _problem, tune
+    from tuner.errors import NoGPU
+
+    from workers import NoGPUError
+    from workers.local import LocalBench
+    from workers.pool import shared_ray
+
+    fam = _family(family)
+    wanted = [_problem(fam, shape, dtype, causal) for shape, dtype, causal in (problems or fam.suite)]
+    try:
+        local = LocalBench()
+    except NoGPUError:
+        raise NoGPU("no GPU is visible: `tuner bench` times kernels on this machine's GPU") from None
+    with local:
+        if tune_trials:
+            with shared_ray():
+                for problem in wanted:
+                    tune(fam.name, problem.shape, problem.dtype, problem.causal, trials=tune_trials,
+                         db=db, seed=seed)
+        return _bench_rows(fam, wanted, local, db=db, seed=seed, peers=peers)
+
+
+def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str | None, seed: int,
+                peers: bool) -> list[BenchRow]:
+    from tuner.api import _repository, _storage_call, _url
+    from workers.peers import time_peers
+
+    rows = []
+    with _repository(_url(db)) as repo:
+        device = local.device.name
+        for problem in wanted:
+            winner = _storage_call(lambda: repo.best(
+                fam.name, problem.shape, problem.dtype, problem.causal,
+                device_name=device, template_hash=fam.template_hash))
+            row = _ours(fam, problem, winner, local, seed, device)
+            if peers:
+                flops = fam.flops(problem)
+                found = time_peers(fam.name, problem, seed=seed)
+                row = BenchRow(**{**row.__dict__, "peers": {
+                    name: PeerTiming(name, p.median_ms, flops / p.median_ms / 1e9 if p.median_ms else None,
+                                     p.error, p.note)
+                    for name, p in found.items()}})
+            logger.info("%s: %s", problem.key, format_row(row))
+            rows.append(row)
+    return rows
+
+
+def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: int, device: str) -> BenchRow:
+    if winner is None:
+        return BenchRow(problem, None, None, None, None, None, None, None,
+                        note=f"not tuned on {device} with template {fam.template_hash}")
+    params = dict(winner.params)
+    launch = fam.launch(params, problem)
+    result = local.measure(fam.name, problem, fam.render(params, problem), launch,
+                           fam.compile_options(params, problem), seed=seed)
+    registers = result.resources.registers if result.resources else winner.registers
+    occupancy = blocks_per_sm(registers or 0, launch.block[0], launch.smem_bytes)
+    if not result.ok:
+        return BenchRow(problem, params, None, None, result.error, registers, launch.smem_bytes,
+                        occupancy, note=f"{result.failure}: {result.reason}")
+    median = result.timing.median_ms
+    return BenchRow(problem, params, median, fam.flops(problem) / median / 1e9, result.error,
+                    registers, launch.smem_bytes, occupancy)
+
+
+def format_row(row: BenchRow) -> str:
+    if row.median_ms is None:
+        return row.note
+    text = f"{1000 * row.median_ms:.1f} us {row.tflops:.0f} TFLOPS"
+    for name in row.peers:
+        ratio = row.ratio(name)
+        text += f", {ratio:.2f}x {name}" if ratio is not None else f", {name} n/a"
+    return text

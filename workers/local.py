@@ -1,0 +1,47 @@
+"""Compile and measure in this process, without Ray: for benchmarks that sit beside peers.
+
+    from workers.local import LocalBench
+    with LocalBench() as bench:
+        measurement = bench.measure("attention", problem, source, launch, options)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from templates.family import Launch, Problem
+from workers.compile import compile_cubin, default_cache_dir
+from workers.errors import CompileError
+from workers.results import CompileRequest, DeviceInfo, Measurement
+
+
+class LocalBench:
+    """One GpuBench on GPU 0 of this process, with the compile cache the workers use."""
+
+    def __init__(self, device_ordinal: int = 0, **measure_options: Any) -> None:
+        from workers.gpu import GpuBench
+
+        self._bench = GpuBench(device_ordinal)
+        self._options = measure_options
+
+    @property
+    def device(self) -> DeviceInfo:
+        return self._bench.device_info()
+
+    def measure(self, family: str, problem: Problem, source: str, launch: Launch,
+                options: Sequence[str], *, seed: int = 0) -> Measurement:
+        try:
+            binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(options)),
+                                   cache_dir=default_cache_dir())
+        except CompileError as exc:
+            return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
+        return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
+
+    def close(self) -> None:
+        self._bench.close()
+
+    def __enter__(self) -> "LocalBench":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
