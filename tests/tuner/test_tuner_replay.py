@@ -74,3 +74,15 @@ def test_cli_replays_and_says_so(replayed, tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert best.returncode == 0 and "(replayed)" in best.stdout and "H200" in best.stdout
+
+
+def test_the_same_study_runs_on_sqlite_and_postgresql(url):
+    """Optuna's tables and ours in one database of each backend; resume finds both again."""
+    first = tuner.tune(*PROBLEM, trials=6, replay=LANDSCAPE, db=url, seed=2)
+    assert first.measured == 6 and first.best is not None
+    second = tuner.tune(*PROBLEM, trials=10, replay=LANDSCAPE, db=url, seed=2)
+    assert second.study == first.study and second.previous == 6 and second.measured == 4
+    trials = tuner.show(first.study, db=url).trials
+    assert [t.number for t in trials] == sorted(t.number for t in trials) and len(trials) == 10
+    assert tuner.best(*PROBLEM, db=url).median_ms == min(t.median_ms for t in trials if t.status == "ok")
+    assert [s.name for s in tuner.studies(db=url)] == [first.study]
