@@ -139,15 +139,15 @@ def offer_best(session: Session, study: Study, trial: Trial) -> None:
         best.updated_at = utcnow()
 
 
-def best_statement(
+def bests_statement(
     family: str,
-    shape: Sequence[int],
-    dtype: str,
-    causal: bool,
+    dtype: str | None,
+    causal: bool | None,
     device_name: str | None,
     template_hash: str | None,
 ) -> Select[Any]:
-    """The fastest best row matching the filters, with what :func:`rows.best_record` needs."""
+    """Best rows matching the filters (None: any), fastest first, with what
+    :func:`rows.best_record` needs."""
     stmt = (
         select(Best, Trial, Study.name, Family.name, TemplateVersion.template_hash, Problem, Device)
         .join(Trial, Best.trial_id == Trial.id)
@@ -156,16 +156,31 @@ def best_statement(
         .join(Family, TemplateVersion.family_id == Family.id)
         .join(Problem, Best.problem_id == Problem.id)
         .join(Device, Best.device_id == Device.id)
-        .where(Family.name == family, Problem.shape == [int(d) for d in shape])
-        .where(Problem.dtype == dtype, Problem.causal == bool(causal))
+        .where(Family.name == family)
         .order_by(Best.median_ms, Best.id)
-        .limit(1)
     )
+    if dtype is not None:
+        stmt = stmt.where(Problem.dtype == dtype)
+    if causal is not None:
+        stmt = stmt.where(Problem.causal == bool(causal))
     if device_name is not None:
         stmt = stmt.where(Device.name == device_name)
     if template_hash is not None:
         stmt = stmt.where(TemplateVersion.template_hash == template_hash)
     return stmt
+
+
+def best_statement(
+    family: str,
+    shape: Sequence[int],
+    dtype: str,
+    causal: bool,
+    device_name: str | None,
+    template_hash: str | None,
+) -> Select[Any]:
+    """The fastest best row of one problem matching the filters."""
+    stmt = bests_statement(family, dtype, causal, device_name, template_hash)
+    return stmt.where(Problem.shape == [int(d) for d in shape]).limit(1)
 
 
 def summaries(session: Session, name: str | None = None) -> list[StudySummary]:

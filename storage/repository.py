@@ -311,3 +311,18 @@ class Repository:
         with self._session(f"cannot read the best of {family} {list(shape)}") as session:
             row = session.execute(stmt).one_or_none()
             return None if row is None else rows.best_record(*row)
+
+    def bests(
+        self,
+        family: str,
+        *,
+        dtype: str | None = None,
+        causal: bool | None = None,
+        device_name: str | None = None,
+        template_hash: str | None = None,
+    ) -> list[BestRecord]:
+        """The stored best of every problem of a family matching the filters, fastest first
+        (one row per problem, device and template version)."""
+        stmt = queries.bests_statement(family, dtype, causal, device_name, template_hash)
+        with self._session(f"cannot read the bests of {family}") as session:
+            return [rows.best_record(*row) for row in session.execute(stmt)]

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 import optuna
 
 from templates.family import KernelFamily, Problem, TemplateError
-from tuner import search
+from tuner import search, warmstart
 from tuner.errors import DatabaseError, NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
@@ -49,6 +49,7 @@ class TuneResult:
     gpu_busy_s: float
     best: Any  # storage.BestRecord | None (for this device and template version)
     device: str
+    warm_start: tuple[warmstart.WarmStart, ...] = ()  # configs tried first, and how they did
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,12 @@ def tune(
     replay: str | Path | None = None,
     seed: int | None = None,
     measure_timeout_s: float = 60.0,
+    warm_start: int = warmstart.DEFAULT_PICKS,
 ) -> TuneResult:
     """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
 
+    A new study first measures the winners of up to ``warm_start`` nearest problems already
+    tuned on this GPU and template version (0: none); the result says how each did.
     Stops after ``trials`` measured trials of the study (counting earlier runs it resumes),
     after ``time_budget`` seconds, or when every valid config has been measured.
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
@@ -97,9 +101,9 @@ def tune(
     with _repository(url) as repo, _quiet_optuna():
         with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
                         measure_timeout_s=measure_timeout_s) as pool:
-            name, outcome = _run_study(
+            name, outcome, warm = _run_study(
                 fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
-                trials=trials, time_budget=time_budget, replay=replay,
+                trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
             )
             gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
             device = pool.device.name
@@ -111,7 +115,7 @@ def tune(
         study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
-        best=winner, device=device,
+        best=winner, device=device, warm_start=tuple(warm),
     )
 
 
@@ -128,12 +132,16 @@ def _run_study(
     trials: int | None,
     time_budget: float | None,
     replay: str | Path | None,
+    warm_start: int = warmstart.DEFAULT_PICKS,
     **loop_options: Any,
-) -> tuple[str, LoopOutcome]:
+) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
     """Open (or resume) the study of this family version, problem and GPU, and run it."""
     device = pool.device
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
+    picks = warmstart.nearest_winners(fam, problem, _storage_call(lambda: repo.bests(
+        fam.name, dtype=problem.dtype, causal=problem.causal, device_name=device.name,
+        template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
     record = _storage_call(lambda: repo.open_study(
         name, family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
@@ -141,17 +149,26 @@ def _run_study(
         device=device.to_json(), sampler=sampler, replay=replay is not None,
         settings={"trials": trials, "time_budget": time_budget, "seed": seed,
                   "device": device.to_json(),
+                  "warm_start": [p.to_json() for p in picks],
                   "replay_file": str(replay) if replay is not None else None},
     ))
+    picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []]
     study = search.open_study(name, url, search.make_sampler(sampler, space, seed))
     if study.get_trials(deepcopy=False):
         study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study))
+    else:
+        for pick in picks:  # asked before anything the sampler proposes
+            logger.info("warm start from %s: %s", pick.source, pick.params)
+            study.enqueue_trial(space.encode(pick.params))
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
     coordinator = Coordinator(
         fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
         trials=trials, time_budget=time_budget, **loop_options,
     )
-    return name, _storage_call(coordinator.run)
+    outcome = _storage_call(coordinator.run)
+    summary = _storage_call(lambda: repo.study(name))
+    measured = _storage_call(lambda: repo.measured(record.id))
+    return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
 
 
 def best(

@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
     tune.add_argument("--measure-timeout", type=float, default=60.0, metavar="SECONDS",
                       help="a measurement running longer is killed (default 60)")
+    tune.add_argument("--warm-start", type=int, default=3, metavar="N",
+                      help="first try the winners of the N nearest tuned problems (default 3; 0: off)")
 
     best = sub.add_parser("best", parents=[problem, common], help="print the stored winner")
     best.add_argument("--json", action="store_true", help="print JSON")
@@ -140,7 +142,7 @@ def _tune(args: argparse.Namespace) -> int:
         args.family, args.shape, args.dtype, args.causal, trials=args.trials,
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
-        measure_timeout_s=args.measure_timeout,
+        measure_timeout_s=args.measure_timeout, warm_start=args.warm_start,
     )
     print(f"study     {result.study}")
     print(f"status    {result.status}: {result.reason}")
@@ -151,6 +153,9 @@ def _tune(args: argparse.Namespace) -> int:
         print("best      no validated config yet")
     else:
         print(f"best      {_best_line(result.best)}")
+    for pick in result.warm_start:
+        how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
+        print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
     return EXIT_INTERRUPTED if result.status == "interrupted" else 0
 
 

@@ -307,3 +307,22 @@ def test_best_filters_by_device_and_template(repo, study_args, device):
     assert repo.best(*problem, device_name=device["name"]).study == "h100"
     assert repo.best(*problem, template_hash="ffff").study == "new"
     assert repo.best(*problem, device_name="NVIDIA H200", template_hash="ffff") is None
+
+
+def test_bests_lists_every_problem_with_filters(repo, device):
+    study = repo.open_study(
+        "s1", family="attention", template_hash="t1", space={}, shape=[1, 2, 512, 64], dtype="fp16",
+        causal=False, device=device, sampler="tpe", replay=False, settings={},
+    )
+    other = repo.open_study(
+        "s2", family="attention", template_hash="t1", space={}, shape=[1, 2, 1024, 64], dtype="bf16",
+        causal=True, device=device, sampler="tpe", replay=False, settings={},
+    )
+    repo.record_trial(study.id, 0, {"A": 1}, status="ok", median_ms=2.0)
+    repo.record_trial(other.id, 0, {"A": 2}, status="ok", median_ms=1.0)
+    repo.record_trial(other.id, 1, {"A": 3}, status="failed", failure="crash", reason="x")
+    found = repo.bests("attention")
+    assert [b.params for b in found] == [{"A": 2}, {"A": 1}]  # fastest first, failed never
+    assert [b.shape for b in repo.bests("attention", dtype="fp16")] == [(1, 2, 512, 64)]
+    assert [b.causal for b in repo.bests("attention", causal=True)] == [True]
+    assert repo.bests("attention", template_hash="t2") == [] and repo.bests("gemm") == []

@@ -120,7 +120,7 @@ def test_time_budget_stops_asking(toy, db):
     fam = toy
     problem = fam.parse_problem(*PROBLEM)
     with open_repository(db) as repo:
-        name, outcome = api._run_study(
+        name, outcome, _ = api._run_study(
             fam, problem, pool, repo, db, space=search.SearchSpace(fam.params), sampler="random",
             seed=1, trials=None, time_budget=10.0, replay=None, clock=clock, lookahead=3,
         )
@@ -179,7 +179,7 @@ def test_many_asks_without_a_new_config_stop_the_study(toy, db):
     pool = FakePool(per_poll=1)
     problem = toy.parse_problem(*PROBLEM)
     with open_repository(db) as repo:
-        _, outcome = api._run_study(
+        _, outcome, _ = api._run_study(
             toy, problem, pool, repo, db, space=search.SearchSpace(toy.params), sampler="random",
             seed=3, trials=None, time_budget=None, replay=None, max_idle_asks=3, lookahead=1,
         )

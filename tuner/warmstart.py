@@ -1,0 +1,84 @@
+"""Warm start: a new study first tries the winners of the nearest problems already tuned.
+
+    picks = nearest_winners(family, problem, repo.bests("attention", dtype="fp16", causal=True,
+                                                        device_name=gpu, template_hash=h), limit=3)
+    for pick in picks:
+        study.enqueue_trial(space.encode(pick.params))
+
+"Nearest" keeps the family, element type, causal flag, GPU and template version, and the last
+dimension of the shape (the head dimension for attention), and ranks the others by distance in
+log2 of the sequence length (second to last) and of the product of the leading dimensions
+(B·H): the tiles that suit S = 4096 usually suit S = 8192, less often S = 512.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from templates.family import DeviceLimits, KernelFamily, Problem
+
+DEFAULT_PICKS = 3
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """One config a study started from, and how it did there."""
+
+    source: str  # the problem key it won on
+    params: dict[str, Any]
+    distance: float
+    median_ms: float | None = None  # measured in the new study (None: failed or not measured)
+    ratio_to_best: float | None = None  # its time over the new study's best
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def distance(a: Sequence[int], b: Sequence[int]) -> float:
+    """log2 distance in sequence length (second to last dim) plus in the leading dims' product."""
+    if len(a) != len(b) or len(a) < 2:
+        return math.inf
+    lead_a, lead_b = math.prod(a[:-2]) or 1, math.prod(b[:-2]) or 1
+    return abs(math.log2(a[-2] / b[-2])) + abs(math.log2(lead_a / lead_b))
+
+
+def nearest_winners(
+    family: KernelFamily, problem: Problem, bests: Sequence[Any], limit: int = DEFAULT_PICKS,
+    limits: DeviceLimits | None = None,
+) -> list[WarmStart]:
+    """Up to ``limit`` distinct winners of other problems with the same last dimension, nearest
+    first, that ``family.check`` accepts for ``problem`` (when ``limits`` is given)."""
+    candidates = []
+    for best in bests:
+        shape = tuple(best.shape)
+        if shape == tuple(problem.shape) or shape[-1] != problem.shape[-1]:
+            continue
+        if best.dtype != problem.dtype or bool(best.causal) != problem.causal:
+            continue
+        key = Problem(shape, best.dtype, bool(best.causal)).key
+        candidates.append(WarmStart(key, dict(best.params), distance(shape, problem.shape)))
+    picks: list[WarmStart] = []
+    for pick in sorted(candidates, key=lambda c: (c.distance, c.source)):
+        if any(p.params == pick.params for p in picks):
+            continue
+        if limits is not None and family.check(pick.params, problem, limits) is not None:
+            continue
+        picks.append(pick)
+        if len(picks) == limit:
+            break
+    return picks
+
+
+def outcomes(picks: Sequence[WarmStart], measured: dict[str, Any], best_ms: float | None) -> list[WarmStart]:
+    """Each pick with what it measured in the new study (``measured``: params key -> trial)."""
+    from storage import params_key
+
+    done = []
+    for pick in picks:
+        trial = measured.get(params_key(pick.params))
+        median = trial.median_ms if trial is not None and trial.status == "ok" else None
+        ratio = median / best_ms if median is not None and best_ms else None
+        done.append(WarmStart(pick.source, pick.params, pick.distance, median, ratio))
+    return done
