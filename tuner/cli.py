@@ -24,6 +24,9 @@ from tuner import api
 from tuner.bench import bench as run_bench
 from tuner.bench import suite_of
 from tuner.errors import TunerError, UsageError
+from tuner.searchbench import SAMPLERS as SEARCH_SAMPLERS
+from tuner.searchbench import bench_search
+from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
 from tuner.progress import format_params, format_seconds
 
@@ -111,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tune", type=_positive_int, metavar="N",
                        help="first tune each problem to N trials (resumes what is stored)")
     bench.add_argument("--json", action="store_true", help="print JSON")
+
+    searchbench = sub.add_parser("bench-search", help="compare samplers on recorded landscapes")
+    searchbench.add_argument("landscapes", nargs="+", metavar="FILE", help="landscape JSON files")
+    searchbench.add_argument("--seeds", type=_positive_int, default=20, help="runs per sampler (default 20)")
+    searchbench.add_argument("--samplers", nargs="+", default=list(SEARCH_SAMPLERS),
+                             help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)})")
+    searchbench.add_argument("--png", metavar="FILE", help="also plot best-so-far curves to FILE")
+    searchbench.add_argument("--json", action="store_true", help="print JSON")
+    searchbench.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="debug logging")
 
     landscape = sub.add_parser("landscape", parents=[common],
                                help="write a study's trials as a replay landscape (JSON)")
@@ -249,6 +262,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_search(args: argparse.Namespace) -> int:
+    report = bench_search(args.landscapes, seeds=args.seeds, samplers=args.samplers,
+                          progress=logging.getLogger("tuner").info)
+    if args.png:
+        plot_search(report, args.png)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    print(f"{len(report.landscapes)} landscape(s), {report.seeds} seeds each, "
+          f"{report.space_size} valid configs (median); measured trials to come within 2% / 5% of the best")
+    print("| sampler | median 2% | p90 2% | median 5% | p90 5% |")
+    print("|---|---|---|---|---|")
+    for name, result in report.samplers.items():
+        s = result.stats()
+        print(f"| {name} | {s['median_trials_2pct']:g} | {s['p90_trials_2pct']:g} | "
+              f"{s['median_trials_5pct']:g} | {s['p90_trials_5pct']:g} |")
+    for name, why in report.not_applicable.items():
+        print(f"{name}: not run: {why}")
+    return 0
+
+
 def _landscape(args: argparse.Namespace) -> int:
     path = record_landscape(args.study, args.out, db=args.db)
     print(f"wrote {path}")
@@ -256,7 +290,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""`tuner bench-search`: samplers compared on a landscape recorded on an H200."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.searchbench import bench_search, load, plot, run_once
+from tuner import search
+
+ROOT = Path(__file__).resolve().parents[2]
+LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x1024x64-fp16-causal_h200.json"
+
+
+@pytest.fixture(scope="module")
+def report():
+    return bench_search([LANDSCAPE], seeds=3, samplers=("tpe", "random"))
+
+
+def test_report_has_the_promised_json_shape(report):
+    data = report.to_json()
+    assert set(data["samplers"]) == {"tpe", "random"}  # tpe-warm needs a second landscape
+    for stats in data["samplers"].values():
+        assert {"median_trials_2pct", "p90_trials_2pct", "median_trials_5pct"} <= set(stats)
+        assert 1 <= stats["median_trials_5pct"] <= stats["median_trials_2pct"] <= data["space_size"]
+    assert data["space_size"] == 672 and data["seeds"] == 3
+    assert set(data["not_applicable"]) == {"cmaes", "gp"}
+
+
+def test_each_run_reaches_the_threshold_it_reports(report):
+    for result in report.samplers.values():
+        for two, curve in zip(result.trials_2pct, result.curves):
+            assert len(curve) == two and curve[-1] <= 1.02 and min(curve[:-1] or [2.0]) > 1.02
+            assert all(a >= b for a, b in zip(curve, curve[1:]))  # best so far never worsens
+
+
+def test_a_run_counts_each_config_once_and_can_measure_everything():
+    land = load(LANDSCAPE)
+    space = search.SearchSpace(land.family.params)
+    unreachable = land.__class__(**{**land.__dict__, "best": land.best / 2})  # 2% never reached
+    five, two, curve = run_once(unreachable, search.make_sampler("grid", space, 0))
+    assert two == five == land.valid and len(curve) == land.valid  # the grid measured all 672
+
+
+def test_warm_start_from_the_winner_finds_it_first():
+    land = load(LANDSCAPE)
+    space = search.SearchSpace(land.family.params)
+    five, two, curve = run_once(land, search.make_sampler("tpe", space, 0), warm=[land.winner])
+    assert (five, two, curve) == (1, 1, [1.0])
+
+
+def test_plot_writes_a_png(report, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = plot(report, tmp_path / "search.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_json_and_bad_file(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "tuner", "bench-search", str(LANDSCAPE), "--seeds", "1",
+                           "--samplers", "tpe", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["samplers"]["tpe"]["median_trials_2pct"] >= 1
+    bad = subprocess.run([sys.executable, "-m", "tuner", "bench-search", str(tmp_path / "none.json")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("tuner: error: cannot read landscape")
+    assert len(bad.stderr.strip().splitlines()) == 1

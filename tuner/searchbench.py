@@ -1,0 +1,210 @@
+"""How fast each sampler finds a near-best config, on landscapes recorded on a GPU.
+
+    report = bench_search(["tests/data/attention_2x8x1024x64-fp16-causal_h200.json"], seeds=20)
+    report.samplers["tpe"].median_2pct     # measured trials to come within 2% of the best
+
+A replay runner in the manner of Kernel Tuner's: each run is an Optuna study in memory that asks,
+checks, and is told the recorded median (``inf`` for a failed config) with the rules of a real
+study: configs the family rejects or the landscape lacks are told ``inf`` without counting, a config
+already measured is told its value again without counting. A run stops once it is within 2% of
+the landscape's best, or when every valid config has been measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import optuna
+
+from templates.family import DeviceLimits
+from tuner import search, warmstart
+
+logger = logging.getLogger("tuner")
+
+SAMPLERS = ("tpe", "random", "grid", "tpe-warm")
+NOT_APPLICABLE = {
+    "cmaes": "Optuna's CMA-ES samples no categorical parameters (every parameter here is one)",
+    "gp": "Optuna's GP sampler needs PyTorch, which the service does not install",
+}
+MAX_ASKS_PER_CONFIG = 50
+
+
+@dataclass(frozen=True)
+class _Landscape:
+    name: str
+    family: Any
+    problem: Any
+    values: dict[str, float]  # params key -> recorded median (inf when it failed)
+    valid: int  # configs the family accepts that the landscape recorded
+    best: float
+    winner: dict[str, Any]
+    limits: DeviceLimits
+
+
+@dataclass
+class SamplerResult:
+    name: str
+    trials_2pct: list[int] = field(default_factory=list)  # one per (landscape, seed) run
+    trials_5pct: list[int] = field(default_factory=list)
+    curves: list[list[float]] = field(default_factory=list)  # best-so-far / landscape best
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "median_trials_2pct": statistics.median(self.trials_2pct),
+            "p90_trials_2pct": _quantile(self.trials_2pct, 0.9),
+            "median_trials_5pct": statistics.median(self.trials_5pct),
+            "p90_trials_5pct": _quantile(self.trials_5pct, 0.9),
+        }
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    samplers: dict[str, SamplerResult]
+    space_size: int  # valid recorded configs (median over the landscapes)
+    landscapes: tuple[str, ...]
+    seeds: int
+    not_applicable: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samplers": {n: r.stats() for n, r in self.samplers.items()},
+                "space_size": self.space_size, "landscapes": list(self.landscapes),
+                "seeds": self.seeds, "not_applicable": self.not_applicable}
+
+
+def _quantile(values: Sequence[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)])
+
+
+def load(path: str | Path) -> _Landscape:
+    from storage import params_key
+    from templates import get_family
+    from templates.family import TemplateError
+    from tuner.errors import UsageError
+    from workers.errors import WorkerError
+    from workers.replay import load_landscape
+
+    try:
+        recorded = load_landscape(path)
+        family = get_family(recorded.family)
+    except (WorkerError, TemplateError) as error:
+        raise UsageError(str(error)) from None
+    info = recorded.device
+    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    values = {params_key(p): (m.timing.median_ms if m.ok else math.inf) for p, m in recorded.entries
+              if family.check(p, recorded.problem, limits) is None}
+    best_key = min(values, key=values.get)
+    winner = next(dict(p) for p, _ in recorded.entries if params_key(p) == best_key)
+    return _Landscape(Path(path).name, family, recorded.problem, values, len(values),
+                      values[best_key], winner, limits)
+
+
+def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
+             warm: Sequence[dict[str, Any]] = ()) -> tuple[int, int, list[float]]:
+    """Measured trials to come within 5% and 2% of the best, and the best-so-far curve."""
+    from storage import params_key
+
+    space = search.SearchSpace(land.family.params)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    for params in warm:
+        study.enqueue_trial(space.encode(params))
+    seen: dict[str, float] = {}
+    curve: list[float] = []
+    hit5 = hit2 = None
+    for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
+        trial = study.ask(space.distributions)
+        key = params_key(space.decode(trial.params))
+        if key not in land.values:  # rejected by the family or never recorded
+            study.tell(trial, math.inf)
+            continue
+        value = land.values[key]
+        study.tell(trial, value)
+        if key in seen:
+            continue
+        seen[key] = value
+        curve.append(min(seen.values()) / land.best)
+        if hit5 is None and curve[-1] <= 1.05:
+            hit5 = len(seen)
+        if hit2 is None and curve[-1] <= 1.02:
+            hit2 = len(seen)
+        if hit2 is not None or len(seen) == land.valid:
+            break
+    return hit5 or land.valid, hit2 or land.valid, curve
+
+
+def _samplers(name: str, seed: int, space: search.SearchSpace) -> optuna.samplers.BaseSampler:
+    return search.make_sampler("tpe" if name == "tpe-warm" else name, space, seed)
+
+
+def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
+                 progress: Callable[[str], None] | None = None) -> SearchReport:
+    """Run every sampler ``seeds`` times on every landscape; ``tpe-warm`` starts each landscape
+    from the winners of the nearest others (and is skipped with a single landscape)."""
+    unknown = [s for s in samplers if s not in SAMPLERS]
+    if unknown:
+        from tuner.errors import UsageError
+
+        raise UsageError(f"unknown sampler {unknown[0]!r} (choose from {', '.join(SAMPLERS)})")
+    lands = [load(p) for p in paths]
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results = {name: SamplerResult(name) for name in samplers if name != "tpe-warm" or len(lands) > 1}
+    for land in lands:
+        others = [_Winner(o) for o in lands if o is not land and o.family.name == land.family.name]
+        warm = [p.params for p in warmstart.nearest_winners(land.family, land.problem, others,
+                                                             limits=land.limits)]
+        space = search.SearchSpace(land.family.params)
+        for name, result in results.items():
+            for seed in range(seeds):
+                five, two, curve = run_once(land, _samplers(name, seed, space),
+                                            warm if name == "tpe-warm" else ())
+                result.trials_5pct.append(five)
+                result.trials_2pct.append(two)
+                result.curves.append(curve)
+            if progress:
+                progress(f"{land.name} {name}: median {statistics.median(result.trials_2pct)} "
+                         f"trials to 2%")
+    sizes = sorted(land.valid for land in lands)
+    return SearchReport(results, sizes[len(sizes) // 2], tuple(l.name for l in lands), seeds,
+                        dict(NOT_APPLICABLE))
+
+
+class _Winner:
+    """A landscape's best config in the shape :func:`warmstart.nearest_winners` reads."""
+
+    def __init__(self, land: _Landscape) -> None:
+        self.shape, self.params = land.problem.shape, land.winner
+        self.dtype, self.causal = land.problem.dtype, land.problem.causal
+
+
+def plot(report: SearchReport, path: str | Path) -> Path:
+    """Median best-so-far (over runs) against measured trials, one line per sampler, as PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from tuner.errors import UsageError
+
+        raise UsageError("the plot needs matplotlib: pip install 'kernel-tuner-service[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, result in report.samplers.items():
+        length = max(len(c) for c in result.curves)
+        padded = [c + [c[-1]] * (length - len(c)) for c in result.curves]
+        median = [statistics.median(col) for col in zip(*padded)]
+        ax.plot(range(1, length + 1), median, label=name)
+    ax.axhline(1.02, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("measured trials")
+    ax.set_ylabel("best so far / landscape best (median of runs)")
+    ax.set_title(f"{len(report.landscapes)} landscape(s), {report.seeds} seeds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
