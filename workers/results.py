@@ -18,6 +18,7 @@ FAILURE_KINDS = (
     "wrong",  # finished but the output does not match the reference (or NaN/Inf/unwritten)
     "nondeterministic",  # two runs on the same inputs gave different bits
     "worker",  # the worker process died for another reason
+    "screened",  # the compiler's report ruled it out before any GPU time (heavy spills)
 )
 
 

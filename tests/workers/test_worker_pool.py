@@ -154,3 +154,31 @@ def test_no_gpu_and_no_replay_is_one_clear_error(ray_session):
     with pytest.raises(NoGPUError, match="no GPU visible to Ray") as info:
         WorkerPool(worker_family.NAME, PROBLEM)
     assert "\n" not in str(info.value)
+
+
+SPILLING = """
+extern "C" __global__ void spill(const float* in, float* out, int n) {
+    float acc[96];
+#pragma unroll
+    for (int i = 0; i < 96; ++i) acc[i] = in[(threadIdx.x + i * 37) % n];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int i = 0; i < 96; ++i) acc[i] = acc[i] * acc[(i + r + 1) % 96] + 1.0f;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 96; ++i) s += acc[i];
+    out[threadIdx.x] = s;
+}
+"""
+
+
+def test_heavy_spills_are_screened_before_the_gpu(pool_factory):
+    pool = pool_factory()
+    launch = type(LAUNCH)("spill", LAUNCH.grid, LAUNCH.block, 0, LAUNCH.args)
+    pool.submit(0, {"tag": 0}, SPILLING, launch, ("--maxrregcount=32",))
+    pool.submit(1, {"tag": 1}, SPILLING, launch, ())  # 128 registers, no spill: measured
+    results = _drain(pool)
+    assert results[0].failure == "screened" and "screened before the GPU" in results[0].reason
+    assert results[0].resources.spill_stores > 256 and results[0].gpu_seconds == 0
+    assert results[1].ok and results[1].resources.spill_stores == 0
