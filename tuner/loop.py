@@ -25,6 +25,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ from workers.results import Measurement
 logger = logging.getLogger("tuner")
 
 MAX_IDLE_ASKS = 500
+# A candidate whose first repetitions take longer than this times the best so far is clearly
+# behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.
+EARLY_STOP_FACTOR = 1.5
 
 
 class Pool(Protocol):
@@ -264,6 +268,7 @@ class Coordinator:
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
+        self._set_early_stop()
         search.tell(self.study, flight.trial, value, failure=m.failure, tflops=tflops)
         for follower in flight.followers:
             search.tell(self.study, follower, value, reused=True)
@@ -295,6 +300,14 @@ class Coordinator:
                 search.abandon(self.study, orphan.number, params)
                 logger.info("trial %d was left running by an earlier run: re-queued", orphan.number)
         self.progress.resumed(self._previous, best)
+        self._set_early_stop()
+
+    def _set_early_stop(self) -> None:
+        """Tell the pool a timing may stop once it is clearly behind the best so far."""
+        finite = [v for v in self._known.values() if math.isfinite(v)]
+        set_bar = getattr(self.pool, "set_abort_above", None)
+        if finite and set_bar is not None:
+            set_bar(EARLY_STOP_FACTOR * min(finite))
 
     def _abandon_in_flight(self) -> None:
         for flight in list(self._in_flight.values()):

@@ -183,6 +183,7 @@ class GpuBench:
         max_reps: int = 200,
         target_ms: float = 300.0,
         flush_l2: bool = True,
+        abort_above_ms: float | None = None,
     ) -> Measurement:
         """Load, run, validate, check determinism, time. ``params`` is unused (replay needs it)."""
         if self.dead:
@@ -194,7 +195,7 @@ class GpuBench:
             family = resolve_family(family_name)
             result = trial.run(family, problem, seed=seed, warmup_ms=warmup_ms, rep=rep,
                                min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
-                               flush_l2=flush_l2)
+                               flush_l2=flush_l2, abort_above_ms=abort_above_ms)
         except LaunchError as exc:
             result = self._classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker

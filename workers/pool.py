@@ -116,6 +116,7 @@ class WorkerPool:
         self._backend, self._seed = backend, seed
         self._measure_options = dict(measure_options or {})
         self._screen_spill_bytes = screen_spill_bytes
+        self._abort_above_ms: float | None = None
         if replay is None and worker_cls is None and ray_address is None and not ray.is_initialized():
             from workers.gpu import gpu_count
 
@@ -223,6 +224,10 @@ class WorkerPool:
         (self._measure_queue if self._replay else self._compile_queue).append(item)
         self._pump()
 
+    def set_abort_above(self, ms: float | None) -> None:
+        """Measurements dispatched from now on stop timing once clearly slower than ``ms``."""
+        self._abort_above_ms = ms
+
     def pending(self) -> int:
         """Tickets submitted and not yet returned by ``poll``."""
         return len(self._known) - self._returned
@@ -280,9 +285,11 @@ class WorkerPool:
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
         slot.ticket = item
+        options = dict(self._measure_options)
+        if self._abort_above_ms is not None:
+            options.setdefault("abort_above_ms", self._abort_above_ms)
         slot.ref = slot.actor.measure.remote(item.binary, item.launch, self.family, self.problem,
-                                             params=item.params, seed=self._seed,
-                                             **self._measure_options)
+                                             params=item.params, seed=self._seed, **options)
         slot.deadline = time.monotonic() + self._measure_timeout_s
         self._owners[slot.ref] = slot
 

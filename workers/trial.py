@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from workers.gpu import GpuBench
 
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
+EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind the best
 
 
 class Trial:
@@ -37,11 +39,12 @@ class Trial:
         self.events: list[Any] = []
         self._param_values: list[Any] = []  # keeps the ctypes values alive during launches
         self._param_array: Any = None
+        self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
             rep: int | None, min_reps: int, max_reps: int, target_ms: float,
-            flush_l2: bool) -> Measurement:
+            flush_l2: bool, abort_above_ms: float | None = None) -> Measurement:
         d, check, launch = self._d, self._check, self.launch
         check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench._ctx))
         self.stage = "load"
@@ -78,10 +81,12 @@ class Trial:
                     "nondeterministic", f"two runs differ in {differ} bytes of {name!r}",
                     error=validation.error, max_abs_error=validation.max_abs_error)
         self.stage = "timing"
-        samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2)
+        samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2, abort_above_ms)
         from workers.gpu import timing_of
 
-        return Measurement(ok=True, timing=timing_of(samples), error=validation.error,
+        detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "
+                  f"{abort_above_ms:.4g} ms" if self.stopped_early else "")
+        return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,
                            max_abs_error=validation.max_abs_error)
 
     def _raise_smem_limit(self) -> Measurement | None:
@@ -157,7 +162,9 @@ class Trial:
         return event
 
     def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
-              target_ms: float, flush_l2: bool) -> list[float]:
+              target_ms: float, flush_l2: bool, abort_above_ms: float | None = None) -> list[float]:
+        """Warm up, then time ``count`` repetitions; with ``abort_above_ms``, the first
+        EARLY_REPS decide: a median above it ends the timing there (clearly behind the best)."""
         d, check, stream = self._d, self._check, self.bench._stream
         begin, end = self._event(), self._event()
         check("cuEventRecord", d.cuEventRecord(begin, stream))
@@ -170,9 +177,20 @@ class Trial:
         for _ in range(min(max(1, math.ceil(warmup_ms / estimate)), 10_000)):
             self._launch()
         count = rep if rep is not None else min(max(math.ceil(target_ms / estimate), min_reps), max_reps)
+        if abort_above_ms is None or count <= EARLY_REPS:
+            return self._repeat(count, flush_l2, 0)
+        first = self._repeat(EARLY_REPS, flush_l2, 0)
+        if statistics.median(first) > abort_above_ms:
+            self.stopped_early = True
+            return first
+        return first + self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
+
+    def _repeat(self, count: int, flush_l2: bool, offset: int) -> list[float]:
+        """``count`` timed launches, each after an L2 flush, events around the kernel alone."""
+        d, check, stream = self._d, self._check, self.bench._stream
         pairs = [(self._event(), self._event()) for _ in range(count)]
         flush_words = self.bench._flush_bytes // 4
-        for i, (start, stop) in enumerate(pairs):
+        for i, (start, stop) in enumerate(pairs, start=offset):
             if flush_l2:
                 self.stage = "flush"
                 check("cuMemsetD32Async",

@@ -83,3 +83,16 @@ def test_a_wrong_kernel_is_caught(bench, sample):
     )
     result = bench.measure(wrong, FAMILY.launch(params, problem), "attention", problem, seed=5, min_reps=3, max_reps=5)
     assert not result.ok and result.failure == "wrong", result
+
+
+def test_a_timing_stops_early_only_when_clearly_behind(bench, sample):
+    problem, params, binary = next(s for s in sample if s[0].shape[2] == 4097)
+    launch = FAMILY.launch(params, problem)
+    full = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20)
+    assert full.ok and full.timing.repetitions >= 20 and not full.detail
+    behind = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20,
+                           abort_above_ms=full.timing.median_ms / 3)
+    assert behind.ok and behind.timing.repetitions == 5 and "stopped early" in behind.detail
+    ahead = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20,
+                          abort_above_ms=full.timing.median_ms * 3)
+    assert ahead.ok and ahead.timing.repetitions >= 20 and not ahead.detail

@@ -193,3 +193,16 @@ def test_replayed_studies_are_kept_apart(toy, db, pools):
     assert replayed.study == real.study + "/replay" and replayed.previous == 0
     summaries = {s.name: s for s in open_repository(db).studies()}
     assert summaries[replayed.study].replay and not summaries[real.study].replay
+
+
+def test_the_early_stop_bar_follows_the_best_so_far(toy, db, pools):
+    bars = []
+
+    class BarPool(FakePool):
+        def set_abort_above(self, ms):
+            bars.append(ms)
+
+    pools.queued.append(BarPool())
+    result = tuner.tune("toy", *PROBLEM, trials=15, db=db, seed=0)
+    assert bars and all(a >= b for a, b in zip(bars, bars[1:]))  # only ever lowered
+    assert bars[-1] == pytest.approx(1.5 * result.best.median_ms)

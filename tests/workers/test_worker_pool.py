@@ -182,3 +182,13 @@ def test_heavy_spills_are_screened_before_the_gpu(pool_factory):
     assert results[0].failure == "screened" and "screened before the GPU" in results[0].reason
     assert results[0].resources.spill_stores > 256 and results[0].gpu_seconds == 0
     assert results[1].ok and results[1].resources.spill_stores == 0
+
+
+def test_the_early_stop_bar_reaches_the_bench(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0)
+    first = _drain(pool)
+    assert "abort_above_ms=None" in first[0].detail  # no bar until the coordinator sets one
+    pool.set_abort_above(1.5)
+    _submit(pool, 1)
+    assert "abort_above_ms=1.5" in _drain(pool)[1].detail

@@ -36,7 +36,8 @@ class FakeBench:
         assert binary is not None and binary.cubin[:4] == b"\x7fELF"
         return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
                            max_abs_error=0.0, gpu_seconds=0.5,
-                           detail=f"pid={os.getpid()} calls={self.calls}")
+                           detail=f"pid={os.getpid()} calls={self.calls} "
+                                  f"abort_above_ms={options.get('abort_above_ms')}")
 
 
 class TwoFakeBenches(FakeBench):
