@@ -88,6 +88,4 @@ def _time_sdpa(torch: Any, family: Any, problem: Problem, seed: int, reps: int) 
             continue
         results[name] = PeerResult(name, statistics.median(samples), check.error,
                                    "" if check.ok else (check.reason or "wrong"))
-    del q, k, v, flush
-    torch.cuda.empty_cache()
     return results

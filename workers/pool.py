@@ -27,8 +27,9 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from templates.family import DeviceLimits, Launch, Problem
-from workers.compile import check_toolkit_for_driver, compile_cubin, default_cache_dir, toolkit_version
-from workers.errors import CompileError, NoGPUError, WorkerError
+from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_version
+from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen
+from workers.errors import NoGPUError, WorkerError
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
 
 logger = logging.getLogger(__name__)
@@ -36,25 +37,6 @@ logger = logging.getLogger(__name__)
 _MAX_STARTS = 3  # consecutive actor deaths without a result before a GPU slot is given up
 _START_TIMEOUT_S = 180.0
 _COMPILE_GRACE_S = 30.0  # past compile_timeout_s the Ray task is cancelled by force
-
-
-# Configs that spill more than this are not measured. Over 1,600 trials of the attention suite on
-# an H200 (2026-11-22), none that spilled more than 128 bytes came within 10% of its study's best.
-SCREEN_SPILL_BYTES = 256
-
-
-@dataclass(frozen=True)
-class _CompileFailure:
-    reason: str
-    log: str
-
-
-def _compile_task(request: CompileRequest, backend: str, cache_dir: str | None,
-                  timeout_s: float) -> Binary | _CompileFailure:
-    try:
-        return compile_cubin(request, backend=backend, cache_dir=cache_dir, timeout_s=timeout_s)
-    except CompileError as exc:
-        return _CompileFailure(str(exc), exc.log)
 
 
 @dataclass
@@ -130,7 +112,7 @@ class WorkerPool:
                      logging_level=logging.WARNING)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         self._compile_workers = max(1, compile_workers or cpus)
-        self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
+        self._compile = ray.remote(num_cpus=1, max_retries=0)(compile_task)
         self._compile_queue: deque[_Ticket] = deque()
         self._compiling: dict[Any, _Ticket] = {}
         self._measure_queue: deque[_Ticket] = deque()
@@ -318,7 +300,7 @@ class WorkerPool:
             except RayError as exc:
                 self._resolve(item, Measurement.failed("worker", f"compile task died: {_one_line(exc)}"))
                 return
-            if isinstance(result, _CompileFailure):
+            if isinstance(result, CompileFailure):
                 self._resolve(item, Measurement.failed("compile", result.reason, detail=result.log[-4000:]))
             else:
                 item.binary = result
@@ -357,7 +339,7 @@ class WorkerPool:
         return f"{item.binary.cubin_hash}:{launch}"  # type: ignore[union-attr]
 
     def _compiled(self, item: _Ticket) -> None:
-        reason = self._screen(item.binary)
+        reason = screen(item.binary, self._screen_spill_bytes)
         if reason is not None:
             self._resolve(item, Measurement.failed("screened", reason))
             return
@@ -370,15 +352,6 @@ class WorkerPool:
         else:
             hashes.owner[digest] = item.ticket
             self._measure_queue.append(item)
-
-    def _screen(self, binary: Binary | None) -> str | None:
-        """Why the compile report rules a binary out before any GPU time, or None."""
-        resources = binary.resources if binary is not None else None
-        limit = self._screen_spill_bytes
-        if limit is None or resources is None or resources.spill_stores <= limit:
-            return None
-        return (f"spills {resources.spill_stores} bytes to local memory (more than {limit}): "
-                "screened before the GPU")
 
     def _finish(self, item: _Ticket, measurement: Measurement) -> None:
         """A measured ticket is done: answer it and every ticket waiting on the same cubin."""
