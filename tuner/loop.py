@@ -216,6 +216,7 @@ class Coordinator:
             self._reject(trial, key, reason)
             self._idle += 1
             return False
+        trial.set_user_attr("owner", search.owner_id())
         self.pool.submit(trial.number, params, source, launch, options)
         self._in_flight[trial.number] = _InFlight(trial, params, key)
         self._in_flight_keys[key] = trial.number
@@ -296,6 +297,9 @@ class Coordinator:
             key = params_key(self.space.decode(params)) if params is not None else None
             if key is not None and key in self._known:
                 self.study.tell(orphan.number, self._known[key], skip_if_finished=True)
+            elif search.owner_alive(orphan.user_attrs.get("owner"), orphan.datetime_start):
+                logger.info("trial %d is being measured by %s: left to it", orphan.number,
+                            orphan.user_attrs["owner"])
             else:
                 search.abandon(self.study, orphan.number, params)
                 logger.info("trial %d was left running by an earlier run: re-queued", orphan.number)

@@ -21,7 +21,10 @@ the failing region (``tests/tuner/test_search.py`` measures the difference).
 from __future__ import annotations
 
 import math
+import os
 import re
+import socket
+from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 import optuna
@@ -132,11 +135,51 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> opt
 
 
 def tell(study: optuna.Study, trial: Trial, value: float, **attrs: Any) -> None:
-    """Tell one result (``inf`` for a failure) with a few user attributes for later reading."""
+    """Tell one result (``inf`` for a failure) with a few user attributes for later reading.
+    A trial another coordinator has already settled (from stored results) is left as it is."""
     for key, attr in attrs.items():
         if attr is not None:
             trial.set_user_attr(key, attr)
-    study.tell(trial, value)
+    study.tell(trial, value, skip_if_finished=True)
+
+
+# -- several coordinators on one study (PostgreSQL shared by several machines) ------------------
+STALE_AFTER_S = 3600.0  # a RUNNING trial of another host is presumed orphaned after this
+
+
+def owner_id() -> str:
+    """Who is measuring a trial: ``host:pid`` of this coordinator."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner: str | None, started: datetime | None, now: datetime | None = None) -> bool:
+    """Whether the coordinator that asked a RUNNING trial may still tell it.
+
+    On this host the process is asked directly (this process itself counts as gone: an earlier
+    run in it has already settled what it could); another host's trial is presumed alive until
+    ``STALE_AFTER_S`` after it started. A trial with no owner comes from an older version: gone.
+    """
+    if not owner or ":" not in owner:
+        return False
+    host, _, pid_text = owner.rpartition(":")
+    if host == socket.gethostname():
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            return False
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if started is None:
+        return False
+    now = now or datetime.now(started.tzinfo)
+    return (now - started).total_seconds() < STALE_AFTER_S
 
 
 def abandon(study: optuna.Study, trial: Trial | FrozenTrial | int, params: Mapping[str, Any] | None) -> None:

@@ -206,3 +206,52 @@ def test_the_early_stop_bar_follows_the_best_so_far(toy, db, pools):
     result = tuner.tune("toy", *PROBLEM, trials=15, db=db, seed=0)
     assert bars and all(a >= b for a, b in zip(bars, bars[1:]))  # only ever lowered
     assert bars[-1] == pytest.approx(1.5 * result.best.median_ms)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("owner_is_running", [True, False])
+def test_a_trial_of_a_running_coordinator_is_left_to_it(toy, db, pools, owner_is_running):
+    """Several machines may share one study: a RUNNING trial whose coordinator still runs is
+    not re-queued by another; one whose coordinator is gone is."""
+    import os
+    import socket
+
+    first = _tune(trials=3, db=db)
+    done = {params_key(t.params) for t in tuner.show(first.study, db=db).trials}
+    fresh = next(c for c in valid_configs(toy) if params_key(c) not in done)
+    study = optuna.load_study(study_name=first.study, storage=db)
+    study.enqueue_trial(search.SearchSpace(toy.params).encode(fresh))
+    orphan = study.ask(search.SearchSpace(toy.params).distributions)
+    pid = os.getppid() if owner_is_running else _dead_pid()
+    orphan.set_user_attr("owner", f"{socket.gethostname()}:{pid}")
+
+    _tune(trials=5, db=db)
+    state = optuna.load_study(study_name=first.study, storage=db).trials[orphan.number].state
+    submitted = [params_key(p) for p in pools.used[-1].submitted]
+    if owner_is_running:
+        assert state == TrialState.RUNNING and params_key(fresh) not in submitted
+    else:
+        assert state == TrialState.FAIL and submitted[0] == params_key(fresh)
+
+
+def test_owner_liveness():
+    import os
+    import socket
+    from datetime import datetime, timedelta
+
+    here = socket.gethostname()
+    now = datetime(2026, 11, 22, 12, 0)
+    assert search.owner_alive(f"{here}:{os.getppid()}", now, now)
+    assert not search.owner_alive(f"{here}:{os.getpid()}", now, now)  # this process: settled
+    assert not search.owner_alive(f"{here}:{_dead_pid()}", now, now)
+    assert search.owner_alive("elsewhere:12", now - timedelta(minutes=5), now)
+    assert not search.owner_alive("elsewhere:12", now - timedelta(hours=2), now)
+    assert not search.owner_alive(None, now, now)
