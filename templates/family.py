@@ -165,6 +165,10 @@ class KernelFamily(abc.ABC):
     def flops(self, problem: Problem) -> float:
         """Useful floating-point operations of one run (what TFLOPS are quoted from)."""
 
+    def tflops(self, problem: Problem, median_ms: float) -> float:
+        """The rate one run of ``median_ms`` milliseconds achieves, in TFLOPS."""
+        return self.flops(problem) / median_ms / 1e9
+
     @abc.abstractmethod
     def min_bytes(self, problem: Problem) -> int:
         """Fewest bytes one run must move through device memory."""

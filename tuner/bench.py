@@ -123,10 +123,10 @@ def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str
                 device_name=device, template_hash=fam.template_hash))
             row = _ours(fam, problem, winner, local, seed, device)
             if peers:
-                flops = fam.flops(problem)
                 found = time_peers(fam.name, problem, seed=seed)
                 row = BenchRow(**{**row.__dict__, "peers": {
-                    name: PeerTiming(name, p.median_ms, flops / p.median_ms / 1e9 if p.median_ms else None,
+                    name: PeerTiming(name, p.median_ms,
+                                     fam.tflops(problem, p.median_ms) if p.median_ms else None,
                                      p.error, p.note)
                     for name, p in found.items()}})
             logger.info("%s: %s", problem.key, format_row(row))
@@ -148,7 +148,7 @@ def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: in
         return BenchRow(problem, params, None, None, result.error, registers, launch.smem_bytes,
                         occupancy, note=f"{result.failure}: {result.reason}")
     median = result.timing.median_ms
-    return BenchRow(problem, params, median, fam.flops(problem) / median / 1e9, result.error,
+    return BenchRow(problem, params, median, fam.tflops(problem, median), result.error,
                     registers, launch.smem_bytes, occupancy)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from templates.family import Problem
-from tuner.errors import NotFound, UsageError
+from tuner.errors import UsageError
 
 
 def trial_measurement(trial: Any) -> Any:
@@ -36,22 +36,18 @@ def trial_measurement(trial: Any) -> Any:
 
 def record_landscape(study: str, path: str | Path, *, db: str | None = None) -> Path:
     """Write every trial of ``study`` to ``path``; refuses a replayed study (copy the file)."""
-    from tuner.api import _repository, _storage_call, _url
+    from tuner.api import show
     from workers.replay import save_landscape
     from workers.results import DeviceInfo
 
-    with _repository(_url(db)) as repo:
-        found = [s for s in _storage_call(repo.studies) if s.name == study]
-        if not found:
-            raise NotFound(f"no study named {study!r} (see `tuner studies`)")
-        summary = found[0]
-        if summary.replay:
-            raise UsageError(f"study {study!r} was itself replayed; its landscape file already exists")
-        device = summary.settings.get("device")
-        if not device:
-            raise UsageError(f"study {study!r} did not store its device; tune it again to record it")
-        trials = _storage_call(lambda: repo.trials(summary.id))
-    entries = [(t.params, trial_measurement(t)) for t in trials]
+    detail = show(study, db=db)
+    summary = detail.summary
+    if summary.replay:
+        raise UsageError(f"study {study!r} was itself replayed; its landscape file already exists")
+    device = summary.settings.get("device")
+    if not device:
+        raise UsageError(f"study {study!r} did not store its device; tune it again to record it")
+    entries = [(t.params, trial_measurement(t)) for t in detail.trials]
     problem = Problem(tuple(summary.shape), summary.dtype, summary.causal)
     return save_landscape(path, device=DeviceInfo.from_json(device), family=summary.family,
                           problem=problem, template_hash=summary.template_hash, entries=entries)

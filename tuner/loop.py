@@ -247,7 +247,7 @@ class Coordinator:
         timing, res = m.timing, m.resources
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
-            tflops = self.family.flops(self.problem) / (timing.median_ms / 1e3) / 1e12
+            tflops = self.family.tflops(self.problem, timing.median_ms)
         self.repository.record_trial(
             self.record.id, flight.trial.number, flight.params,
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
