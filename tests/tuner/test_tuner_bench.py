@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import tuner
 from templates import get_family
 from tuner.bench import _bench_rows, blocks_per_sm
-from tuner_doubles import PROBLEM, latency_ms
+from tuner_doubles import PROBLEM, latency_ms, run_cli
 from workers.gpu import gpu_count
 from workers.peers import time_peers
 from workers.results import Measurement, Resources, Timing
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _LocalDouble:
@@ -85,9 +81,7 @@ def test_no_peers_without_torch(monkeypatch):
 def test_cli_bench_without_a_gpu_says_so_in_one_line(tmp_path):
     if gpu_count():
         pytest.skip("a GPU is visible here")
-    done = subprocess.run([sys.executable, "-m", "tuner", "bench", "attention", "--db", f"sqlite:///{tmp_path}/t.db"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = run_cli("bench", "attention", "--db", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path, timeout=120)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         "tuner: error: no GPU is visible: `tuner bench` times kernels on this machine's GPU"]

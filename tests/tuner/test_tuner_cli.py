@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tuner.cli import main, parse_duration
-from tuner_doubles import PROBLEM
+from tuner_doubles import PROBLEM, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
 
 
@@ -115,15 +110,8 @@ def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-def _subprocess(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TUNER_DB", None)
-    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_process_prints_no_traceback(tmp_path):
-    done = _subprocess("best", "nope", "--shape", "4,16,4096,128", "--dtype", "fp16", cwd=tmp_path)
+    done = run_cli("best", "nope", "--shape", "4,16,4096,128", "--dtype", "fp16", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "tuner: error: unknown kernel family 'nope' (known: attention)"
 
@@ -131,7 +119,7 @@ def test_process_prints_no_traceback(tmp_path):
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")
 def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
     """The real path: workers.WorkerPool starts Ray, finds no GPU, raises NoGPUError."""
-    done = _subprocess("tune", "attention", "--shape", "4,16,4096,128", "--dtype", "fp16",
+    done = run_cli("tune", "attention", "--shape", "4,16,4096,128", "--dtype", "fp16",
                        "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     ours = [line for line in done.stderr.splitlines() if line.startswith("tuner:")]

@@ -4,18 +4,13 @@ recorded on an H200 (tests/data: every valid config of one problem, timed by the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import tuner
+from tuner_doubles import LANDSCAPE, run_cli
 from workers.replay import load_landscape
 
-ROOT = Path(__file__).resolve().parents[2]
-LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x1024x64-fp16-causal_h200.json"
 PROBLEM = ("attention", "2,8,1024,64", "fp16", True)
 
 
@@ -60,19 +55,12 @@ def test_resuming_a_finished_replay_measures_nothing_new(replayed):
 
 def test_cli_replays_and_says_so(replayed, tmp_path):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16",
-         "--causal", "--trials", "8", "--replay", str(LANDSCAPE), "--db", db],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = run_cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
+                   "--trials", "8", "--replay", str(LANDSCAPE), "--db", db, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "/replay" in done.stdout and "8 measured" in done.stdout
-    best = subprocess.run(
-        [sys.executable, "-m", "tuner", "best", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16",
-         "--causal", "--db", db], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    best = run_cli("best", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
+                   "--db", db, cwd=tmp_path, timeout=120)
     assert best.returncode == 0 and "(replayed)" in best.stdout and "H200" in best.stdout
 
 

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tuner.searchbench import bench_search, load, plot, run_once
 from tuner import search
+from tuner_doubles import LANDSCAPE, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
-LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x1024x64-fp16-causal_h200.json"
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +56,9 @@ def test_plot_writes_a_png(report, tmp_path):
 
 
 def test_cli_json_and_bad_file(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tuner", "bench-search", str(LANDSCAPE), "--seeds", "1",
-                           "--samplers", "tpe", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    done = run_cli("bench-search", str(LANDSCAPE), "--seeds", "1", "--samplers", "tpe", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["samplers"]["tpe"]["median_trials_2pct"] >= 1
-    bad = subprocess.run([sys.executable, "-m", "tuner", "bench-search", str(tmp_path / "none.json")],
-                         capture_output=True, text=True, timeout=120, env=env)
+    bad = run_cli("bench-search", str(tmp_path / "none.json"), cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("tuner: error: cannot read landscape")
     assert len(bad.stderr.strip().splitlines()) == 1

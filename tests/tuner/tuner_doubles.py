@@ -11,6 +11,9 @@ and storage are the real ones, on a SQLite file per test (fixtures in ``conftest
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -212,3 +215,16 @@ class PoolFactory:
 def valid_configs(family: ToyFamily) -> list[dict[str, Any]]:
     problem = family.parse_problem(*PROBLEM)
     return family.valid_configs(problem, FakePool().limits)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every valid config of attention 2x8x1024x64 fp16 causal, measured on an H200 (docs/BENCHMARKS.md).
+LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x1024x64-fp16-causal_h200.json"
+
+
+def run_cli(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m tuner ARGV`` in a fresh process (the checkout importable, no $TUNER_DB)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
