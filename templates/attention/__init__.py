@@ -93,6 +93,12 @@ class AttentionFamily(KernelFamily):
             swizzle=params["SMEM_LAYOUT"] == "swizzle",
             threads=_space.threads(params),
             ptx_type="f16" if problem.dtype == "fp16" else "bf16",
+            wgmma=params["MMA"] == "wgmma",
+            # name, N, A from registers, B N-major (transposed)
+            wgmma_ops=(("wgmma_s_ss", params["BLOCK_N"], False, 0), ("wgmma_s_rs", params["BLOCK_N"], True, 0),
+                       ("wgmma_pv", head_dim, True, 1)),
+            ptx_regs=_ptx_regs,
+            acc_operands=_acc_operands,
         )
 
     def launch(self, params: Params, problem: Problem) -> Launch:
@@ -130,6 +136,16 @@ class AttentionFamily(KernelFamily):
             "smem_bytes": _space.smem_bytes(params, d),
             "fragment_registers": _space.fragment_registers(params, d),
         }
+
+
+def _ptx_regs(first: int, count: int) -> str:
+    """A PTX vector of asm operands: {%first, ..., %last}."""
+    return "{" + ", ".join(f"%{i}" for i in range(first, first + count)) + "}"
+
+
+def _acc_operands(n: int) -> str:
+    """The read-write asm operands of an m64nN f32 accumulator held as d[N/8][4]."""
+    return ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(n // 2))
 
 
 FAMILY = AttentionFamily()

@@ -37,13 +37,15 @@ def bench():
 
 @pytest.fixture(scope="module")
 def sample(bench, tmp_path_factory):
-    """Two random valid configs per problem, compiled in parallel on the CPUs."""
+    """Two random valid configs and two wgmma configs per problem, compiled in parallel on the CPUs."""
     rng = random.Random(2026)
     limits = _limits(bench)
     jobs = []
     for problem in PROBLEMS:
         valid = FAMILY.valid_configs(problem, limits)
         jobs += [(problem, params) for params in rng.sample(valid, 2)]
+        # and two of the wgmma path, whatever the draw gave
+        jobs += [(problem, params) for params in rng.sample([c for c in valid if c["MMA"] == "wgmma"], 2)]
     cache = tmp_path_factory.mktemp("cubins")
 
     def build(job):

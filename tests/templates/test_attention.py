@@ -29,7 +29,7 @@ def test_every_config_renders_or_is_rejected_with_a_reason(problem):
     for config in FAMILY.configs():
         reason = FAMILY.check(config, problem, H100_LIMITS)
         if reason is not None:
-            assert reason.split(":")[0] in {"divisibility", "shared memory", "registers", "layout", "threads"}
+            assert reason.split(":")[0] in {"divisibility", "shared memory", "registers", "layout", "threads", "arch"}
             continue
         source = FAMILY.render(config, problem)
         assert "attention_fwd" in source and "{{" not in source and "/*%" not in source
@@ -42,7 +42,8 @@ def test_every_config_renders_or_is_rejected_with_a_reason(problem):
 
 def test_constraints_reject_what_cannot_fit():
     problem = FAMILY.parse_problem("1,1,4096,128", "fp16")
-    big = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOUT="pad16", WARP_SPECIALIZED=0, Q_IN_REGS=0)
+    big = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOUT="pad16", WARP_SPECIALIZED=0, Q_IN_REGS=0,
+               MMA="sync")
     assert FAMILY.check(big, problem, H100_LIMITS).startswith("shared memory")
     assert space.smem_bytes(big, 128) > H100_LIMITS.max_smem_per_block_optin
     indivisible = dict(big, BLOCK_M=64, NUM_WARPS=8, STAGES=1)

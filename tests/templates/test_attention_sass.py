@@ -1,0 +1,68 @@
+"""What the compiled attention kernels are made of: the SASS, read with cuobjdump.
+
+The space's claims (tensor cores through ldmatrix + mma.sync or through wgmma, exp2 on the
+multi-function unit, 16-byte cp.async loads, registers that do not spill) are checked in the
+machine code, not assumed. Needs nvcc and cuobjdump (with nvdisasm); skipped where either is missing.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from templates import get_family
+from workers.compile import compile_cubin
+from workers.results import CompileRequest
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None or shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None,
+    reason="needs nvcc and cuobjdump/nvdisasm",
+)
+
+FAMILY = get_family("attention")
+PROBLEM = FAMILY.parse_problem("4,16,4096,128", "fp16", causal=True)
+BASE = dict(BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=0,
+            Q_IN_REGS=0)
+_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+
+
+def opcodes(params, tmp_path) -> collections.Counter:
+    """Opcode counts of the kernel's SASS, each under its base name and its full name."""
+    request = CompileRequest(FAMILY.render(params, PROBLEM), "attention_fwd", FAMILY.compile_options(params, PROBLEM))
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(compile_cubin(request, cache_dir=tmp_path).cubin)
+    sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    counts: collections.Counter = collections.Counter()
+    for match in _OPCODE.finditer(sass):
+        counts[match.group(1)] += 1
+        counts[match.group(1) + match.group(2)] += 1
+    return counts
+
+
+def test_mma_sync_path_is_ldmatrix_and_hmma_with_exp2_and_16_byte_copies(tmp_path):
+    ops = opcodes(dict(BASE, MMA="sync"), tmp_path)
+    # one warp's 16 rows per 64-key step: Q K^T is (D/16) * (64/8) = 64 m16n8k16 mmas, P V is
+    # (64/16) * (D/8) = 64; the loop body appears once in the machine code (no masked copy of it).
+    assert ops["HMMA.16816.F32"] + ops["HMMA.16816.F32.BF16"] == 128
+    assert ops["LDSM"] > 0 and ops["HGMMA"] == 0
+    assert ops["MUFU.EX2"] > 0
+    assert ops["LDGSTS.E.BYPASS.128"] + ops["LDGSTS.E.BYPASS.LTC128B.128"] > 0
+    assert ops["LDL"] == ops["STL"] == 0  # no local memory: nothing spilled
+
+
+def test_wgmma_path_issues_hgmma_from_shared_memory_and_registers(tmp_path):
+    ops = opcodes(dict(BASE, MMA="wgmma"), tmp_path)
+    # per 64-key step: D/16 = 8 for S = Q K^T and BLOCK_N/16 = 4 for O += P V
+    assert ops["HGMMA"] == 12
+    assert ops["HMMA"] == 0 and ops["LDSM"] == 0  # Q and K/V read by the tensor cores themselves
+    assert ops["MUFU.EX2"] > 0
+    assert ops["LDL"] == ops["STL"] == 0
+
+
+def test_q_in_registers_feeds_wgmma_from_ldmatrix(tmp_path):
+    ops = opcodes(dict(BASE, MMA="wgmma", Q_IN_REGS=1), tmp_path)
+    assert ops["HGMMA"] == 12 and ops["LDSM"] == 8  # Q's fragments loaded once: D/16 ldmatrix.x4
