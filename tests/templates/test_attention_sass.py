@@ -30,12 +30,16 @@ BASE = dict(BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle
 _OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
-def opcodes(params, tmp_path) -> collections.Counter:
-    """Opcode counts of the kernel's SASS, each under its base name and its full name."""
+def disassemble(params, tmp_path) -> str:
     request = CompileRequest(FAMILY.render(params, PROBLEM), "attention_fwd", FAMILY.compile_options(params, PROBLEM))
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(compile_cubin(request, cache_dir=tmp_path).cubin)
-    sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def opcodes(params, tmp_path) -> collections.Counter:
+    """Opcode counts of the kernel's SASS, each under its base name and its full name."""
+    sass = disassemble(params, tmp_path)
     counts: collections.Counter = collections.Counter()
     for match in _OPCODE.finditer(sass):
         counts[match.group(1)] += 1
@@ -66,3 +70,14 @@ def test_wgmma_path_issues_hgmma_from_shared_memory_and_registers(tmp_path):
 def test_q_in_registers_feeds_wgmma_from_ldmatrix(tmp_path):
     ops = opcodes(dict(BASE, MMA="wgmma", Q_IN_REGS=1), tmp_path)
     assert ops["HGMMA"] == 12 and ops["LDSM"] == 8  # Q's fragments loaded once: D/16 ldmatrix.x4
+
+
+def test_q_fragments_stay_live_across_the_kv_loop(tmp_path):
+    """Q's registers (A of S = Q K^T) must not be reused for P (A of O += P V): once they were,
+    and every K/V step after the first multiplied by the previous step's P."""
+    sass = disassemble(dict(BASE, MMA="wgmma", Q_IN_REGS=1, BLOCK_N=128), tmp_path)
+    a_regs = collections.defaultdict(set)
+    for match in re.finditer(r"HGMMA\.\S+ R\d+, (R\d+), gdesc\[\w+\](\.tnspB)?", sass):
+        a_regs["pv" if match.group(2) else "s"].add(match.group(1))
+    assert len(a_regs["s"]) == 8 and len(a_regs["pv"]) == 8
+    assert not a_regs["s"] & a_regs["pv"]
