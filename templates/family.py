@@ -190,6 +190,11 @@ class KernelFamily(abc.ABC):
     def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         return [c for c in self.configs() if self.check(c, problem, device) is None]
 
+    def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
+        """Configs a kernel engineer would try first (a study measures them before the sampler's
+        proposals, like Triton's config list); only those ``check`` accepts. None by default."""
+        return []
+
     def validate_params(self, params: Params) -> None:
         known = {p.name: p for p in self.params}
         for name, value in params.items():

@@ -142,6 +142,8 @@ def _run_study(
     picks = warmstart.nearest_winners(fam, problem, _storage_call(lambda: repo.bests(
         fam.name, dtype=problem.dtype, causal=problem.causal, device_name=device.name,
         template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
+    if warm_start:
+        picks += warmstart.family_points(fam, problem, pool.limits, picks)
     record = _storage_call(lambda: repo.open_study(
         name, family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
@@ -156,6 +158,14 @@ def _run_study(
     study = search.open_study(name, url, search.make_sampler(sampler, space, seed))
     if study.get_trials(deepcopy=False):
         study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study))
+        if warm_start:  # a study begun before the family named its starting points still gets them
+            from storage import params_key
+
+            measured = _storage_call(lambda: repo.measured(record.id))
+            for point in warmstart.family_points(fam, problem, pool.limits, picks):
+                if params_key(point.params) not in measured:
+                    logger.info("starting point of the family: %s", point.params)
+                    study.enqueue_trial(space.encode(point.params))
     else:
         for pick in picks:  # asked before anything the sampler proposes
             logger.info("warm start from %s: %s", pick.source, pick.params)

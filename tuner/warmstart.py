@@ -71,6 +71,19 @@ def nearest_winners(
     return picks
 
 
+FAMILY_SOURCE = "family"
+
+
+def family_points(family: KernelFamily, problem: Problem, limits: DeviceLimits | None,
+                  picks: Sequence[WarmStart] = ()) -> list[WarmStart]:
+    """The family's own starting points for ``problem`` that ``picks`` does not already hold."""
+    if limits is None:
+        return []
+    taken = [p.params for p in picks]
+    return [WarmStart(FAMILY_SOURCE, point, 0.0) for point in family.starting_points(problem, limits)
+            if point not in taken]
+
+
 def outcomes(picks: Sequence[WarmStart], measured: dict[str, Any], best_ms: float | None) -> list[WarmStart]:
     """Each pick with what it measured in the new study (``measured``: params key -> trial)."""
     from storage import params_key

@@ -114,6 +114,11 @@ class AttentionFamily(KernelFamily):
         )
         return Launch(KERNEL_NAME, grid, (_space.threads(params), 1, 1), _space.smem_bytes(params, d), args)
 
+    def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
+        """FA3's warpgroup tiles (128 rows on two warpgroups, or 64 on one) and FA2's 128x64 tile."""
+        points = [dict(self.default_params(), **point) for point in _space.STARTING_POINTS]
+        return [p for p in points if self.check(p, problem, device) is None]
+
     def compile_options(self, params: Params, problem: Problem) -> tuple[str, ...]:
         return ("-O3", "-std=c++17")
 

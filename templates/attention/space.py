@@ -17,6 +17,16 @@ PARAMS: tuple[Param, ...] = (
     Param("MMA", ("sync", "wgmma"), "tensor-core path: warp mma.sync, or warpgroup wgmma (sm_90a)"),
 )
 
+# Tried first by every study (KernelFamily.starting_points), before the sampler proposes.
+STARTING_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=2, SMEM_LAYOUT=layout, WARP_SPECIALIZED=0,
+         Q_IN_REGS=0, MMA=mma)
+    for mma, bm, bn, warps, layout in (
+        ("wgmma", 128, 128, 8, "swizzle"), ("wgmma", 128, 64, 8, "swizzle"), ("wgmma", 64, 128, 4, "swizzle"),
+        ("sync", 128, 64, 4, "pad8"),
+    )
+)
+
 REGISTER_LIMIT = 255
 # Fragment registers a compute thread may hold before the compiler must spill; the rest of the
 # 255 go to addresses, indices, softmax state and the mma operands in flight.

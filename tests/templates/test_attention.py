@@ -164,3 +164,13 @@ def test_a_sample_of_configs_compiles_for_sm90a_and_reports_resources(tmp_path):
             binary = compile_cubin(request, cache_dir=tmp_path)
             assert binary.cubin[:4] == b"\x7fELF"
             assert binary.resources is not None and 32 <= binary.resources.registers <= 255, params
+
+
+def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
+    for shape, dtype, causal in FAMILY.suite:
+        problem = FAMILY.parse_problem(shape, dtype, causal)
+        points = FAMILY.starting_points(problem, H100_LIMITS)
+        assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
+        assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
+    older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
+    assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(PROBLEMS[0], older))

@@ -60,3 +60,24 @@ def test_outcomes_say_how_far_each_pick_was_from_the_best():
     picks = [WarmStart("a", {"X": 1}, 1.0), WarmStart("b", {"X": 2}, 2.0)]
     done = outcomes(picks, {'{"X": 1}': _Trial("ok", 3.0), '{"X": 2}': _Trial("failed", None)}, 2.0)
     assert [(d.median_ms, d.ratio_to_best) for d in done] == [(3.0, 1.5), (None, None)]
+
+
+def test_the_family_starting_points_are_measured_first_and_reported(toy, db, pools, monkeypatch):
+    points = [dict(BLOCK_M=64, BLOCK_N=64, WARPS=4, STAGES=1), dict(BLOCK_M=128, BLOCK_N=32, WARPS=2, STAGES=1)]
+    monkeypatch.setattr(toy, "starting_points", lambda problem, device: [dict(p) for p in points], raising=False)
+    result = tuner.tune("toy", "2,4,1024,64", "fp16", trials=6, db=db, seed=0)
+    assert pools.used[-1].submitted[:2] == points
+    assert [(p.source, p.params) for p in result.warm_start] == [("family", p) for p in points]
+    assert all(p.ratio_to_best is not None and p.ratio_to_best >= 1.0 for p in result.warm_start), result.warm_start
+    off = tuner.tune("toy", "2,4,2048,64", "fp16", trials=3, db=db, seed=0, warm_start=0)
+    assert off.warm_start == () and pools.used[-1].submitted[:2] != points
+
+
+def test_a_study_begun_without_starting_points_gets_the_unmeasured_ones_on_resume(toy, db, pools, monkeypatch):
+    first = tuner.tune("toy", "2,4,1024,64", "fp16", trials=4, db=db, seed=0)
+    measured = pools.used[-1].submitted[0]
+    fresh = dict(BLOCK_M=16, BLOCK_N=16, WARPS=1, STAGES=1)
+    monkeypatch.setattr(toy, "starting_points", lambda problem, device: [dict(measured), fresh], raising=False)
+    tuner.tune("toy", "2,4,1024,64", "fp16", trials=6, db=db, seed=0)
+    assert pools.used[-1].submitted[0] == fresh  # the measured point is not measured again
+    assert measured not in pools.used[-1].submitted and first.best is not None
