@@ -61,6 +61,11 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
     def racing() -> list[int]:
         return [i for i, m in enumerate(done) if m is None]
 
+    def settle_rest(outcome: Measurement) -> list[Measurement]:
+        for i in racing():
+            done[i] = outcome
+        return done  # type: ignore[return-value]
+
     def verify(index: int) -> Callable[[Trial], Measurement | None]:
         def action(trial: Trial) -> Measurement | None:
             checked[index] = trial.verify(family, problem, inputs, specs)
@@ -68,15 +73,14 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
         return action
 
     for i in range(len(trials)):
-        step(i, Trial.load)
+        step(i, lambda trial: trial.load())
     inputs, specs = {}, ()
     if racing() and not bench.dead:
         host = trials[0]  # owns the buffers, whether or not its own kernel loaded
         try:
             inputs, specs = host.upload(family, problem, seed)
         except LaunchError as exc:
-            failure = bench._classify(exc, host.stage)
-            return [m or failure for m in done], 0
+            return settle_rest(bench._classify(exc, host.stage)), 0
     for i in racing():
         step(i, lambda trial: trial.build_params())
         step(i, verify(i))
@@ -95,12 +99,10 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
         try:
             _check("cuStreamSynchronize", _driver().cuStreamSynchronize(bench._stream))
         except LaunchError as exc:
-            failure = bench._classify(exc, "timing")
-            done = [m or failure for m in done]
+            settle_rest(bench._classify(exc, "timing"))
     for i in racing():
         step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count))
-    lost = Measurement.failed("crash", "the CUDA context died during the re-timing")
-    return [m or lost for m in done], count
+    return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count
 
 
 def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int) -> Measurement:
