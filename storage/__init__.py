@@ -15,6 +15,8 @@ from storage.errors import StorageError
 from storage.records import (
     BestRecord,
     DeviceRecord,
+    RetimeEntry,
+    RetimeRecord,
     StudyRecord,
     StudySummary,
     TrialRecord,
@@ -26,6 +28,8 @@ __all__ = [
     "BestRecord",
     "DeviceRecord",
     "Repository",
+    "RetimeEntry",
+    "RetimeRecord",
     "StorageError",
     "StudyRecord",
     "StudySummary",

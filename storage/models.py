@@ -190,8 +190,41 @@ class Trial(Base):
     study: Mapped[Study] = relationship(lazy="raise")
 
 
+class Retime(Base):
+    """One trial in a re-timing of its study's fastest trials, timed again interleaved on one GPU
+    at the end of a run: ranked by the re-timed median (1 wins), or failed with its reason."""
+
+    __tablename__ = "tuner_retimes"
+    __table_args__ = (
+        UniqueConstraint("study_id", "retiming", "trial_id"),
+        CheckConstraint(
+            "failure IS NOT NULL OR (rank IS NOT NULL AND median_ms IS NOT NULL)", name="ok_ranked"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
+    retiming: Mapped[int]  # 1 for the study's first re-timing, 2 for the next (a resumed run), ...
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"))
+    rank: Mapped[int | None]
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    iqr_ms: Mapped[float | None] = mapped_column(Float)
+    min_ms: Mapped[float | None] = mapped_column(Float)
+    max_ms: Mapped[float | None] = mapped_column(Float)
+    repetitions: Mapped[int | None]
+    tflops: Mapped[float | None] = mapped_column(Float)
+    failure: Mapped[str | None] = mapped_column(String)
+    reason: Mapped[str | None] = mapped_column(Text)
+    replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpu_state: Mapped[dict[str, Any] | None]  # clocks and temperature before and after
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    trial: Mapped[Trial] = relationship(lazy="raise")
+
+
 class Best(Base):
-    """The fastest ok trial per (template version, problem, device), kept by ``record_trial``."""
+    """The fastest ok trial per (template version, problem, device), kept by ``record_trial``;
+    a re-timing (``record_retiming``) points it at its winner, with the re-timed median."""
 
     __tablename__ = "tuner_best"
     __table_args__ = (UniqueConstraint("template_version_id", "problem_id", "device_id"),)
@@ -203,6 +236,7 @@ class Best(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"))
     median_ms: Mapped[float] = mapped_column(Float)
     tflops: Mapped[float | None] = mapped_column(Float)
+    retime_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_retimes.id"))  # None: search time
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     trial: Mapped[Trial] = relationship(lazy="raise")

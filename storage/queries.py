@@ -23,6 +23,7 @@ from storage.models import (
     Device,
     Family,
     Problem,
+    Retime,
     Study,
     TemplateVersion,
     Trial,
@@ -107,8 +108,9 @@ def device(session: Session, device: Mapping[str, Any]) -> Device:
     return get_or_create(session, Device, key)
 
 
-def study(session: Session, study_id: int) -> Study:
-    found = session.get(Study, study_id)
+def study(session: Session, study_id: int, *, lock: bool = False) -> Study:
+    """The study row; ``lock`` holds it (FOR UPDATE on PostgreSQL) until the transaction ends."""
+    found = session.get(Study, study_id, with_for_update=lock or None)
     if found is None:
         raise StorageError(f"no study with id {study_id}")
     return found
@@ -118,25 +120,48 @@ def offer_best(session: Session, study: Study, trial: Trial) -> None:
     """Make ``trial`` (ok and flushed) the best of its study's (template version, problem,
     device) when there is none yet or it is strictly faster than the stored one."""
     assert trial.status == "ok" and trial.median_ms is not None
+    values = {"trial_id": trial.id, "median_ms": trial.median_ms, "tflops": trial.tflops,
+              "retime_id": None}
+    best = _best_row(session, study, values)
+    if best is not None and trial.median_ms < best.median_ms:
+        _set(best, values)
+
+
+def retime_best(session: Session, study: Study, winner: Retime, retimed: set[int]) -> None:
+    """Point the best of the study's (template version, problem, device) at a re-timing's winner
+    (ok, flushed), with its re-timed median: always when the stored best was one of the trials
+    re-timed (``retimed``: their ids), else only when the winner is strictly faster."""
+    assert winner.rank == 1 and winner.median_ms is not None
+    values = {"trial_id": winner.trial_id, "median_ms": winner.median_ms,
+              "tflops": winner.tflops, "retime_id": winner.id}
+    best = _best_row(session, study, values)
+    if best is not None and (best.trial_id in retimed or winner.median_ms < best.median_ms):
+        _set(best, values)
+
+
+def _best_row(session: Session, study: Study, values: Mapping[str, Any]) -> Best | None:
+    """The locked best row of the study's key; None when there was none and ``values`` became it."""
     key = {
         "template_version_id": study.template_version_id,
         "problem_id": study.problem_id,
         "device_id": study.device_id,
     }
-    values = {"trial_id": trial.id, "median_ms": trial.median_ms, "tflops": trial.tflops}
     stmt = select(Best).filter_by(**key).with_for_update()
     best = session.scalars(stmt).one_or_none()
     if best is None:
         try:
             with session.begin_nested():
                 session.add(Best(**key, **values))
-            return
+            return None
         except IntegrityError:  # another writer stored a best for this key just now
             best = session.scalars(stmt).one()
-    if trial.median_ms < best.median_ms:
-        for name, value in values.items():
-            setattr(best, name, value)
-        best.updated_at = utcnow()
+    return best
+
+
+def _set(best: Best, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(best, name, value)
+    best.updated_at = utcnow()
 
 
 def bests_statement(
@@ -149,13 +174,17 @@ def bests_statement(
     """Best rows matching the filters (None: any), fastest first, with what
     :func:`rows.best_record` needs."""
     stmt = (
-        select(Best, Trial, Study.name, Family.name, TemplateVersion.template_hash, Problem, Device)
+        select(
+            Best, Trial, Study.name, Family.name, TemplateVersion.template_hash, Problem, Device,
+            Retime,
+        )
         .join(Trial, Best.trial_id == Trial.id)
         .join(Study, Trial.study_id == Study.id)
         .join(TemplateVersion, Best.template_version_id == TemplateVersion.id)
         .join(Family, TemplateVersion.family_id == Family.id)
         .join(Problem, Best.problem_id == Problem.id)
         .join(Device, Best.device_id == Device.id)
+        .outerjoin(Retime, Best.retime_id == Retime.id)
         .where(Family.name == family)
         .order_by(Best.median_ms, Best.id)
     )

@@ -101,8 +101,57 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class RetimeEntry:
+    """One trial's outcome in a re-timing, as :meth:`Repository.record_retiming` takes it: the
+    timing of its interleaved rounds, or why it could not be re-timed."""
+
+    number: int  # the trial's number in the study
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    repetitions: int | None = None
+    tflops: float | None = None
+    failure: str | None = None  # a failure kind when it could not be re-timed
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RetimeRecord:
+    """One trial in a re-timing of its study's fastest trials (interleaved on one GPU)."""
+
+    id: int
+    study_id: int
+    retiming: int  # 1 for the study's first re-timing, 2 for the next, ...
+    trial_id: int
+    trial_number: int
+    rank: int | None  # by re-timed median: 1 is the winner; None when it failed
+    median_ms: float | None
+    iqr_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    repetitions: int | None
+    tflops: float | None
+    search_median_ms: float | None  # the trial's median when the search measured it
+    failure: str | None
+    reason: str | None
+    replayed: bool
+    gpu_state: dict[str, Any] | None  # {"before": clocks, "after": clocks, "rounds": n}
+    created_at: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(frozen=True)
 class BestRecord:
-    """The fastest validated configuration stored for a problem (the winner ``best`` returns)."""
+    """The fastest validated configuration stored for a problem (the winner ``best`` returns).
+
+    When a re-timing chose it, ``median_ms`` and its spread (min, max, IQR, repetitions, TFLOPS)
+    are the re-timed ones and ``retime`` tells the rest; ``search_median_ms`` is always the
+    trial's median as the search measured it.
+    """
 
     family: str
     shape: tuple[int, ...]
@@ -131,6 +180,8 @@ class BestRecord:
     replayed: bool
     measured_at: datetime  # when the winning trial was recorded
     updated_at: datetime  # when it became the best
+    search_median_ms: float
+    retime: RetimeRecord | None = None  # the re-timing that made it the best, if one did
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
         device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
     )
     repo.record_trial(study.id, trial.number, params, status="ok", median_ms=0.41, tflops=612.0)
+    repo.record_retiming(study.id, [RetimeEntry(trial.number, median_ms=0.42, ...), ...])
     winner = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
 
 Every method runs in :meth:`Repository._session`, which commits, or rolls back and raises
@@ -20,18 +21,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.errors import StorageError
-from storage.models import Study, Trial, utcnow
+from storage.models import Retime, Study, Trial, utcnow
 from storage.records import (
     STUDY_STATUSES,
     TRIAL_STATUSES,
     BestRecord,
+    RetimeEntry,
+    RetimeRecord,
     StudyRecord,
     StudySummary,
     TrialRecord,
@@ -294,6 +297,91 @@ class Repository:
         for trial in self.trials(study_id):
             done.setdefault(params_key(trial.params), trial)
         return done
+
+    # -- re-timings -------------------------------------------------------------------------
+
+    def record_retiming(
+        self,
+        study_id: int,
+        entries: Sequence[RetimeEntry],
+        *,
+        gpu_state: Mapping[str, Any] | None = None,
+        replayed: bool = False,
+    ) -> list[RetimeRecord]:
+        """Store one re-timing of a study's ok trials (one entry per trial, by number) and, in
+        the same transaction, point the best of its (template version, problem, device) at the
+        winner: the lowest re-timed median (ties: the lower trial number). The best moves always
+        when it was one of the trials re-timed, else only to a strictly faster winner; when
+        every entry failed it stays. Trials are never changed. Returns the rows, ranked first.
+        """
+        numbers = [entry.number for entry in entries]
+        if len(set(numbers)) != len(numbers):
+            raise StorageError(f"a re-timing names a trial twice: {sorted(numbers)}")
+        for entry in entries:
+            if entry.failure is None and (entry.median_ms is None or not math.isfinite(entry.median_ms)):
+                raise StorageError(
+                    f"trial {entry.number}: a re-timed trial needs a finite median_ms, not {entry.median_ms}"
+                )
+        if gpu_state is not None:
+            gpu_state = queries.plain_json("gpu_state", gpu_state)
+        with self._session(f"cannot record a re-timing of study {study_id}", write=True) as session:
+            study = queries.study(session, study_id, lock=True)  # one re-timing at a time
+            stmt = select(Trial).where(Trial.study_id == study_id, Trial.number.in_(numbers))
+            trials = {trial.number: trial for trial in session.scalars(stmt)}
+            for number in numbers:
+                if number not in trials:
+                    raise StorageError(f"study {study_id} has no trial {number}")
+                if trials[number].status != "ok":
+                    raise StorageError(f"trial {number} failed; only ok trials are re-timed")
+            latest = select(func.max(Retime.retiming)).where(Retime.study_id == study_id)
+            retiming = (session.scalar(latest) or 0) + 1
+            ranked = sorted((e for e in entries if e.failure is None),
+                            key=lambda e: (e.median_ms, e.number))
+            rank = {entry.number: place for place, entry in enumerate(ranked, start=1)}
+            retimes = [
+                Retime(
+                    study_id=study_id,
+                    retiming=retiming,
+                    trial_id=trials[e.number].id,
+                    rank=rank.get(e.number),
+                    median_ms=queries.known(e.median_ms),
+                    iqr_ms=queries.known(e.iqr_ms),
+                    min_ms=queries.known(e.min_ms),
+                    max_ms=queries.known(e.max_ms),
+                    repetitions=e.repetitions,
+                    tflops=queries.known(e.tflops),
+                    failure=e.failure,
+                    reason=e.reason,
+                    replayed=bool(replayed),
+                    gpu_state=gpu_state,
+                )
+                for e in entries
+            ]
+            session.add_all(retimes)
+            study.updated_at = utcnow()
+            session.flush()
+            if ranked:
+                winner = next(r for r in retimes if r.rank == 1)
+                queries.retime_best(session, study, winner, {t.id for t in trials.values()})
+            by_id = {trial.id: trial for trial in trials.values()}
+            retimes.sort(key=lambda r: (r.rank is None, r.rank or 0, by_id[r.trial_id].number))
+            return [rows.retime_record(r, by_id[r.trial_id]) for r in retimes]
+
+    def retimes(self, study_id: int, *, every: bool = False) -> list[RetimeRecord]:
+        """The latest re-timing of a study (every one with ``every``), ranked, failures last;
+        [] when it was never re-timed."""
+        with self._session(f"cannot read the re-timings of study {study_id}") as session:
+            queries.study(session, study_id)
+            stmt = (
+                select(Retime, Trial)
+                .join(Trial, Retime.trial_id == Trial.id)
+                .where(Retime.study_id == study_id)
+                .order_by(Retime.retiming, Retime.rank.is_(None), Retime.rank, Trial.number)
+            )
+            if not every:
+                latest = select(func.max(Retime.retiming)).where(Retime.study_id == study_id)
+                stmt = stmt.where(Retime.retiming == latest.scalar_subquery())
+            return [rows.retime_record(retime, trial) for retime, trial in session.execute(stmt)]
 
     def best(
         self,

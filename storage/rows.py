@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.models import Best, Device, Family, Problem, Study, TemplateVersion, Trial
-from storage.records import BestRecord, DeviceRecord, StudyRecord, StudySummary, TrialRecord
+from storage.models import Best, Device, Family, Problem, Retime, Study, TemplateVersion, Trial
+from storage.records import (
+    BestRecord,
+    DeviceRecord,
+    RetimeRecord,
+    StudyRecord,
+    StudySummary,
+    TrialRecord,
+)
 
 
 def device_record(device: Device) -> DeviceRecord:
@@ -62,6 +69,25 @@ def trial_record(trial: Trial) -> TrialRecord:
     )
 
 
+RETIME_FIELDS = (
+    "retiming rank median_ms iqr_ms min_ms max_ms repetitions tflops failure reason replayed "
+    "created_at"
+).split()
+
+
+def retime_record(retime: Retime, trial: Trial) -> RetimeRecord:
+    values: dict[str, Any] = {name: getattr(retime, name) for name in RETIME_FIELDS}
+    return RetimeRecord(
+        id=retime.id,
+        study_id=retime.study_id,
+        trial_id=trial.id,
+        trial_number=trial.number,
+        search_median_ms=trial.median_ms,
+        gpu_state=None if retime.gpu_state is None else dict(retime.gpu_state),
+        **values,
+    )
+
+
 def best_record(
     best: Best,
     trial: Trial,
@@ -70,8 +96,11 @@ def best_record(
     template_hash: str,
     problem: Problem,
     device: Device,
+    retime: Retime | None = None,
 ) -> BestRecord:
+    """The winner; its timing is the re-timed one when a re-timing made it the best."""
     assert trial.median_ms is not None  # only ok trials become best
+    timed: Any = retime if retime is not None else trial
     return BestRecord(
         family=family,
         shape=tuple(problem.shape),
@@ -82,12 +111,12 @@ def best_record(
         study=study,
         trial_number=trial.number,
         params=dict(trial.params),
-        median_ms=trial.median_ms,
-        min_ms=trial.min_ms,
-        max_ms=trial.max_ms,
-        iqr_ms=trial.iqr_ms,
-        repetitions=trial.repetitions,
-        tflops=trial.tflops,
+        median_ms=best.median_ms,
+        min_ms=timed.min_ms,
+        max_ms=timed.max_ms,
+        iqr_ms=timed.iqr_ms,
+        repetitions=timed.repetitions,
+        tflops=best.tflops,
         error=trial.error,
         max_abs_error=trial.max_abs_error,
         registers=trial.registers,
@@ -100,6 +129,8 @@ def best_record(
         replayed=trial.replayed,
         measured_at=trial.created_at,
         updated_at=best.updated_at,
+        search_median_ms=trial.median_ms,
+        retime=None if retime is None else retime_record(retime, trial),
     )
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import optuna
 
 from templates.family import KernelFamily, Problem, TemplateError
+from tuner import retime as retiming
 from tuner import search, warmstart
 from tuner.errors import DatabaseError, NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure
 from tuner.exporter import write_export
@@ -50,6 +51,7 @@ class TuneResult:
     best: Any  # storage.BestRecord | None (for this device and template version)
     device: str
     warm_start: tuple[warmstart.WarmStart, ...] = ()  # configs tried first, and how they did
+    retimed: tuple[Any, ...] = ()  # storage.RetimeRecord: the top trials re-timed at the end, ranked
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class StudyDetail:
 
     summary: Any  # storage.StudySummary
     trials: list[Any]  # storage.TrialRecord, by number
+    retimes: list[Any] = field(default_factory=list)  # storage.RetimeRecord of the latest re-timing
 
 
 # -- the calls ------------------------------------------------------------------------------------
@@ -76,6 +79,7 @@ def tune(
     seed: int | None = None,
     measure_timeout_s: float = 60.0,
     warm_start: int = warmstart.DEFAULT_PICKS,
+    retime: int = retiming.DEFAULT_TOP,
 ) -> TuneResult:
     """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
 
@@ -83,6 +87,8 @@ def tune(
     tuned on this GPU and template version (0: none); the result says how each did.
     Stops after ``trials`` measured trials of the study (counting earlier runs it resumes),
     after ``time_budget`` seconds, or when every valid config has been measured.
+    Once finished, the ``retime`` fastest trials (distinct cubins; 0: none) are timed again,
+    interleaved on one GPU, and the stored winner is the fastest of those re-timed medians.
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
     call again resumes the study.
     """
@@ -94,6 +100,8 @@ def tune(
         raise UsageError(f"trials must be at least 1, not {trials}")
     if time_budget is not None and time_budget <= 0:
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
+    if retime < 0:
+        raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
     space = search.SearchSpace(fam.params)
     if trials is None and time_budget is None:
         trials = space.size if sampler == "grid" else DEFAULT_TRIALS
@@ -104,6 +112,7 @@ def tune(
             name, outcome, warm = _run_study(
                 fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
                 trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
+                retime=retime,
             )
             gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
             device = pool.device.name
@@ -115,7 +124,7 @@ def tune(
         study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
-        best=winner, device=device, warm_start=tuple(warm),
+        best=winner, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
     )
 
 
@@ -239,12 +248,13 @@ def studies(db: str | None = None) -> list[Any]:
 
 
 def show(name: str, db: str | None = None) -> StudyDetail:
-    """One study and all its trials."""
+    """One study, all its trials and its latest re-timing."""
     with _repository(_url(db)) as repo:
         found = [s for s in _storage_call(repo.studies) if s.name == name]
         if not found:
             raise NotFound(f"no study named {name!r} (see `tuner studies`)")
-        return StudyDetail(found[0], _storage_call(lambda: repo.trials(found[0].id)))
+        return StudyDetail(found[0], _storage_call(lambda: repo.trials(found[0].id)),
+                           _storage_call(lambda: repo.retimes(found[0].id)))
 
 
 # -- seams: the other packages come in here (tests replace _open_pool) -------------------------------

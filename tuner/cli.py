@@ -29,6 +29,7 @@ from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
 from tuner.progress import format_params, format_seconds
+from tuner.retime import clock_change
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -46,6 +47,16 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"the time budget must be positive, not {text!r}")
     return seconds
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -93,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a measurement running longer is killed (default 60)")
     tune.add_argument("--warm-start", type=int, default=3, metavar="N",
                       help="first try the winners of the N nearest tuned problems (default 3; 0: off)")
+    tune.add_argument("--retime", type=_count, default=5, metavar="N",
+                      help="at the end, time the N fastest trials again interleaved and pick the "
+                           "winner by those medians (default 5; 0: off)")
 
     best = sub.add_parser("best", parents=[problem, common], help="print the stored winner")
     best.add_argument("--json", action="store_true", help="print JSON")
@@ -155,7 +169,7 @@ def _tune(args: argparse.Namespace) -> int:
         args.family, args.shape, args.dtype, args.causal, trials=args.trials,
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
-        measure_timeout_s=args.measure_timeout, warm_start=args.warm_start,
+        measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
     )
     print(f"study     {result.study}")
     print(f"status    {result.status}: {result.reason}")
@@ -166,6 +180,8 @@ def _tune(args: argparse.Namespace) -> int:
         print("best      no validated config yet")
     else:
         print(f"best      {_best_line(result.best)}")
+    if result.retimed:
+        print(f"re-timed  {_retimed_line(result.retimed)}")
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
@@ -179,7 +195,8 @@ def _best(args: argparse.Namespace) -> int:
         return 0
     rows = [
         ("config", format_params(winner.params)),
-        ("median", f"{winner.median_ms:.4f} ms" + _spread(winner)),
+        ("median", f"{winner.median_ms:.4f} ms" + (" re-timed" if winner.retime else "") + _spread(winner)),
+        *([("re-timed", _retime_text(winner))] if winner.retime else []),
         ("TFLOPS", f"{winner.tflops:.1f}" if winner.tflops is not None else "-"),
         ("error", f"{winner.error:.3g}" if winner.error is not None else "-"),
         ("GPU", f"{winner.device.name} (driver {winner.device.driver_version})"),
@@ -223,8 +240,13 @@ def _show(args: argparse.Namespace) -> int:
     s = detail.summary
     print(f"{s.name}: {s.status}, {s.sampler} sampler, {s.n_trials} trials "
           f"({s.n_ok} ok, {s.n_failed} failed) on {s.device_name}")
+    retimed = {r.trial_number: r for r in detail.retimes}
     for t in detail.trials:
         result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
+        if t.number in retimed:
+            r = retimed[t.number]
+            result += (f" | re-timed {r.median_ms:.4f} ms, IQR {_ms(r.iqr_ms)} (rank {r.rank})" if r.ok
+                       else f" | re-timing failed ({r.failure}: {r.reason})")
         print(f"  #{t.number:<5} {result}  {format_params(t.params)}")
     return 0
 
@@ -317,9 +339,32 @@ def _spread(winner: Any) -> str:
     return f" ({', '.join(extra)})" if extra else ""
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _how(retime: Any) -> str:
+    """How a re-timing was taken: ``30 rounds``, or ``replayed``."""
+    return "replayed" if retime.replayed else f"{(retime.gpu_state or {}).get('rounds')} rounds"
+
+
+def _retimed_line(records: Sequence[Any]) -> str:
+    winner = next((r for r in records if r.rank == 1), None)
+    picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {_ms(winner.iqr_ms)} "
+              f"(search {_ms(winner.search_median_ms)} ms)" if winner else "every one failed")
+    return f"top {len(records)} interleaved ({_how(records[0])}): {picked}"
+
+
+def _retime_text(winner: Any) -> str:
+    clocks = clock_change(winner.retime.gpu_state or {})
+    return (f"rank 1 of the study's fastest, interleaved ({_how(winner.retime)}); search median "
+            f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
+
+
 def _best_line(winner: Any) -> str:
     tflops = f", {winner.tflops:.1f} TFLOPS" if winner.tflops is not None else ""
-    return f"{winner.median_ms:.4f} ms{tflops} {format_params(winner.params)}"
+    retimed = " re-timed" if winner.retime else ""
+    return f"{winner.median_ms:.4f} ms{retimed}{tflops} {format_params(winner.params)}"
 
 
 def _when(value: Any) -> str:

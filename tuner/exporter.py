@@ -52,6 +52,8 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
             "error": best.error,
             "max_abs_error": best.max_abs_error,
             "replayed": best.replayed,
+            "retimed": best.retime is not None,  # the median is the interleaved re-timing's
+            "search_median_ms": best.search_median_ms,
         },
         "resources": {
             "registers": best.registers,

@@ -19,7 +19,9 @@ Rules it keeps:
   brought nothing new;
 - trials left RUNNING by a killed run are told (from storage) or marked FAIL and re-queued;
 - on KeyboardInterrupt it keeps what finished, re-queues what was in flight and returns
-  ``status="interrupted"``.
+  ``status="interrupted"``;
+- once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
+  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from storage import params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.progress import Best, Progress
+from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
 
 logger = logging.getLogger("tuner")
@@ -59,6 +62,9 @@ class Pool(Protocol):
 
     def poll(self, timeout: float) -> list[tuple[int, Measurement]]: ...
 
+    def retime(self, kernels: Sequence[tuple[dict[str, Any], str, Any, Sequence[str]]], *,
+               rounds: int, max_seconds: float) -> Any: ...
+
 
 @dataclass
 class _InFlight:
@@ -78,6 +84,7 @@ class LoopOutcome:
     invalid: int
     previous: int  # measured by earlier runs of the study
     elapsed_s: float
+    retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
 
 
 def default_lookahead(pool: Pool) -> int:
@@ -106,12 +113,14 @@ class Coordinator:
         poll_interval: float = 0.5,
         clock: Callable[[], float] | None = None,
         progress: Progress | None = None,
+        retime: int = DEFAULT_TOP,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.repository, self.study, self.record, self.space = repository, study, record, space
         self.trials, self.time_budget = trials, time_budget
         self.lookahead = max(1, lookahead or default_lookahead(pool))
         self.max_idle_asks = max_idle_asks
+        self.retime = retime
         self.poll_interval = poll_interval
         self.clock = clock = clock or time.monotonic
         self.progress = progress or Progress(
@@ -148,9 +157,21 @@ class Coordinator:
             self.repository.set_study_status(self.record.id, status)
             self.progress.in_flight = 0
             self.progress.finish(status, reason)
+        retimed = self._retime() if status == "finished" else []
         c = self.progress.counts
         return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
-                           self._previous, self.clock() - self._started)
+                           self._previous, self.clock() - self._started, tuple(retimed))
+
+    def _retime(self) -> list[Any]:
+        """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
+        if self.retime < 1:
+            return []
+        try:
+            return retime_study(self.family, self.problem, pool=self.pool,
+                                repository=self.repository, record=self.record, top=self.retime)
+        except KeyboardInterrupt:
+            logger.warning("re-timing interrupted: the winner stays the search's fastest")
+            return []
 
     def _loop(self) -> str:
         while True:

@@ -5,6 +5,8 @@
     m = bench.measure(binary, launch, "attention", problem, seed=0)
     m.ok, m.timing.median_ms, m.failure
 
+    retiming = bench.retime([(binary, launch), (other, launch2)], "attention", problem, seed=0)
+
 A measurement never raises for what a kernel does: it ends in ``Measurement.failed(kind, ...)``.
 A crash (illegal address, trap, ...) leaves the CUDA context unusable; the bench then marks
 itself ``dead`` and the pool replaces its process.
@@ -19,13 +21,15 @@ import shutil
 import subprocess
 import time
 import traceback
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from templates.family import KernelFamily, Launch, Problem
 from workers.errors import LaunchError, NoGPUError
-from workers.results import Binary, DeviceInfo, Measurement, Timing
+from workers.results import Binary, DeviceInfo, Measurement, Retiming, Timing
+from workers.retime import MAX_SECONDS, ROUNDS, interleave
 from workers.trial import Trial
 
 logger = logging.getLogger(__name__)
@@ -199,21 +203,71 @@ class GpuBench:
         except LaunchError as exc:
             result = self._classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker
-            tail = "".join(traceback.format_exception(exc)[-3:])
-            result = Measurement.failed("worker", f"{type(exc).__name__}: {exc}".splitlines()[0],
-                                        detail=tail)
+            result = _host_failure(exc)
         finally:
-            if not self.dead:
-                try:
-                    trial.release()
-                except LaunchError as exc:
-                    logger.warning("cleanup failed, the context is unusable: %s", exc)
-                    self.dead = True
+            self._release([trial])
         seconds = time.perf_counter() - start
-        clocks = read_clocks(self._info.uuid if self._info else "") if result.ok else {}
-        clocks.pop("driver", None)
+        clocks = self._clocks() if result.ok else {}
         return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,
                               "clocks": clocks})
+
+    # -- several kernels, interleaved -------------------------------------------------------------
+    def retime(
+        self,
+        kernels: Sequence[tuple[Binary, Launch]],
+        family_name: str,
+        problem: Problem,
+        *,
+        params: Sequence[Mapping[str, Any]] | None = None,
+        seed: int = 0,
+        rounds: int = ROUNDS,
+        max_seconds: float = MAX_SECONDS,
+        warmup_ms: float = 25.0,
+        flush_l2: bool = True,
+    ) -> Retiming:
+        """Time ``kernels`` again, interleaved round-robin on this GPU (see ``workers.retime``):
+        one Measurement each, in order, and the clocks read before and after. Never raises for
+        what a kernel does. ``params`` is unused (replay needs it)."""
+        if self.dead:
+            dead = Measurement.failed("worker", "this GPU worker's context is dead")
+            return Retiming(tuple(replace(dead, **self._tags(b)) for b, _ in kernels), rounds=0)
+        start = time.perf_counter()
+        before = self._clocks()
+        trials: list[Trial] = []
+        for binary, launch in kernels:  # every trial launches on the first one's buffers
+            trials.append(Trial(self, binary, launch, trials[0].buffers if trials else None))
+        try:
+            family = resolve_family(family_name)
+            results, count = interleave(
+                self, trials, family, problem, seed=seed, rounds=rounds, max_seconds=max_seconds,
+                warmup_ms=warmup_ms, flush_l2=flush_l2)
+        except LaunchError as exc:
+            results, count = [self._classify(exc, "re-timing")] * len(trials), 0
+        except Exception as exc:  # a family or host bug: fail the re-timing, keep the worker
+            results, count = [_host_failure(exc)] * len(trials), 0
+        finally:
+            self._release(trials[::-1])  # the first, owning the buffers, last
+        measurements = tuple(Measurement(**{**r.__dict__, **self._tags(b)})
+                             for r, (b, _) in zip(results, kernels))
+        return Retiming(measurements, count, clocks_before=before, clocks_after=self._clocks(),
+                        gpu_seconds=time.perf_counter() - start)
+
+    def _release(self, trials: Sequence[Trial]) -> None:
+        """Free what the trials took, unless the context is dead (then nothing can be freed)."""
+        for trial in trials:
+            if self.dead:
+                return
+            try:
+                trial.release()
+            except LaunchError as exc:
+                logger.warning("cleanup failed, the context is unusable: %s", exc)
+                self.dead = True
+
+    def _clocks(self) -> dict[str, Any]:
+        """SM/memory clocks and temperature now (``read_clocks`` less the driver), or {}."""
+        clocks = read_clocks(self._info.uuid if self._info else "")
+        clocks.pop("driver", None)
+        return clocks
 
     def _classify(self, exc: LaunchError, stage: str) -> Measurement:
         """Turn a driver error into a failure kind; mark the bench dead when the context is."""
@@ -242,6 +296,12 @@ class GpuBench:
         driver.cuStreamDestroy(self._stream)
         driver.cuDevicePrimaryCtxRelease(self._device)
         self.dead = True
+
+
+def _host_failure(exc: Exception) -> Measurement:
+    """A family or host bug while measuring: a ``worker`` failure with the traceback's tail."""
+    tail = "".join(traceback.format_exception(exc)[-3:])
+    return Measurement.failed("worker", f"{type(exc).__name__}: {exc}".splitlines()[0], detail=tail)
 
 
 def timing_of(samples_ms: list[float]) -> Timing:

@@ -4,11 +4,13 @@
         pool.submit(7, params, source, launch, options)    # returns at once
         for ticket, measurement in pool.poll(timeout=1.0):
             ...
+        retiming = pool.retime([(params, source, launch, options), ...])   # at the end, idle
 
 Each actor runs one measurement at a time and the queue stays here, so a killed actor loses
 nothing but the trial it was running. A measurement past ``measure_timeout_s`` kills and
 replaces its actor (failure ``timeout``); a dead process (``worker``) or context (``crash``)
-is replaced too. Configs whose cubins are equal are measured once.
+is replaced too. Configs whose cubins are equal are measured once. ``retime`` times several
+configs again, interleaved on one GPU actor (``GpuBench.retime``), once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from templates.family import DeviceLimits, Launch, Problem
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_version
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen
 from workers.errors import NoGPUError, WorkerError
-from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
+from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
+from workers.retime import MAX_SECONDS, ROUNDS
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +238,92 @@ class WorkerPool:
         out, self._results = self._results, []
         self._returned += len(out)
         return out
+
+    def retime(self, kernels: Sequence[tuple[Mapping[str, Any], str, Launch, Sequence[str]]], *,
+               rounds: int = ROUNDS, max_seconds: float = MAX_SECONDS) -> Retiming:
+        """Time configs (params, source, launch, options) again, interleaved on one GPU actor:
+        compiled (the cache answers), then ``GpuBench.retime``. One Measurement per config, in
+        order; a config that fails to compile or run, a hang or a dead worker fails in the
+        result, never raises. Call it when nothing is in flight (at the end of a study)."""
+        if self.pending():
+            raise ValueError(f"retime with {self.pending()} tickets in flight")
+        binaries = [None] * len(kernels) if self._replay else self._compile_now(kernels)
+        settled: dict[int, Measurement] = {i: b for i, b in enumerate(binaries) if isinstance(b, Measurement)}
+        todo = [i for i in range(len(kernels)) if i not in settled]
+        retiming = Retiming((), rounds=0)
+        if todo:
+            retiming = self._retime_on_actor([(binaries[i], kernels[i][2]) for i in todo],
+                                             [dict(kernels[i][0]) for i in todo], rounds, max_seconds)
+            settled.update(zip(todo, retiming.measurements))
+        self.gpu_busy_seconds += retiming.gpu_seconds
+        out = []
+        for i, binary in enumerate(binaries):
+            m = settled[i]
+            if isinstance(binary, Binary):
+                m = replace(m, cubin_hash=binary.cubin_hash, toolkit=binary.toolkit,
+                            compile_seconds=binary.compile_seconds,
+                            resources=binary.resources or m.resources)
+            out.append(replace(m, replayed=True) if self._replay else m)
+        return replace(retiming, measurements=tuple(out), replayed=self._replay)
+
+    def _compile_now(self, kernels: Sequence[tuple[Mapping[str, Any], str, Launch, Sequence[str]]]
+                     ) -> list[Binary | Measurement]:
+        """Compile configs in parallel and wait for them (cache hits, for configs measured before)."""
+        refs = [self._compile.remote(CompileRequest(source, launch.kernel, tuple(options)),
+                                     self._backend, self._cache_dir, self._compile_timeout_s)
+                for _, source, launch, options in kernels]
+        end = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
+        out: list[Binary | Measurement] = []
+        for ref in refs:
+            try:
+                result = ray.get(ref, timeout=max(0.0, end - time.monotonic()))
+            except GetTimeoutError:
+                ray.cancel(ref, force=True)
+                result = Measurement.failed("compile", f"compile ran past {self._compile_timeout_s:g} s")
+            except RayError as exc:
+                result = Measurement.failed("worker", f"compile task died: {_one_line(exc)}")
+            if isinstance(result, CompileFailure):
+                result = Measurement.failed("compile", result.reason, detail=result.log[-4000:])
+            out.append(result)
+        return out
+
+    def _retime_on_actor(self, kernels: list[tuple[Any, Launch]], params: list[dict[str, Any]],
+                         rounds: int, max_seconds: float) -> Retiming:
+        """The first actor's ``retime``; a hang, a dead process or a dead context replaces it."""
+        def failed(kind: str, reason: str, **extra: Any) -> Retiming:
+            return Retiming(tuple(Measurement.failed(kind, reason, **extra) for _ in kernels), rounds=0)
+
+        if not self._slots:
+            return failed("worker", "no GPU worker is left")
+        slot = self._slots[0]
+        deadline = self._measure_timeout_s * (1 + len(kernels)) + max_seconds
+        try:
+            if slot.ready_ref is not None:  # a replacement still starting
+                self._owners.pop(slot.ready_ref, None)
+                ray.get(slot.ready_ref, timeout=_START_TIMEOUT_S)
+                slot.ready_ref = None
+            ref = slot.actor.retime.remote(kernels, self.family, self.problem, params=params,
+                                           seed=self._seed, rounds=rounds, max_seconds=max_seconds)
+            retiming = ray.get(ref, timeout=deadline)
+        except GetTimeoutError:
+            self._replace_quietly(slot, f"the re-timing ran past {deadline:g} s", count=False)
+            return failed("timeout", f"the re-timing ran past {deadline:g} s; the worker was replaced")
+        except RayActorError as exc:
+            self._replace_quietly(slot, f"the worker process died: {_one_line(exc)}")
+            return failed("worker", "the worker process died during the re-timing; it was replaced",
+                          detail=_one_line(exc))
+        except RayTaskError as exc:  # the bench raised: the re-timing fails, the worker stays
+            return failed("worker", _one_line(exc.cause or exc), detail=str(exc)[-2000:])
+        if any(m.failure == "crash" for m in retiming.measurements):
+            self._replace_quietly(slot, "the CUDA context died during the re-timing", count=False)
+        return retiming
+
+    def _replace_quietly(self, slot: _Slot, why: str, *, count: bool = True) -> None:
+        """``_replace``, where losing the last worker is left to the next submit to report."""
+        try:
+            self._replace(slot, why, count=count)
+        except WorkerError as exc:
+            logger.warning("%s", exc)
 
     def close(self) -> None:
         if self._closed:

@@ -18,11 +18,18 @@ import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from templates.family import Launch, Problem
 from workers.errors import WorkerError
-from workers.results import Binary, DeviceInfo, Measurement, measurement_from_json, measurement_to_json
+from workers.results import (
+    Binary,
+    DeviceInfo,
+    Measurement,
+    Retiming,
+    measurement_from_json,
+    measurement_to_json,
+)
 
 FORMAT = 1
 NOT_RECORDED = "not in the recorded landscape"
@@ -123,6 +130,23 @@ class ReplayBench:
         if recorded is None:
             return Measurement.failed("invalid", NOT_RECORDED, replayed=True)
         return replace(recorded, replayed=True)
+
+    def retime(
+        self,
+        kernels: Sequence[tuple[Binary | None, Launch | None]],
+        family_name: str,
+        problem: Problem,
+        *,
+        params: Sequence[Mapping[str, Any]] | None = None,
+        **_timing: Any,
+    ) -> Retiming:
+        """GpuBench.retime's answer from the landscape: each config's recorded measurement,
+        by ``params`` (one per kernel); no clocks, no rounds."""
+        configs = list(params or [])
+        if len(configs) != len(kernels):
+            raise ValueError(f"{len(kernels)} kernels but {len(configs)} params")
+        return Retiming(tuple(self.measure(None, None, family_name, problem, params=p) for p in configs),
+                        rounds=0, replayed=True)
 
     def close(self) -> None:
         pass

@@ -155,6 +155,20 @@ class Measurement:
         return measurement_from_json(data)
 
 
+@dataclass(frozen=True)
+class Retiming:
+    """Several kernels timed again interleaved on one GPU (A B C A B C ...): one Measurement per
+    kernel, in the order given (ok with the timing of its rounds, or failed with its reason), and
+    the GPU's clocks and temperature read before and after."""
+
+    measurements: tuple[Measurement, ...]
+    rounds: int  # interleaved rounds timed; 0 when no kernel was timed or the numbers are replayed
+    clocks_before: Mapping[str, Any] = field(default_factory=dict)
+    clocks_after: Mapping[str, Any] = field(default_factory=dict)
+    gpu_seconds: float = 0.0
+    replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
+
+
 def measurement_to_json(m: Measurement) -> dict[str, Any]:
     """A plain JSON-able dict (nested values as dicts, absent ones as None)."""
     return {

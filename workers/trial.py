@@ -2,6 +2,8 @@
 
 ``Trial.run`` raises LaunchError with ``Trial.stage`` telling where; GpuBench classifies it.
 ``Trial.release`` frees everything the trial took (called unless the context is dead).
+Its steps (``load``, ``upload``, ``verify``, ``warm_up``, ``timed_launch``) also serve the
+interleaved re-timing (``workers.retime``), where several trials share one set of buffers.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ from __future__ import annotations
 import ctypes
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from templates.family import KernelFamily, Launch, Problem
+from templates.family import BufferSpec, KernelFamily, Launch, Problem, Validation
 from workers.results import Binary, Measurement
 
 if TYPE_CHECKING:
@@ -24,7 +26,9 @@ EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind 
 
 
 class Trial:
-    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch) -> None:
+    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch,
+                 buffers: dict[str, tuple[Any, int]] | None = None) -> None:
+        """``buffers``: another trial's, to launch on them (this trial then never frees them)."""
         from workers.gpu import _check, _driver
 
         self._d = _driver()
@@ -35,7 +39,8 @@ class Trial:
         self.stage = "load"
         self.module: Any = None
         self.function: Any = None
-        self.buffers: dict[str, tuple[Any, int]] = {}  # name -> (CUdeviceptr, bytes)
+        self._owns_buffers = buffers is None
+        self.buffers: dict[str, tuple[Any, int]] = {} if buffers is None else buffers  # name -> (CUdeviceptr, bytes)
         self.events: list[Any] = []
         self._param_values: list[Any] = []  # keeps the ctypes values alive during launches
         self._param_array: Any = None
@@ -45,35 +50,15 @@ class Trial:
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
             rep: int | None, min_reps: int, max_reps: int, target_ms: float,
             flush_l2: bool, abort_above_ms: float | None = None) -> Measurement:
-        d, check, launch = self._d, self._check, self.launch
-        check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench._ctx))
-        self.stage = "load"
-        self.module = check("cuModuleLoadData", d.cuModuleLoadData(self.binary.cubin))
-        self.stage = "function"
-        self.function = check("cuModuleGetFunction",
-                              d.cuModuleGetFunction(self.module, launch.kernel.encode()))
-        self.stage = "smem"
-        failure = self._raise_smem_limit()
+        failure = self.load()
         if failure is not None:
             return failure
-        self.stage = "alloc"
-        inputs = self.bench.host_inputs(family, problem, seed)
-        specs = family.outputs(problem)
-        for name, array in inputs.items():
-            ptr = self._alloc(name, array.nbytes)
-            self.stage = "copy"
-            check("cuMemcpyHtoD", d.cuMemcpyHtoD(ptr, array.ctypes.data, array.nbytes))
-            self.stage = "alloc"
-        for spec in specs:
-            self._alloc(spec.name, int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize)
-        self._build_params()
-
-        first = self._run_once(specs)
+        inputs, specs = self.upload(family, problem, seed)
+        first = self.run_once(specs)
         validation = family.validate(problem, inputs, first)
         if not validation.ok:
-            return Measurement.failed("wrong", validation.reason or "output does not match the reference",
-                                      error=validation.error, max_abs_error=validation.max_abs_error)
-        second = self._run_once(specs)
+            return wrong(validation)
+        second = self.run_once(specs)
         for name, array in first.items():
             if array.tobytes() != second[name].tobytes():
                 differ = int(np.count_nonzero(array.view(np.uint8) != second[name].view(np.uint8)))
@@ -88,6 +73,41 @@ class Trial:
                   f"{abort_above_ms:.4g} ms" if self.stopped_early else "")
         return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,
                            max_abs_error=validation.max_abs_error)
+
+    def load(self) -> Measurement | None:
+        """Load the module and find the kernel; a failure when it needs more shared memory than
+        the device has, else None."""
+        d, check = self._d, self._check
+        check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench._ctx))
+        self.stage = "load"
+        self.module = check("cuModuleLoadData", d.cuModuleLoadData(self.binary.cubin))
+        self.stage = "function"
+        self.function = check("cuModuleGetFunction",
+                              d.cuModuleGetFunction(self.module, self.launch.kernel.encode()))
+        self.stage = "smem"
+        return self._raise_smem_limit()
+
+    def upload(self, family: KernelFamily, problem: Problem,
+               seed: int) -> tuple[dict[str, np.ndarray], tuple[BufferSpec, ...]]:
+        """Allocate the inputs (copied from the host) and the outputs; returns both."""
+        d, check = self._d, self._check
+        self.stage = "alloc"
+        inputs = self.bench.host_inputs(family, problem, seed)
+        specs = tuple(family.outputs(problem))
+        for name, array in inputs.items():
+            ptr = self._alloc(name, array.nbytes)
+            self.stage = "copy"
+            check("cuMemcpyHtoD", d.cuMemcpyHtoD(ptr, array.ctypes.data, array.nbytes))
+            self.stage = "alloc"
+        for spec in specs:
+            self._alloc(spec.name, int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize)
+        self.build_params()
+        return inputs, specs
+
+    def verify(self, family: KernelFamily, problem: Problem, inputs: Mapping[str, np.ndarray],
+               specs: Sequence[BufferSpec]) -> Validation:
+        """One run on poisoned outputs, checked against the reference."""
+        return family.validate(problem, inputs, self.run_once(specs))
 
     def _raise_smem_limit(self) -> Measurement | None:
         d, check = self._d, self._check
@@ -112,7 +132,7 @@ class Trial:
         self.buffers[name] = (ptr, nbytes)
         return ptr
 
-    def _build_params(self) -> None:
+    def build_params(self) -> None:
         """kernelParams as C wants it: a void*[] whose entries point at each argument's value."""
         values: list[Any] = []
         for arg in self.launch.args:
@@ -141,7 +161,7 @@ class Trial:
             ptr, nbytes = self.buffers[spec.name]
             self._check("cuMemsetD16", self._d.cuMemsetD16(ptr, int(spec.poison) & 0xFFFF, nbytes // 2))
 
-    def _run_once(self, specs) -> dict[str, np.ndarray]:
+    def run_once(self, specs: Sequence[BufferSpec]) -> dict[str, np.ndarray]:
         d, check = self._d, self._check
         self._poison(specs)
         self._launch()
@@ -161,10 +181,9 @@ class Trial:
         self.events.append(event)
         return event
 
-    def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
-              target_ms: float, flush_l2: bool, abort_above_ms: float | None = None) -> list[float]:
-        """Warm up, then time ``count`` repetitions; with ``abort_above_ms``, the first
-        EARLY_REPS decide: a median above it ends the timing there (clearly behind the best)."""
+    def warm_up(self, warmup_ms: float) -> float:
+        """Time 3 launches for an estimate, then launch for about ``warmup_ms``; returns the
+        estimated milliseconds of one launch."""
         d, check, stream = self._d, self._check, self.bench._stream
         begin, end = self._event(), self._event()
         check("cuEventRecord", d.cuEventRecord(begin, stream))
@@ -176,6 +195,13 @@ class Trial:
         estimate = max(check("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)) / 3, 1e-3)
         for _ in range(min(max(1, math.ceil(warmup_ms / estimate)), 10_000)):
             self._launch()
+        return estimate
+
+    def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
+              target_ms: float, flush_l2: bool, abort_above_ms: float | None = None) -> list[float]:
+        """Warm up, then time ``count`` repetitions; with ``abort_above_ms``, the first
+        EARLY_REPS decide: a median above it ends the timing there (clearly behind the best)."""
+        estimate = self.warm_up(warmup_ms)
         count = rep if rep is not None else min(max(math.ceil(target_ms / estimate), min_reps), max_reps)
         if abort_above_ms is None or count <= EARLY_REPS:
             return self._repeat(count, flush_l2, 0)
@@ -186,20 +212,31 @@ class Trial:
         return first + self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
 
     def _repeat(self, count: int, flush_l2: bool, offset: int) -> list[float]:
-        """``count`` timed launches, each after an L2 flush, events around the kernel alone."""
-        d, check, stream = self._d, self._check, self.bench._stream
-        pairs = [(self._event(), self._event()) for _ in range(count)]
-        flush_words = self.bench._flush_bytes // 4
-        for i, (start, stop) in enumerate(pairs, start=offset):
-            if flush_l2:
-                self.stage = "flush"
-                check("cuMemsetD32Async",
-                      d.cuMemsetD32Async(self.bench._flush_buf, i, flush_words, stream))
-            check("cuEventRecord", d.cuEventRecord(start, stream))
-            self._launch()
-            check("cuEventRecord", d.cuEventRecord(stop, stream))
+        """``count`` timed launches, one after another, then their times."""
+        pairs = [self.timed_launch(i, flush_l2) for i in range(offset, offset + count)]
         self.stage = "timing"
-        check("cuStreamSynchronize", d.cuStreamSynchronize(stream))
+        self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench._stream))
+        return self.elapsed(pairs)
+
+    def timed_launch(self, index: int, flush_l2: bool) -> tuple[Any, Any]:
+        """Queue one timed repetition: the L2 flushed first (the flush buffer is filled with
+        ``index``), then the kernel between two events; returns the events (read them after a
+        synchronize, with :meth:`elapsed`)."""
+        d, check, stream = self._d, self._check, self.bench._stream
+        start, stop = self._event(), self._event()
+        if flush_l2:
+            self.stage = "flush"
+            check("cuMemsetD32Async",
+                  d.cuMemsetD32Async(self.bench._flush_buf, index, self.bench._flush_bytes // 4, stream))
+        check("cuEventRecord", d.cuEventRecord(start, stream))
+        self._launch()
+        check("cuEventRecord", d.cuEventRecord(stop, stream))
+        return start, stop
+
+    def elapsed(self, pairs: Sequence[tuple[Any, Any]]) -> list[float]:
+        """Milliseconds between each (start, stop) pair of events that have completed."""
+        d, check = self._d, self._check
+        self.stage = "timing"
         return [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
 
     # -- cleanup ------------------------------------------------------------------------------
@@ -208,9 +245,16 @@ class Trial:
         for event in self.events:
             check("cuEventDestroy", d.cuEventDestroy(event))
         self.events.clear()
-        for ptr, _ in self.buffers.values():
-            check("cuMemFree", d.cuMemFree(ptr))
-        self.buffers.clear()
+        if self._owns_buffers:
+            for ptr, _ in self.buffers.values():
+                check("cuMemFree", d.cuMemFree(ptr))
+            self.buffers.clear()
         if self.module is not None:
             check("cuModuleUnload", d.cuModuleUnload(self.module))
             self.module = None
+
+
+def wrong(validation: Validation) -> Measurement:
+    """The failure of an output that does not match the reference."""
+    return Measurement.failed("wrong", validation.reason or "output does not match the reference",
+                              error=validation.error, max_abs_error=validation.max_abs_error)

@@ -20,6 +20,7 @@ TABLES = {
     "tuner_studies",
     "tuner_trials",
     "tuner_best",
+    "tuner_retimes",
 }
 
 

@@ -4,8 +4,9 @@ The family ``toy`` has 4 * 3 * 3 * 2 = 72 configs; some are invalid (``check``),
 valid ones the configs with WARPS=4 and STAGES=2 fail on the "GPU" with every failure kind. They
 are given the lowest latencies on purpose: if a failure ever became best, tests would see it.
 
-The pool answers deterministically from the params (no Ray, no GPU) and counts submits. Optuna
-and storage are the real ones, on a SQLite file per test (fixtures in ``conftest.py``).
+The pool answers deterministically from the params (no Ray, no GPU) and counts submits; its
+``retime`` answers from ``retime_ms`` (the search's latencies unless a test says otherwise).
+Optuna and storage are the real ones, on a SQLite file per test (fixtures in ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from templates.family import (
     TemplateError,
     Validation,
 )
-from workers.results import FAILURE_KINDS, DeviceInfo, Measurement, Resources, Timing
+from workers.results import FAILURE_KINDS, DeviceInfo, Measurement, Resources, Retiming, Timing
 
 KERNEL_SOURCE = "__global__ void toy_kernel() {}\n"
 PROBLEM = ("2,4,1024,64", "fp16")
@@ -141,6 +142,10 @@ def measure(params: Mapping[str, Any]) -> Measurement:
                               resources=resources, compile_seconds=0.5, **extra)
 
 
+RETIME_BEFORE = {"sm_mhz": 1980, "mem_mhz": 2619, "temperature_c": 41}
+RETIME_AFTER = {"sm_mhz": 1755, "mem_mhz": 2619, "temperature_c": 58}
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -170,6 +175,7 @@ class FakePool:
         self.polls = 0
         self.gpu_busy_seconds = 0.0
         self.closed = False
+        self.retimed: list[list[dict[str, Any]]] = []  # the configs of each retime call
 
     def submit(self, ticket, params, source, launch, options) -> None:
         assert isinstance(launch, Launch) and isinstance(source, str) and "-O3" in options
@@ -187,6 +193,27 @@ class FakePool:
         self.clock.now += self.seconds_per_result * len(out)
         self.gpu_busy_seconds += 0.01 * len(out)
         return [(ticket, measure(params)) for ticket, params in out]
+
+    def retime(self, kernels, *, rounds, max_seconds) -> Retiming:
+        """Each config's ``retime_ms`` (a Measurement to fail it), as if timed ``rounds`` times."""
+        assert not self.queue, "re-timed with trials in flight"
+        self.retimed.append([dict(params) for params, *_ in kernels])
+        out = []
+        for params, source, launch, options in kernels:
+            assert isinstance(launch, Launch) and isinstance(source, str) and "-O3" in options
+            ms = self.retime_ms(params)
+            if isinstance(ms, Measurement):
+                out.append(ms)
+                continue
+            timing = Timing(median_ms=ms, min_ms=ms * 0.995, max_ms=ms * 1.01, iqr_ms=ms * 0.002,
+                            repetitions=rounds)
+            out.append(Measurement(ok=True, timing=timing, error=1e-3, max_abs_error=2e-3))
+        return Retiming(tuple(out), rounds, clocks_before=dict(RETIME_BEFORE),
+                        clocks_after=dict(RETIME_AFTER), gpu_seconds=0.5)
+
+    @staticmethod
+    def retime_ms(params: Mapping[str, Any]) -> float | Measurement:
+        return latency_ms(params)
 
     def close(self) -> None:
         self.closed = True

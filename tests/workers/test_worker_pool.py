@@ -192,3 +192,61 @@ def test_the_early_stop_bar_reaches_the_bench(pool_factory):
     pool.set_abort_above(1.5)
     _submit(pool, 1)
     assert "abort_above_ms=1.5" in _drain(pool)[1].detail
+
+
+# -- re-timing: several configs again, interleaved on one actor --------------------------------
+
+
+def _config(tag, behaviour="ok", source=None):
+    return ({"behaviour": behaviour, "tag": tag}, source or _source(tag), LAUNCH, ())
+
+
+def test_retime_compiles_and_answers_in_order(pool_factory):
+    pool = pool_factory()
+    retiming = pool.retime([_config(3), _config(1, source="this is not CUDA"), _config(0)],
+                           rounds=12)
+    ok, bad, fast = retiming.measurements
+    assert ok.ok and fast.ok and ok.timing.median_ms == 1.3 and fast.timing.median_ms == 1.0
+    assert ok.timing.repetitions == fast.timing.repetitions == retiming.rounds == 12
+    assert ok.cubin_hash and fast.cubin_hash and ok.cubin_hash != fast.cubin_hash
+    assert ok.resources.registers > 0 and not ok.replayed and not retiming.replayed
+    assert bad.failure == "compile" and "\n" not in bad.reason
+    assert retiming.clocks_before["sm_mhz"] == 1980 and retiming.clocks_after["temperature_c"] == 52
+    assert pool.gpu_busy_seconds == pytest.approx(0.25)
+    _submit(pool, 0)
+    assert _drain(pool)[0].ok  # the pool goes on measuring afterwards
+
+
+def test_retime_waits_for_an_idle_pool(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0)
+    with pytest.raises(ValueError, match="in flight"):
+        pool.retime([_config(1)])
+    _drain(pool)
+
+
+@pytest.mark.parametrize("behaviour, kind", [("hang", "timeout"), ("exit", "worker"),
+                                             ("crash", "crash")])
+def test_a_retime_that_breaks_fails_and_the_actor_is_replaced(pool_factory, behaviour, kind):
+    pool = pool_factory(measure_timeout_s=1.0)
+    _submit(pool, 0)
+    before = _drain(pool)[0].detail.split()[0]
+    retiming = pool.retime([_config(1), _config(2, behaviour)], max_seconds=0.5)
+    assert retiming.measurements[1].failure == kind
+    if behaviour != "crash":  # the whole re-timing is lost with the process
+        assert retiming.measurements[0].failure == kind
+    _submit(pool, 3)
+    assert _drain(pool)[3].detail.split()[0] != before  # a fresh process
+
+
+def test_retime_replays_the_landscape(pool_factory, tmp_path):
+    recorded = Measurement(ok=True, timing=Timing(0.5, 0.4, 0.7, 0.05, 50), error=1e-7)
+    path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
+                          problem=PROBLEM, template_hash="abc",
+                          entries=[({"variant": "ok", "tag": 1}, recorded)])
+    pool = pool_factory(worker_cls=None, replay=path)
+    retiming = pool.retime([({"tag": 1, "variant": "ok"}, "", LAUNCH, ()),
+                            ({"variant": "ok", "tag": 2}, "", LAUNCH, ())])
+    found, missing = retiming.measurements
+    assert retiming.replayed and retiming.rounds == 0 and found.replayed and missing.replayed
+    assert found.timing == recorded.timing and missing.failure == "invalid"

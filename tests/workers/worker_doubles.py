@@ -1,12 +1,13 @@
 """Test doubles for GpuBench, run in real Ray actors. ``params["behaviour"]`` picks what
-``measure`` does: ok, hang (sleeps for ever), exit (os._exit), crash (a dead-context result)."""
+``measure`` does: ok, hang (sleeps for ever), exit (os._exit), crash (a dead-context result);
+``retime`` does the same for the whole re-timing when any config asks for it (crash: that one)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from workers.results import DeviceInfo, Measurement, Timing
+from workers.results import DeviceInfo, Measurement, Retiming, Timing
 
 FAKE_DEVICE = DeviceInfo("Fake H100", 132, (9, 0), 232448, "580.00", "13.0", uuid="GPU-fake")
 
@@ -38,6 +39,26 @@ class FakeBench:
                            max_abs_error=0.0, gpu_seconds=0.5,
                            detail=f"pid={os.getpid()} calls={self.calls} "
                                   f"abort_above_ms={options.get('abort_above_ms')}")
+
+
+    def retime(self, kernels, family_name, problem, *, params=None, rounds=30, **options):
+        behaviours = [p.get("behaviour", "ok") for p in params]
+        self.calls += 1
+        if "hang" in behaviours:
+            time.sleep(3600)
+        if "exit" in behaviours:
+            os._exit(3)
+        out = []
+        for (binary, launch), p, behaviour in zip(kernels, params, behaviours):
+            assert binary is not None and binary.cubin[:4] == b"\x7fELF" and launch.kernel
+            if behaviour == "crash":
+                out.append(Measurement.failed("crash", "CUDA_ERROR_ILLEGAL_ADDRESS during timing"))
+                continue
+            ms = 1.0 + p["tag"] / 10
+            out.append(Measurement(ok=True, timing=Timing(ms, ms, ms, 0.0, rounds), error=0.0,
+                                   detail=f"pid={os.getpid()} calls={self.calls}"))
+        return Retiming(tuple(out), rounds, clocks_before={"sm_mhz": 1980, "temperature_c": 40},
+                        clocks_after={"sm_mhz": 1965, "temperature_c": 52}, gpu_seconds=0.25)
 
 
 class TwoFakeBenches(FakeBench):

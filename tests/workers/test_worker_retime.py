@@ -1,0 +1,106 @@
+"""The interleaved re-timing's order and failure handling, on fake trials (no GPU): launches go
+round-robin, a kernel that fails leaves the race alone, a dead context ends it for all."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import workers.gpu
+from templates.family import Validation
+from workers.errors import LaunchError
+from workers.gpu import GpuBench
+from workers.retime import MIN_ROUNDS, interleave, round_count
+
+
+class FakeTrial:
+    """Trial's steps; ``fail`` picks one to break: load, wrong, launch (its 3rd timed launch
+    asks for too much), crash (its 3rd timed launch kills the context)."""
+
+    def __init__(self, name: str, log: list, fail: str | None = None, ms: float = 0.01) -> None:
+        self.name, self.log, self.fail, self.ms = name, log, fail, ms
+        self.stage, self.launches = "load", 0
+
+    def load(self):
+        if self.fail == "load":
+            raise LaunchError("cuModuleLoadData", "CUDA_ERROR_INVALID_IMAGE")
+
+    def upload(self, family, problem, seed):
+        self.log.append(f"upload {self.name}")
+        return {"x": None}, ()
+
+    def build_params(self):
+        pass
+
+    def verify(self, family, problem, inputs, specs):
+        ok = self.fail != "wrong"
+        return Validation(ok, 1e-4 if ok else 0.5, 1e-3, None if ok else "relative error 0.5")
+
+    def warm_up(self, warmup_ms):
+        return self.ms
+
+    def timed_launch(self, index, flush_l2):
+        self.stage = "launch"
+        self.launches += 1
+        if self.launches == 3 and self.fail in ("launch", "crash"):
+            error = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" if self.fail == "launch" else "CUDA_ERROR_ILLEGAL_ADDRESS"
+            raise LaunchError("cuLaunchKernel", error)
+        self.log.append(self.name)
+        return index, self.name
+
+    def elapsed(self, pairs):
+        return [self.ms * (1 + k / 100) for k in range(len(pairs))]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    synchronize = SimpleNamespace(cuStreamSynchronize=lambda stream: (0,))
+    monkeypatch.setattr(workers.gpu, "_driver", lambda: synchronize)
+    fake = SimpleNamespace(dead=False, _stream=None)
+    fake._classify = lambda exc, stage: GpuBench._classify(fake, exc, stage)
+    return fake
+
+
+def _run(bench, trials, **options):
+    settings = dict(seed=0, rounds=30, max_seconds=2.0, warmup_ms=25.0, flush_l2=True)
+    return interleave(bench, trials, None, None, **{**settings, **options})
+
+
+def test_kernels_are_timed_round_robin_and_fail_alone(bench):
+    log: list[str] = []
+    trials = [FakeTrial("A", log), FakeTrial("B", log, "load"), FakeTrial("C", log, "wrong"),
+              FakeTrial("D", log, "launch"), FakeTrial("E", log, ms=0.02)]
+    results, rounds = _run(bench, trials, rounds=6)
+    a, b, c, d, e = results
+    assert rounds == 6 and not bench.dead
+    assert log[0] == "upload A"  # once, into the first trial's buffers
+    assert "".join(log[1:]) == "ADE" * 2 + "AE" * 4  # D left the race at its 3rd launch
+    assert b.failure == "compile" and c.failure == "wrong" and c.error == 0.5
+    assert d.failure == "resources" and "launch" in d.reason
+    assert a.ok and e.ok and a.timing.repetitions == e.timing.repetitions == 6
+    assert a.timing.min_ms == 0.01 and e.timing.median_ms == pytest.approx(0.02 * 1.025)
+    assert a.error == 1e-4 and a.detail == "re-timed interleaved with 2 other kernels over 6 rounds"
+
+
+def test_a_dead_context_fails_every_kernel_left(bench):
+    log: list[str] = []
+    trials = [FakeTrial("A", log), FakeTrial("B", log, "crash"), FakeTrial("C", log, "wrong")]
+    results, _ = _run(bench, trials)
+    assert bench.dead and "".join(log[1:]) == "ABAB" + "A"
+    assert [m.failure for m in results] == ["crash", "crash", "wrong"]
+    assert results[0].reason == "the CUDA context died during the re-timing"
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in results[1].reason
+
+
+def test_nothing_left_to_time(bench):
+    log: list[str] = []
+    results, rounds = _run(bench, [FakeTrial("A", log, "wrong"), FakeTrial("B", log, "load")])
+    assert rounds == 0 and [m.failure for m in results] == ["wrong", "compile"]
+
+
+def test_round_count_keeps_to_the_time_budget():
+    assert round_count(30, 2.0, 0.05) == 30  # 1.5 ms of rounds
+    assert round_count(30, 2.0, 100.0) == 20  # 20 rounds of 100 ms fill 2 s
+    assert round_count(30, 2.0, 1000.0) == MIN_ROUNDS  # never fewer, however slow
+    assert round_count(3, 2.0, 1000.0) == 3  # unless fewer were asked for

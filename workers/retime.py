@@ -1,0 +1,114 @@
+"""Kernels timed again, interleaved on one GPU: A B C A B C ..., so that whatever drifts while a
+study runs (clocks, temperature, a neighbour's load) falls on every kernel alike::
+
+    retiming = bench.retime([(binary_a, launch_a), (binary_b, launch_b)], "attention", problem)
+    [m.timing.median_ms for m in retiming.measurements], retiming.clocks_before, retiming.clocks_after
+
+Every kernel is loaded; the inputs are uploaded once and shared; each kernel runs once on
+poisoned outputs and is checked against the reference, then warmed up. Then the rounds: in
+each, every kernel is launched once, the L2 flushed before it and CUDA events around the launch
+alone. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take longer than
+``max_seconds``. A kernel that fails is failed alone; a dead context fails every kernel left.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from templates.family import KernelFamily, Problem, Validation
+from workers.errors import LaunchError
+from workers.results import Measurement
+from workers.trial import Trial, wrong
+
+if TYPE_CHECKING:
+    from workers.gpu import GpuBench
+
+ROUNDS = 30  # interleaved rounds: every kernel is timed this many times
+MAX_SECONDS = 2.0  # fewer rounds where ROUNDS would take longer than this
+MIN_ROUNDS = 5
+
+
+def round_count(rounds: int, max_seconds: float, round_ms: float) -> int:
+    """``rounds``, or as many as fit in ``max_seconds`` at ``round_ms`` each (at least MIN_ROUNDS)."""
+    fit = math.floor(max_seconds * 1000.0 / max(round_ms, 1e-6))
+    return max(1, min(rounds, max(MIN_ROUNDS, fit)))
+
+
+def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily, problem: Problem,
+               *, seed: int, rounds: int, max_seconds: float, warmup_ms: float,
+               flush_l2: bool) -> tuple[list[Measurement], int]:
+    """Each trial's outcome, in order, and the rounds timed. The trials share the first one's
+    buffers (``Trial(..., buffers=trials[0].buffers)``); the caller releases them."""
+    from workers.gpu import _check, _driver
+
+    done: list[Measurement | None] = [None] * len(trials)
+    checked: dict[int, Validation] = {}
+
+    def step(index: int, action: Callable[[Trial], Measurement | None]) -> None:
+        """One step of a kernel still in the race; what it returns (a failure, or at the end
+        its timing) settles the kernel."""
+        if done[index] is not None or bench.dead:
+            return
+        trial = trials[index]
+        try:
+            outcome = action(trial)
+        except LaunchError as exc:
+            outcome = bench._classify(exc, trial.stage)
+        if outcome is not None:
+            done[index] = outcome
+
+    def racing() -> list[int]:
+        return [i for i, m in enumerate(done) if m is None]
+
+    def settle_rest(outcome: Measurement) -> list[Measurement]:
+        for i in racing():
+            done[i] = outcome
+        return done  # type: ignore[return-value]
+
+    def verify(index: int) -> Callable[[Trial], Measurement | None]:
+        def action(trial: Trial) -> Measurement | None:
+            checked[index] = trial.verify(family, problem, inputs, specs)
+            return None if checked[index].ok else wrong(checked[index])
+        return action
+
+    for i in range(len(trials)):
+        step(i, lambda trial: trial.load())
+    inputs, specs = {}, ()
+    if racing() and not bench.dead:
+        host = trials[0]  # owns the buffers, whether or not its own kernel loaded
+        try:
+            inputs, specs = host.upload(family, problem, seed)
+        except LaunchError as exc:
+            return settle_rest(bench._classify(exc, host.stage)), 0
+    for i in racing():
+        step(i, lambda trial: trial.build_params())
+        step(i, verify(i))
+    estimates: dict[int, float] = {}
+    for i in racing():
+        step(i, lambda trial, i=i: estimates.__setitem__(i, trial.warm_up(warmup_ms / len(trials))))
+    order = racing()
+    count = round_count(rounds, max_seconds, sum(estimates.get(i, 0.0) for i in order)) if order else 0
+    pairs: dict[int, list] = {i: [] for i in order}
+    launches = 0
+    for _ in range(count):
+        for i in order:
+            step(i, lambda trial, i=i, n=launches: pairs[i].append(trial.timed_launch(n, flush_l2)))
+            launches += 1
+    if racing() and not bench.dead:
+        try:
+            _check("cuStreamSynchronize", _driver().cuStreamSynchronize(bench._stream))
+        except LaunchError as exc:
+            settle_rest(bench._classify(exc, "timing"))
+    for i in racing():
+        step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count))
+    return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count
+
+
+def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int) -> Measurement:
+    from workers.gpu import timing_of
+
+    others = f"with {kernels - 1} other kernel{'s' if kernels != 2 else ''}"
+    return Measurement(ok=True, timing=timing_of(trial.elapsed(pairs)),
+                       error=validation.error, max_abs_error=validation.max_abs_error,
+                       detail=f"re-timed interleaved {others} over {rounds} rounds")
