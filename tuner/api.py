@@ -80,6 +80,7 @@ def tune(
     measure_timeout_s: float = 60.0,
     warm_start: int = warmstart.DEFAULT_PICKS,
     retime: int = retiming.DEFAULT_TOP,
+    early_stop: bool = True,
 ) -> TuneResult:
     """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
 
@@ -89,6 +90,8 @@ def tune(
     after ``time_budget`` seconds, or when every valid config has been measured.
     Once finished, the ``retime`` fastest trials (distinct cubins; 0: none) are timed again,
     interleaved on one GPU, and the stored winner is the fastest of those re-timed medians.
+    ``early_stop=False`` times every candidate in full, even one clearly behind the best so far
+    (for exhaustive landscapes, whose every median is replayed later).
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
     call again resumes the study.
     """
@@ -112,7 +115,7 @@ def tune(
             name, outcome, warm = _run_study(
                 fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
                 trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-                retime=retime,
+                retime=retime, early_stop=early_stop,
             )
             gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
             device = pool.device.name

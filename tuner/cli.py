@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a measurement running longer is killed (default 60)")
     tune.add_argument("--warm-start", type=int, default=3, metavar="N",
                       help="first try the winners of the N nearest tuned problems (default 3; 0: off)")
+    tune.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                      help="time every candidate in full (for landscapes), not only those near the best")
     tune.add_argument("--retime", type=_count, default=5, metavar="N",
                       help="at the end, time the N fastest trials again interleaved and pick the "
                            "winner by those medians (default 5; 0: off)")
@@ -170,6 +172,7 @@ def _tune(args: argparse.Namespace) -> int:
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
         measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
+        early_stop=args.early_stop,
     )
     print(f"study     {result.study}")
     print(f"status    {result.status}: {result.reason}")

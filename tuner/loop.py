@@ -114,6 +114,7 @@ class Coordinator:
         clock: Callable[[], float] | None = None,
         progress: Progress | None = None,
         retime: int = DEFAULT_TOP,
+        early_stop: bool = True,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.repository, self.study, self.record, self.space = repository, study, record, space
@@ -121,6 +122,7 @@ class Coordinator:
         self.lookahead = max(1, lookahead or default_lookahead(pool))
         self.max_idle_asks = max_idle_asks
         self.retime = retime
+        self.early_stop = early_stop
         self.poll_interval = poll_interval
         self.clock = clock = clock or time.monotonic
         self.progress = progress or Progress(
@@ -329,6 +331,8 @@ class Coordinator:
 
     def _set_early_stop(self) -> None:
         """Tell the pool a timing may stop once it is clearly behind the best so far."""
+        if not self.early_stop:
+            return
         finite = [v for v in self._known.values() if math.isfinite(v)]
         set_bar = getattr(self.pool, "set_abort_above", None)
         if finite and set_bar is not None:

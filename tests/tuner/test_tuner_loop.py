@@ -207,6 +207,11 @@ def test_the_early_stop_bar_follows_the_best_so_far(toy, db, pools):
     assert bars and all(a >= b for a, b in zip(bars, bars[1:]))  # only ever lowered
     assert bars[-1] == pytest.approx(1.5 * result.best.median_ms)
 
+    pools.queued.append(BarPool())
+    bars.clear()
+    full = tuner.tune("toy", "2,4,4096,64", "fp16", trials=8, db=db, seed=0, early_stop=False)
+    assert full.measured == 8 and bars == []  # every candidate timed in full
+
 
 def _dead_pid() -> int:
     import subprocess
