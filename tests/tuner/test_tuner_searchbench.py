@@ -23,7 +23,7 @@ def test_report_has_the_promised_json_shape(report):
     for stats in data["samplers"].values():
         assert {"median_trials_2pct", "p90_trials_2pct", "median_trials_5pct"} <= set(stats)
         assert 1 <= stats["median_trials_5pct"] <= stats["median_trials_2pct"] <= data["space_size"]
-    assert data["space_size"] == 672 and data["seeds"] == 3
+    assert data["space_size"] == 744 and data["seeds"] == 3
     assert set(data["not_applicable"]) == {"cmaes", "gp"}
 
 
