@@ -26,7 +26,9 @@ from tuner import search, warmstart
 
 logger = logging.getLogger("tuner")
 
-SAMPLERS = ("tpe", "random", "grid", "tpe-warm")
+# tpe-start: TPE after the family's starting points, as a new study runs with nothing tuned near it;
+# tpe-warm: TPE after the winners of the nearest other landscapes.
+SAMPLERS = ("tpe", "random", "grid", "tpe-start", "tpe-warm")
 NOT_APPLICABLE = {
     "cmaes": "Optuna's CMA-ES samples no categorical parameters (every parameter here is one)",
     "gp": "Optuna's GP sampler needs PyTorch, which the service does not install",
@@ -138,13 +140,14 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
 
 
 def _samplers(name: str, seed: int, space: search.SearchSpace) -> optuna.samplers.BaseSampler:
-    return search.make_sampler("tpe" if name == "tpe-warm" else name, space, seed)
+    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed)
 
 
 def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
                  progress: Callable[[str], None] | None = None) -> SearchReport:
-    """Run every sampler ``seeds`` times on every landscape; ``tpe-warm`` starts each landscape
-    from the winners of the nearest others (and is skipped with a single landscape)."""
+    """Run every sampler ``seeds`` times on every landscape; ``tpe-start`` starts each landscape
+    from the family's starting points, ``tpe-warm`` from the winners of the nearest others (and is
+    skipped with a single landscape)."""
     unknown = [s for s in samplers if s not in SAMPLERS]
     if unknown:
         from tuner.errors import UsageError
@@ -155,13 +158,15 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
     results = {name: SamplerResult(name) for name in samplers if name != "tpe-warm" or len(lands) > 1}
     for land in lands:
         others = [_Winner(o) for o in lands if o is not land and o.family.name == land.family.name]
-        warm = [p.params for p in warmstart.nearest_winners(land.family, land.problem, others,
-                                                             limits=land.limits)]
+        first = {
+            "tpe-warm": [p.params for p in warmstart.nearest_winners(land.family, land.problem, others,
+                                                                     limits=land.limits)],
+            "tpe-start": land.family.starting_points(land.problem, land.limits),
+        }
         space = search.SearchSpace(land.family.params)
         for name, result in results.items():
             for seed in range(seeds):
-                five, two, curve = run_once(land, _samplers(name, seed, space),
-                                            warm if name == "tpe-warm" else ())
+                five, two, curve = run_once(land, _samplers(name, seed, space), first.get(name, ()))
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)

@@ -49,6 +49,19 @@ def test_warm_start_from_the_winner_finds_it_first():
     assert (five, two, curve) == (1, 1, [1.0])
 
 
+def test_tpe_start_measures_the_family_starting_points_first():
+    from storage import params_key
+
+    land = load(LANDSCAPE)
+    starts = [land.values[params_key(p)] / land.best for p in land.family.starting_points(land.problem, land.limits)]
+    expected = [min(starts[:i + 1]) for i in range(len(starts))]  # best so far over the starting points
+    report = bench_search([LANDSCAPE], seeds=2, samplers=("tpe-start",))
+    for curve in report.samplers["tpe-start"].curves:
+        head = curve[:len(starts)]
+        assert head == pytest.approx(expected[:len(head)])
+        assert len(head) == len(starts) or head[-1] <= 1.02  # stopped early only once within 2%
+
+
 def test_plot_writes_a_png(report, tmp_path):
     pytest.importorskip("matplotlib")
     path = plot(report, tmp_path / "search.png")
