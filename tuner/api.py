@@ -84,8 +84,9 @@ def tune(
 ) -> TuneResult:
     """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
 
-    A new study first measures the winners of up to ``warm_start`` nearest problems already
-    tuned on this GPU and template version (0: none); the result says how each did.
+    A new study first measures the family's starting points and the winners of up to
+    ``warm_start`` nearest problems already tuned on this GPU and template version (0: neither);
+    the result says how each did.
     Stops after ``trials`` measured trials of the study (counting earlier runs it resumes),
     after ``time_budget`` seconds, or when every valid config has been measured.
     Once finished, the ``retime`` fastest trials (distinct cubins; 0: none) are timed again,
