@@ -168,9 +168,10 @@ def _run_study(
                   "replay_file": str(replay) if replay is not None else None},
     ))
     picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []]
-    study = search.open_study(name, url, search.make_sampler(sampler, space, seed))
+    points = fam.valid_configs(problem, pool.limits) if sampler == "grid" else None
+    study = search.open_study(name, url, search.make_sampler(sampler, space, seed, points))
     if study.get_trials(deepcopy=False):
-        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study))
+        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study), points)
         if warm_start:  # a study begun before the family named its starting points still gets them
             from storage import params_key
 

@@ -88,6 +88,7 @@ def test_grid_covers_the_valid_space_once_and_stops(toy, db, tuned):
     expected = {params_key(c) for c in valid_configs(toy)}
     assert Counter(params_key(p) for p in submitted) == Counter(expected)  # each exactly once
     assert result.reason == f"every valid config ({len(expected)}) measured"
+    assert result.invalid == 0  # the grid walks the valid configs alone
 
 
 def test_duplicates_are_never_measured_again(toy, db, pools):

@@ -61,6 +61,24 @@ def test_grid_sampler_in_ask_tell_visits_each_point_once():
     assert len(set(seen)) == space.size
 
 
+def test_a_grid_over_points_visits_each_once_and_resumes_where_it_was():
+    space = search.SearchSpace((Param("A", (1, 2, 3)), Param("B", ("x", "y"))))
+    points = [dict(A=1, B="x"), dict(A=3, B="y"), dict(A=2, B="y")]  # not a product
+    assert isinstance(search.make_sampler("grid", space, seed=0, points=points), search._PointsSampler)
+    study = optuna.create_study(sampler=search.make_sampler("grid", space, seed=0, points=points))
+    first = space.decode(study.ask(space.distributions).params)
+    study.tell(study.trials[-1].number, 1.0)
+    study.sampler = search.make_sampler("grid", space, seed=5, points=points)  # a resumed run
+    rest = []
+    for _ in range(2):
+        trial = study.ask(space.distributions)
+        rest.append(space.decode(trial.params))
+        study.tell(trial, 1.0)
+    assert sorted([first, *rest], key=str) == sorted(points, key=str)
+    study.enqueue_trial(space.encode(dict(A=2, B="x")))  # an enqueued trial keeps its params
+    assert space.decode(study.ask(space.distributions).params) == dict(A=2, B="x")
+
+
 def _failures_after_startup(mode: str, seed: int, n: int = 30) -> int:
     """How often TPE proposes a failing config after its random start-up trials."""
     space = search.SearchSpace((Param("A", (16, 32, 64, 128)), Param("B", (1, 2, 4, 8)),
