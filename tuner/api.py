@@ -47,11 +47,12 @@ class TuneResult:
     invalid: int  # asks the family's constraints rejected
     previous: int  # trials measured by earlier calls of the same study
     elapsed_s: float
-    gpu_busy_s: float
+    gpu_busy_s: float  # the GPU workers' time measuring (load, check, time), re-timing included
     best: Any  # storage.BestRecord | None (for this device and template version)
     device: str
     warm_start: tuple[warmstart.WarmStart, ...] = ()  # configs tried first, and how they did
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord: the top trials re-timed at the end, ranked
+    kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def tune(
                 retime=retime, early_stop=early_stop,
             )
             gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
+            kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
             device = pool.device.name
         winner = _storage_call(lambda: repo.best(
             fam.name, problem.shape, problem.dtype, problem.causal,
@@ -129,6 +131,7 @@ def tune(
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
         best=winner, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
+        kernel_busy_s=kernel_busy,
     )
 
 

@@ -178,7 +178,7 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"status    {result.status}: {result.reason}")
     print(f"trials    {result.measured} measured ({result.failed} failed), {result.reused} reused, "
           f"{result.invalid} invalid, {result.previous} from earlier runs")
-    print(f"time      {format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy)")
+    print(f"time      {_time_line(result)}")
     if result.best is None:
         print("best      no validated config yet")
     else:
@@ -362,6 +362,18 @@ def _retime_text(winner: Any) -> str:
     clocks = clock_change(winner.retime.gpu_state or {})
     return (f"rank 1 of the study's fastest, interleaved ({_how(winner.retime)}); search median "
             f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
+
+
+def _time_line(result: api.TuneResult) -> str:
+    """Wall time, the GPU workers' share of it and the kernels' (CUDA events), trials a minute."""
+    line = f"{format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy"
+    if result.elapsed_s > 0 and result.gpu_busy_s > 0:
+        line += (f", {100 * result.gpu_busy_s / result.elapsed_s:.0f}%; kernels "
+                 f"{result.kernel_busy_s:.1f} s, {100 * result.kernel_busy_s / result.elapsed_s:.0f}%")
+    line += ")"
+    if result.elapsed_s > 0 and result.measured:
+        line += f", {60 * result.measured / result.elapsed_s:.0f} trials/min"
+    return line
 
 
 def _best_line(winner: Any) -> str:

@@ -9,11 +9,14 @@ database. It runs against anything with the :class:`workers.WorkerPool` interfac
 
 Rules it keeps:
 
-- a config the family rejects is told ``inf`` at once (user attribute ``failure="invalid"``
-  and its reason); it is never compiled, not stored (storage holds measured trials only) and
-  does not count toward the trial budget;
-- a config measured before (in this study, by this run or an earlier one) is never measured
-  again: its stored value is told back; one asked again while in flight waits for that result;
+- the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`); the Optuna
+  study in the database gets the trials that go to the GPU, when they do, and their results;
+- a config the family rejects is told ``inf`` at once, to the sampler only; it is never
+  compiled, not stored (storage holds measured trials only) and does not count toward the
+  trial budget;
+- a config measured before (in this study, by this run, an earlier one or another coordinator
+  sharing it) is never measured again: its value is told back; one asked again while in flight
+  (here or elsewhere) waits for that result;
 - it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
   run, when every valid config has been measured, or after ``max_idle_asks`` asks in a row that
   brought nothing new;
@@ -34,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 import optuna
-from optuna.trial import Trial
 
 from storage import params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
+from tuner.mirror import MirroredStudy, Proposal
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -68,10 +71,10 @@ class Pool(Protocol):
 
 @dataclass
 class _InFlight:
-    trial: Trial
+    proposal: Proposal
     params: dict[str, Any]
     key: str
-    followers: list[Trial] = field(default_factory=list)
+    followers: list[Proposal] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -134,13 +137,17 @@ class Coordinator:
         self._previous = 0
         self._idle = 0
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
+        self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
         self._n_valid = 0
         self._started = clock()
+        self.proposals: MirroredStudy | None = None  # made by run(), after the resume
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._resume()
+        self.proposals = MirroredStudy(self.study, clock=self.clock)
+        self._synced(self.proposals.synced)
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
@@ -202,6 +209,7 @@ class Coordinator:
 
     def _fill(self) -> None:
         """Ask until ``lookahead`` trials are in flight; pause after many idle asks in a row."""
+        self._synced(self._mirror.sync())
         idle_this_round = 0
         while len(self._in_flight) < self.lookahead and idle_this_round < 2 * self.lookahead:
             if self._stop_reason() is not None:
@@ -212,18 +220,29 @@ class Coordinator:
                 idle_this_round += 1
 
     # -- one trial --------------------------------------------------------------------------------
+    @property
+    def _mirror(self) -> MirroredStudy:
+        if self.proposals is None:
+            raise RuntimeError("the coordinator asks only inside run()")
+        return self.proposals
+
     def _ask_one(self) -> bool:
-        """Ask Optuna for one trial; True when it went to the pool."""
-        trial = self.study.ask(self.space.distributions)
-        params = self.space.decode(trial.params)
+        """Ask the sampler for one config; True when it went to the pool."""
+        proposal = self._mirror.ask(self.space.distributions)
+        params = self.space.decode(proposal.params)
         key = params_key(params)
         if key in self._known:
-            search.tell(self.study, trial, self._known[key], reused=True)
+            self._mirror.tell(proposal, self._known[key], reused=True)
             self.progress.reused()
             self._idle += 1
             return False
         if key in self._in_flight_keys:
-            self._in_flight[self._in_flight_keys[key]].followers.append(trial)
+            self._in_flight[self._in_flight_keys[key]].followers.append(proposal)
+            self.progress.reused()
+            self._idle += 1
+            return False
+        if key in self._elsewhere:  # its result reaches the sampler through a later sync
+            self._mirror.drop(proposal)
             self.progress.reused()
             self._idle += 1
             return False
@@ -236,25 +255,41 @@ class Coordinator:
             except TemplateError as error:
                 reason = f"render: {error}"
         if reason is not None:
-            self._reject(trial, key, reason)
+            self._reject(proposal, key, reason)
             self._idle += 1
             return False
-        trial.set_user_attr("owner", search.owner_id())
-        self.pool.submit(trial.number, params, source, launch, options)
-        self._in_flight[trial.number] = _InFlight(trial, params, key)
-        self._in_flight_keys[key] = trial.number
+        self._mirror.record(proposal, owner=search.owner_id())
+        number = proposal.number
+        self.pool.submit(number, params, source, launch, options)
+        self._in_flight[number] = _InFlight(proposal, params, key)
+        self._in_flight_keys[key] = number
         self._unmeasured.discard(key)
         self._idle = 0
-        logger.debug("trial %d submitted %s", trial.number, params)
+        logger.debug("trial %d submitted %s", number, params)
         return True
 
-    def _reject(self, trial: Trial, key: str, reason: str) -> None:
+    def _reject(self, proposal: Proposal, key: str, reason: str) -> None:
         """Tell a config the family rejected: ``inf`` at once, nothing compiled or stored."""
         self._known[key] = search.FAILED_VALUE
         self._unmeasured.discard(key)
-        search.tell(self.study, trial, search.FAILED_VALUE, failure="invalid", reason=reason)
+        self._mirror.tell(proposal, search.FAILED_VALUE, failure="invalid", reason=reason)
         self.progress.invalid()
-        logger.debug("trial %d invalid: %s", trial.number, reason)
+        logger.debug("invalid: %s (%s)", reason, key)
+
+    def _synced(self, synced: Any) -> None:
+        """Take in what other coordinators sharing the study measured, or measure now."""
+        if synced is None:  # not read this time
+            return
+        names = self.space.distributions.keys()
+        for trial in synced.finished:
+            key = params_key(self.space.decode(trial.params))
+            if key not in self._known:
+                self._known[key] = trial.value
+                self._unmeasured.discard(key)
+        self._elsewhere = {params_key(self.space.decode(t.params)) for t in synced.running
+                           if t.params.keys() == names}
+        if synced.finished:
+            self._set_early_stop()
 
     def _collect(self, timeout: float) -> None:
         for ticket, measurement in self.pool.poll(timeout):
@@ -272,7 +307,7 @@ class Coordinator:
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
         self.repository.record_trial(
-            self.record.id, flight.trial.number, flight.params,
+            self.record.id, flight.proposal.number, flight.params,
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
             detail=m.detail,
             registers=res.registers if res else None,
@@ -293,11 +328,11 @@ class Coordinator:
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
         self._set_early_stop()
-        search.tell(self.study, flight.trial, value, failure=m.failure, tflops=tflops)
+        self._mirror.tell(flight.proposal, value, failure=m.failure, tflops=tflops)
         for follower in flight.followers:
-            search.tell(self.study, follower, value, reused=True)
+            self._mirror.tell(follower, value, reused=True)
         self.progress.measured(
-            flight.trial.number, flight.params, failure=None if m.ok else m.failure,
+            flight.proposal.number, flight.params, failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )
 
@@ -340,9 +375,9 @@ class Coordinator:
 
     def _abandon_in_flight(self) -> None:
         for flight in list(self._in_flight.values()):
-            search.abandon(self.study, flight.trial, flight.trial.params)
+            self._mirror.abandon(flight.proposal)
             for follower in flight.followers:
-                search.abandon(self.study, follower, None)
+                self._mirror.abandon(follower)
         self._in_flight.clear()
         self._in_flight_keys.clear()
 

@@ -125,14 +125,15 @@ class _GridSampler(optuna.samplers.GridSampler):
 
 
 class _PointsSampler(optuna.samplers.BaseSampler):
-    """A grid over a list of points: each trial takes the first point no trial of the study has
-    taken (a shuffled order, kept in the trial as ``point``), so a resumed or shared study goes on
-    where it was. Once every point is taken it repeats random ones; the coordinator stops first.
+    """A grid over a list of points: each trial takes the first point (in a shuffled order) whose
+    params no trial of the study has, so a resumed or shared study goes on where it was. Once
+    every point is taken it repeats random ones; the coordinator stops first.
     Optuna's GridSampler walks the whole product, and the attention space's is 3.5 times its valid
     configs: each rejected point cost an ask and a tell."""
 
     def __init__(self, points: Sequence[Mapping[str, Any]], seed: int | None = None) -> None:
         self._points = [dict(point) for point in points]
+        self._keys = [_point_key(point) for point in self._points]
         self._order = list(range(len(self._points)))
         self._rng = random.Random(seed)
         self._rng.shuffle(self._order)
@@ -147,8 +148,8 @@ class _PointsSampler(optuna.samplers.BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if "fixed_params" in trial.system_attrs or not self._points:  # enqueued: its own params
             return
-        taken = {t.system_attrs.get("point") for t in study.get_trials(deepcopy=False)}
-        index = next((i for i in self._order if i not in taken), None)
+        taken = {_point_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        index = next((i for i in self._order if self._keys[i] not in taken), None)
         if index is None:
             index = self._rng.randrange(len(self._points))
         study._storage.set_trial_system_attr(trial._trial_id, "point", index)
@@ -159,6 +160,10 @@ class _PointsSampler(optuna.samplers.BaseSampler):
         if index is None:  # an enqueued trial's parameter outside its fixed ones: any point's
             return self._points[0][param_name] if self._points else param_distribution.choices[0]
         return self._points[index][param_name]
+
+
+def _point_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
 
 
 def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:

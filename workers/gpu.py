@@ -28,6 +28,7 @@ import numpy as np
 
 from templates.family import KernelFamily, Launch, Problem
 from workers.errors import LaunchError, NoGPUError
+from workers.nvml import NvmlClocks
 from workers.results import Binary, DeviceInfo, Measurement, Retiming, Timing
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
 from workers.trial import Trial
@@ -87,8 +88,19 @@ def resolve_family(name: str) -> KernelFamily:
     return templates.get_family(name)
 
 
+_NVML: dict[str, NvmlClocks | None] = {}
+
+
 def read_clocks(uuid: str = "") -> dict[str, Any]:
-    """Current SM/memory clocks (MHz) and temperature (C) from nvidia-smi, or {}."""
+    """Current SM/memory clocks (MHz), temperature (C) and driver: through NVML for a GPU
+    given by ``uuid``, else from nvidia-smi; {} when neither answers."""
+    if uuid:
+        if uuid not in _NVML:
+            _NVML[uuid] = NvmlClocks.open(uuid)
+        reader = _NVML[uuid]
+        clocks = reader.read() if reader is not None else {}
+        if clocks:
+            return clocks
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {}
@@ -209,7 +221,7 @@ class GpuBench:
         seconds = time.perf_counter() - start
         clocks = self._clocks() if result.ok else {}
         return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,
-                              "clocks": clocks})
+                              "kernel_seconds": trial.kernel_ms / 1e3, "clocks": clocks})
 
     # -- several kernels, interleaved -------------------------------------------------------------
     def retime(
@@ -250,7 +262,8 @@ class GpuBench:
         measurements = tuple(Measurement(**{**r.__dict__, **self._tags(b)})
                              for r, (b, _) in zip(results, kernels))
         return Retiming(measurements, count, clocks_before=before, clocks_after=self._clocks(),
-                        gpu_seconds=time.perf_counter() - start)
+                        gpu_seconds=time.perf_counter() - start,
+                        kernel_seconds=sum(t.kernel_ms for t in trials) / 1e3)
 
     def _release(self, trials: Sequence[Trial]) -> None:
         """Free what the trials took, unless the context is dead (then nothing can be freed)."""

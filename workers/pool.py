@@ -6,8 +6,10 @@
             ...
         retiming = pool.retime([(params, source, launch, options), ...])   # at the end, idle
 
-Each actor runs one measurement at a time and the queue stays here, so a killed actor loses
-nothing but the trial it was running. A measurement past ``measure_timeout_s`` kills and
+Each actor runs one measurement at a time with the next one already sent (``ACTOR_DEPTH``), so
+it never waits for the coordinator between trials; the rest of the queue stays here, and a killed
+actor loses nothing but the trial it was running (the one sent after it is measured again). A
+measurement past ``measure_timeout_s`` kills and
 replaces its actor (failure ``timeout``); a dead process (``worker``) or context (``crash``)
 is replaced too. Configs whose cubins are equal are measured once. ``retime`` times several
 configs again, interleaved on one GPU actor (``GpuBench.retime``), once nothing is in flight.
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 _MAX_STARTS = 3  # consecutive actor deaths without a result before a GPU slot is given up
 _START_TIMEOUT_S = 180.0
 _COMPILE_GRACE_S = 30.0  # past compile_timeout_s the Ray task is cancelled by force
+ACTOR_DEPTH = 2  # measurements sent to one actor at a time: the one it runs and the next
 
 
 @dataclass
@@ -57,9 +60,8 @@ class _Ticket:
 class _Slot:
     actor: Any
     ready_ref: Any = None  # set while the actor is starting
-    ticket: _Ticket | None = None
-    ref: Any = None
-    deadline: float = 0.0
+    sent: deque[tuple[_Ticket, Any]] = field(default_factory=deque)  # (ticket, ref), in the actor's order
+    deadline: float = 0.0  # of the first sent: the one the actor runs
     deaths: int = 0
 
 
@@ -124,7 +126,8 @@ class WorkerPool:
         self._results: list[tuple[int, Measurement]] = []
         self._known: set[int] = set()
         self._returned = 0
-        self.gpu_busy_seconds = 0.0
+        self.gpu_busy_seconds = 0.0  # the GPU actors' time measuring (shared results: none)
+        self.kernel_busy_seconds = 0.0  # of which the GPU ran the kernels
         self._closed = False
         try:
             self._start_actors(worker_cls, replay)
@@ -176,9 +179,11 @@ class WorkerPool:
         """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
         logger.warning("replacing a worker: %s", why)
         ray.kill(slot.actor, no_restart=True)
-        for ref in (slot.ref, slot.ready_ref):
+        self._owners.pop(slot.ready_ref, None)
+        for item, ref in reversed(slot.sent):  # sent after the culprit: measured again, first
             self._owners.pop(ref, None)
-        slot.ticket = slot.ref = None
+            self._measure_queue.appendleft(item)
+        slot.sent.clear()
         slot.deaths = slot.deaths + 1 if count else 0
         if slot.deaths > _MAX_STARTS:
             self._slots.remove(slot)
@@ -227,13 +232,13 @@ class WorkerPool:
             now = time.monotonic()
             if self._results or not refs or now >= end:
                 break
-            deadlines = [s.deadline for s in self._slots if s.ticket is not None]
+            deadlines = [s.deadline for s in self._slots if s.sent]
             deadlines += [t.deadline for t in self._compiling.values()]
             wait = max(0.0, min([end] + deadlines) - now)
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
+            for ref in sorted(ready, key=self._position):  # an actor's results in its order
                 self._handle(ref)
         out, self._results = self._results, []
         self._returned += len(out)
@@ -256,6 +261,7 @@ class WorkerPool:
                                              [dict(kernels[i][0]) for i in todo], rounds, max_seconds)
             settled.update(zip(todo, retiming.measurements))
         self.gpu_busy_seconds += retiming.gpu_seconds
+        self.kernel_busy_seconds += retiming.kernel_seconds
         out = []
         for i, binary in enumerate(binaries):
             m = settled[i]
@@ -351,24 +357,26 @@ class WorkerPool:
             item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
             self._compiling[ref] = item
         for slot in self._slots:
-            if slot.ticket is None and slot.ready_ref is None and self._measure_queue:
+            while slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH and self._measure_queue:
                 self._dispatch(slot, self._measure_queue.popleft())
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
-        slot.ticket = item
         options = dict(self._measure_options)
         if self._abort_above_ms is not None:
             options.setdefault("abort_above_ms", self._abort_above_ms)
-        slot.ref = slot.actor.measure.remote(item.binary, item.launch, self.family, self.problem,
-                                             params=item.params, seed=self._seed, **options)
-        slot.deadline = time.monotonic() + self._measure_timeout_s
-        self._owners[slot.ref] = slot
+        ref = slot.actor.measure.remote(item.binary, item.launch, self.family, self.problem,
+                                        params=item.params, seed=self._seed, **options)
+        if not slot.sent:
+            slot.deadline = time.monotonic() + self._measure_timeout_s
+        slot.sent.append((item, ref))
+        self._owners[ref] = slot
 
     def _expire(self) -> None:
         now = time.monotonic()
         for slot in list(self._slots):
-            if slot.ticket is not None and now > slot.deadline:
-                item = slot.ticket
+            if slot.sent and now > slot.deadline:
+                item, ref = slot.sent.popleft()
+                self._owners.pop(ref, None)
                 # a hang is the kernel's fault, not the worker's: it does not count as a death
                 self._replace(slot, f"ticket {item.ticket} ran past {self._measure_timeout_s:g} s",
                               count=False)
@@ -405,7 +413,7 @@ class WorkerPool:
             except RayError as exc:
                 self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
             return
-        item, slot.ticket, slot.ref = slot.ticket, None, None
+        item = self._received(slot, ref)
         try:
             measurement = ray.get(ref)
         except RayActorError as exc:
@@ -419,6 +427,21 @@ class WorkerPool:
             if measurement.failure == "crash":  # the CUDA context is gone with the kernel
                 self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False)
         self._finish(item, measurement)
+
+    def _position(self, ref: Any) -> int:
+        """Where a measurement is in its actor's order (-1: a compile or a start)."""
+        slot = self._owners.get(ref)
+        sent = slot.sent if slot is not None else ()
+        return next((i for i, (_, other) in enumerate(sent) if other is ref), -1)
+
+    def _received(self, slot: _Slot, ref: Any) -> _Ticket:
+        """Take a finished measurement off its slot; the next sent is now running."""
+        index = next(i for i, (_, sent) in enumerate(slot.sent) if sent is ref)
+        item, _ = slot.sent[index]
+        del slot.sent[index]
+        if index == 0 and slot.sent:
+            slot.deadline = time.monotonic() + self._measure_timeout_s
+        return item
 
     # -- tickets ------------------------------------------------------------------------------
     @staticmethod
@@ -462,7 +485,7 @@ class WorkerPool:
     def _shared(measurement: Measurement, ticket: int | None) -> Measurement:
         note = f"shared: same cubin as ticket {ticket}, measured once"
         detail = f"{measurement.detail}; {note}" if measurement.detail else note
-        return replace(measurement, detail=detail, gpu_seconds=0.0)
+        return replace(measurement, detail=detail, gpu_seconds=0.0, kernel_seconds=0.0)
 
     def _resolve(self, item: _Ticket, measurement: Measurement) -> None:
         binary = item.binary
@@ -474,6 +497,7 @@ class WorkerPool:
         if self._replay:
             measurement = replace(measurement, replayed=True)
         self.gpu_busy_seconds += measurement.gpu_seconds
+        self.kernel_busy_seconds += measurement.kernel_seconds
         self._results.append((item.ticket, measurement))
 
 

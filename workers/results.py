@@ -134,6 +134,7 @@ class Measurement:
     toolkit: str | None = None  # what compiled the cubin, e.g. "nvcc 13.0.88"
     compile_seconds: float | None = None
     gpu_seconds: float = 0.0  # wall time the worker spent on the GPU for this trial
+    kernel_seconds: float = 0.0  # of which the GPU ran the kernel (CUDA events; warm-up included)
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
     clocks: Mapping[str, Any] = field(default_factory=dict)  # SM/memory clocks, temperature
 
@@ -166,6 +167,7 @@ class Retiming:
     clocks_before: Mapping[str, Any] = field(default_factory=dict)
     clocks_after: Mapping[str, Any] = field(default_factory=dict)
     gpu_seconds: float = 0.0
+    kernel_seconds: float = 0.0
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
 
 
@@ -184,6 +186,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "toolkit": m.toolkit,
         "compile_seconds": m.compile_seconds,
         "gpu_seconds": m.gpu_seconds,
+        "kernel_seconds": m.kernel_seconds,
         "replayed": m.replayed,
         "clocks": dict(m.clocks),
     }
@@ -207,6 +210,7 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         toolkit=data.get("toolkit"),
         compile_seconds=opt_float("compile_seconds"),
         gpu_seconds=float(data.get("gpu_seconds") or 0.0),
+        kernel_seconds=float(data.get("kernel_seconds") or 0.0),
         replayed=bool(data.get("replayed", False)),
         clocks=dict(data.get("clocks") or {}),
     )

@@ -45,6 +45,7 @@ class Trial:
         self._param_values: list[Any] = []  # keeps the ctypes values alive during launches
         self._param_array: Any = None
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
+        self.kernel_ms = 0.0  # the GPU's time in this trial's timed and warm-up launches
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
@@ -193,8 +194,10 @@ class Trial:
         self.stage = "timing"
         check("cuEventSynchronize", d.cuEventSynchronize(end))
         estimate = max(check("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)) / 3, 1e-3)
-        for _ in range(min(max(1, math.ceil(warmup_ms / estimate)), 10_000)):
+        launches = min(max(1, math.ceil(warmup_ms / estimate)), 10_000)
+        for _ in range(launches):
             self._launch()
+        self.kernel_ms += (3 + launches) * estimate
         return estimate
 
     def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
@@ -237,7 +240,9 @@ class Trial:
         """Milliseconds between each (start, stop) pair of events that have completed."""
         d, check = self._d, self._check
         self.stage = "timing"
-        return [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
+        times = [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
+        self.kernel_ms += sum(times)
+        return times
 
     # -- cleanup ------------------------------------------------------------------------------
     def release(self) -> None:

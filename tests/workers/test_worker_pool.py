@@ -100,6 +100,38 @@ def test_crash_replaces_the_actor(pool_factory):
     assert results[2].detail.split()[0] != first.detail.split()[0]  # another process (pid)
 
 
+def test_a_crash_sends_the_trial_queued_behind_it_to_the_new_actor(pool_factory):
+    pool = pool_factory()
+    _submit(pool, 0, "crash")
+    _submit(pool, 1)  # sent to the same actor before the crash was known
+    _submit(pool, 2)
+    results = _drain(pool)
+    assert results[0].failure == "crash"
+    assert results[1].ok and results[2].ok  # measured again on the replacement, not "dead"
+
+
+def _times(measurement: Measurement) -> tuple[float, float]:
+    fields = dict(part.split("=") for part in measurement.detail.split())
+    return float(fields["start"]), float(fields["end"])
+
+
+def test_the_actor_starts_the_next_trial_without_waiting_for_a_poll(pool_factory):
+    pool = pool_factory()
+    for ticket in range(3):
+        _submit(pool, ticket, "slow")
+    (slot,) = pool._slots
+    end = time.monotonic() + 60
+    while len(slot.sent) < 2 and time.monotonic() < end:  # compiled and sent
+        assert not pool.poll(timeout=0.05)
+    time.sleep(2.0)  # the coordinator is busy elsewhere: nobody polls
+    polled = time.time()
+    results = _drain(pool)
+    (_, end0), (start1, end1), (start2, _) = (_times(results[t]) for t in range(3))
+    assert end1 < polled  # the second was sent with the first and ran meanwhile
+    assert start1 - end0 < 0.25
+    assert start2 >= polled - 0.05  # the third waited in the pool's queue for a poll
+
+
 def test_bench_exception_fails_the_trial_only(pool_factory):
     pool = pool_factory()
     _submit(pool, 0, "raise")

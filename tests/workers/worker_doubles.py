@@ -1,5 +1,6 @@
 """Test doubles for GpuBench, run in real Ray actors. ``params["behaviour"]`` picks what
-``measure`` does: ok, hang (sleeps for ever), exit (os._exit), crash (a dead-context result);
+``measure`` does: ok, slow (0.5 s, then ok), hang (sleeps for ever), exit (os._exit), crash (a
+dead-context result; like GpuBench, every later call then fails as a dead worker);
 ``retime`` does the same for the whole re-timing when any config asks for it (crash: that one)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class FakeBench:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.dead = False
 
     def device_info(self) -> DeviceInfo:
         return FAKE_DEVICE
@@ -25,11 +27,17 @@ class FakeBench:
     def measure(self, binary, launch, family_name, problem, *, params=None, **options):
         behaviour = (params or {}).get("behaviour", "ok")
         self.calls += 1
+        started = time.time()
+        if self.dead:
+            return Measurement.failed("worker", "this GPU worker's context is dead")
+        if behaviour == "slow":
+            time.sleep(0.5)
         if behaviour == "hang":
             time.sleep(3600)
         if behaviour == "exit":
             os._exit(3)
         if behaviour == "crash":
+            self.dead = True
             return Measurement.failed("crash", "CUDA_ERROR_ILLEGAL_ADDRESS during synchronize",
                                       detail="CUDA_ERROR_ILLEGAL_ADDRESS", gpu_seconds=0.01)
         if behaviour == "raise":
@@ -38,7 +46,8 @@ class FakeBench:
         return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
                            max_abs_error=0.0, gpu_seconds=0.5,
                            detail=f"pid={os.getpid()} calls={self.calls} "
-                                  f"abort_above_ms={options.get('abort_above_ms')}")
+                                  f"abort_above_ms={options.get('abort_above_ms')} "
+                                  f"start={started:.3f} end={time.time():.3f}")
 
 
     def retime(self, kernels, family_name, problem, *, params=None, rounds=30, **options):
