@@ -297,12 +297,19 @@ def _bench_search(args: argparse.Namespace) -> int:
         return 0
     print(f"{len(report.landscapes)} landscape(s), {report.seeds} seeds each, "
           f"{report.space_size} valid configs (median); measured trials to come within 2% / 5% of the best")
-    print("| sampler | median 2% | p90 2% | median 5% | p90 5% |")
-    print("|---|---|---|---|---|")
+    print("| sampler | runs | median 2% | p90 2% | median 5% | p90 5% |")
+    print("|---|---|---|---|---|---|")
     for name, result in report.samplers.items():
         s = result.stats()
-        print(f"| {name} | {s['median_trials_2pct']:g} | {s['p90_trials_2pct']:g} | "
+        print(f"| {name} | {s['runs']} | {s['median_trials_2pct']:g} | {s['p90_trials_2pct']:g} | "
               f"{s['median_trials_5pct']:g} | {s['p90_trials_5pct']:g} |")
+    names = list(report.samplers)
+    print("\nmedian trials to 2%, per landscape")
+    print("| landscape | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for land in report.landscapes:
+        cells = [report.samplers[n].stats()["median_trials_2pct_by_landscape"].get(land) for n in names]
+        print(f"| {land} | " + " | ".join("-" if c is None else f"{c:g}" for c in cells) + " |")
     for name, why in report.not_applicable.items():
         print(f"{name}: not run: {why}")
     return 0

@@ -54,6 +54,7 @@ class SamplerResult:
     trials_2pct: list[int] = field(default_factory=list)  # one per (landscape, seed) run
     trials_5pct: list[int] = field(default_factory=list)
     curves: list[list[float]] = field(default_factory=list)  # best-so-far / landscape best
+    by_landscape: dict[str, list[int]] = field(default_factory=dict)  # name -> trials to 2%, per seed
 
     def stats(self) -> dict[str, float]:
         return {
@@ -61,6 +62,9 @@ class SamplerResult:
             "p90_trials_2pct": _quantile(self.trials_2pct, 0.9),
             "median_trials_5pct": statistics.median(self.trials_5pct),
             "p90_trials_5pct": _quantile(self.trials_5pct, 0.9),
+            "runs": len(self.trials_2pct),
+            "median_trials_2pct_by_landscape": {
+                name: statistics.median(runs) for name, runs in self.by_landscape.items()},
         }
 
 
@@ -146,8 +150,9 @@ def _samplers(name: str, seed: int, space: search.SearchSpace) -> optuna.sampler
 def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
                  progress: Callable[[str], None] | None = None) -> SearchReport:
     """Run every sampler ``seeds`` times on every landscape; ``tpe-start`` starts each landscape
-    from the family's starting points, ``tpe-warm`` from the winners of the nearest others (and is
-    skipped with a single landscape)."""
+    from the family's starting points, ``tpe-warm`` from the winners of the nearest others that a
+    study would warm-start from (same element type, causal flag and head dimension: landscapes
+    with none are skipped, and so is ``tpe-warm`` with a single landscape)."""
     unknown = [s for s in samplers if s not in SAMPLERS]
     if unknown:
         from tuner.errors import UsageError
@@ -165,15 +170,19 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
         }
         space = search.SearchSpace(land.family.params)
         for name, result in results.items():
+            if name == "tpe-warm" and not first[name]:
+                continue
             for seed in range(seeds):
                 five, two, curve = run_once(land, _samplers(name, seed, space), first.get(name, ()))
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)
+                result.by_landscape.setdefault(land.name, []).append(two)
             if progress:
                 progress(f"{land.name} {name}: median {statistics.median(result.trials_2pct)} "
                          f"trials to 2%")
     sizes = sorted(land.valid for land in lands)
+    results = {name: result for name, result in results.items() if result.trials_2pct}
     return SearchReport(results, sizes[len(sizes) // 2], tuple(l.name for l in lands), seeds,
                         dict(NOT_APPLICABLE))
 

@@ -20,6 +20,7 @@ def report():
 def test_report_has_the_promised_json_shape(report):
     data = report.to_json()
     assert set(data["samplers"]) == {"tpe", "random"}  # tpe-warm needs a second landscape
+    assert data["samplers"]["tpe"]["runs"] == 3
     for stats in data["samplers"].values():
         assert {"median_trials_2pct", "p90_trials_2pct", "median_trials_5pct"} <= set(stats)
         assert 1 <= stats["median_trials_5pct"] <= stats["median_trials_2pct"] <= data["space_size"]
@@ -75,3 +76,15 @@ def test_cli_json_and_bad_file(tmp_path):
     bad = run_cli("bench-search", str(tmp_path / "none.json"), cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("tuner: error: cannot read landscape")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_tpe_warm_runs_only_where_a_study_would_warm_start():
+    data = LANDSCAPE.parent
+    fp16_peer = data / "attention_4x8x512x64-fp16-causal_h200.json"
+    bf16 = data / "attention_4x8x1024x64-bf16-causal_h200.json"  # no peer of its dtype here
+    report = bench_search([LANDSCAPE, fp16_peer, bf16], seeds=1, samplers=("tpe-warm",))
+    stats = report.samplers["tpe-warm"].stats()
+    assert stats["runs"] == 2
+    assert set(stats["median_trials_2pct_by_landscape"]) == {LANDSCAPE.name, fp16_peer.name}
+    alone = bench_search([LANDSCAPE, bf16], seeds=1, samplers=("tpe-warm",))
+    assert alone.samplers == {}

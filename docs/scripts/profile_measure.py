@@ -1,0 +1,64 @@
+"""Where a GPU worker's time goes: ``GpuBench.measure`` under cProfile, without Ray.
+
+    python3 docs/scripts/profile_measure.py 8,16,2048,128 fp16 0 24
+
+Compiles N random valid configs (in parallel processes), measures the first in full, then
+measures every one with the early-stop bar at 1.5x that median (as a study does) under cProfile;
+prints the GPU worker's time and the kernels' (CUDA events) and the costliest calls.
+"""
+
+import cProfile
+import io
+import pstats
+import random
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from templates import get_family
+from templates.family import DeviceLimits
+from workers.compile import compile_cubin
+from workers.gpu import GpuBench
+from workers.results import CompileRequest
+
+FAMILY = get_family("attention")
+
+
+def _compile(args):
+    params, problem = args
+    request = CompileRequest(FAMILY.render(params, problem), "attention_fwd",
+                             FAMILY.compile_options(params, problem))
+    return compile_cubin(request)
+
+
+def main(shape: str, dtype: str, causal: str, count: int) -> None:
+    problem = FAMILY.parse_problem(shape, dtype, causal == "1")
+    bench = GpuBench(0)
+    info = bench.device_info()
+    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    configs = random.Random(0).sample(FAMILY.valid_configs(problem, limits), count)
+    with ProcessPoolExecutor(16) as pool:
+        binaries = list(pool.map(_compile, [(c, problem) for c in configs]))
+    kernels = [(b, FAMILY.launch(c, problem)) for b, c in zip(binaries, configs)]
+    first = bench.measure(*kernels[0], "attention", problem)
+    bar = 1.5 * first.timing.median_ms
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.enable()
+    results = [bench.measure(b, launch, "attention", problem, abort_above_ms=bar) for b, launch in kernels]
+    profile.disable()
+    wall = time.perf_counter() - start
+    gpu = sum(m.gpu_seconds for m in results)
+    kernel = sum(m.kernel_seconds for m in results)
+    early = sum("stopped early" in m.detail for m in results)
+    print(f"PROFILE {shape} {dtype} causal={causal}: {count} trials in {wall:.2f} s, "
+          f"{wall / count * 1e3:.0f} ms a trial; kernels {kernel / wall:.0%} of it; "
+          f"{early} stopped early; ok {sum(m.ok for m in results)}; gpu_seconds {gpu:.2f}")
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(18)
+    print(out.getvalue()[-4500:])
+    bench.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
