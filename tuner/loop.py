@@ -140,14 +140,14 @@ class Coordinator:
         self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
         self._n_valid = 0
         self._started = clock()
-        self.proposals: MirroredStudy | None = None  # made by run(), after the resume
+        self._proposals: MirroredStudy | None = None  # made by run(), after the resume
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._resume()
-        self.proposals = MirroredStudy(self.study, clock=self.clock)
-        self._synced(self.proposals.synced)
+        self._proposals = MirroredStudy(self.study, clock=self.clock)
+        self._synced(self._proposals.synced)
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
@@ -222,9 +222,9 @@ class Coordinator:
     # -- one trial --------------------------------------------------------------------------------
     @property
     def _mirror(self) -> MirroredStudy:
-        if self.proposals is None:
+        if self._proposals is None:
             raise RuntimeError("the coordinator asks only inside run()")
-        return self.proposals
+        return self._proposals
 
     def _ask_one(self) -> bool:
         """Ask the sampler for one config; True when it went to the pool."""

@@ -50,13 +50,14 @@ RESOURCE_ERRORS = frozenset({
 _STATIC_SMEM_LIMIT = 48 * 1024
 
 
-def _driver():
+def driver_api():
+    """cuda-python's driver module (imported on first use: CPU-only code never needs it)."""
     from cuda.bindings import driver
 
     return driver
 
 
-def _check(call: str, result: Any) -> Any:
+def check_call(call: str, result: Any) -> Any:
     """Unpack a cuda-python result tuple; raise LaunchError on failure."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -70,9 +71,9 @@ def _check(call: str, result: Any) -> Any:
 def gpu_count() -> int:
     """Devices the driver sees, 0 when there is no driver or no GPU (never raises)."""
     try:
-        driver = _driver()
-        _check("cuInit", driver.cuInit(0))
-        return int(_check("cuDeviceGetCount", driver.cuDeviceGetCount()))
+        driver = driver_api()
+        check_call("cuInit", driver.cuInit(0))
+        return int(check_call("cuDeviceGetCount", driver.cuDeviceGetCount()))
     except Exception:  # no library, no driver, no device: all mean "none"
         return 0
 
@@ -121,22 +122,22 @@ class GpuBench:
     """The GPU side of a worker: one device, its primary context, one stream."""
 
     def __init__(self, device_ordinal: int = 0) -> None:
-        driver = _driver()
+        driver = driver_api()
         self.dead = False
         try:
-            _check("cuInit", driver.cuInit(0))
-            count = _check("cuDeviceGetCount", driver.cuDeviceGetCount())
+            check_call("cuInit", driver.cuInit(0))
+            count = check_call("cuDeviceGetCount", driver.cuDeviceGetCount())
         except Exception as exc:
             raise NoGPUError(f"no GPU visible to the CUDA driver: {exc}") from None
         if device_ordinal >= count:
             raise NoGPUError(f"no GPU {device_ordinal}: the driver sees {count}")
-        self._device = _check("cuDeviceGet", driver.cuDeviceGet(device_ordinal))
-        self._ctx = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(self._device))
-        _check("cuCtxSetCurrent", driver.cuCtxSetCurrent(self._ctx))
-        self._stream = _check("cuStreamCreate", driver.cuStreamCreate(0))
+        self._device = check_call("cuDeviceGet", driver.cuDeviceGet(device_ordinal))
+        self.context = check_call("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(self._device))
+        check_call("cuCtxSetCurrent", driver.cuCtxSetCurrent(self.context))
+        self.stream = check_call("cuStreamCreate", driver.cuStreamCreate(0))
         l2 = self._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
         self._flush_bytes = max(2 * l2, 1 << 20)
-        self._flush_buf = _check("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
+        self._flush_buf = check_call("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
         self._info: DeviceInfo | None = None
         self._inputs: dict[tuple[str, Problem, int], dict[str, Any]] = {}
         self.pinned = PinnedBuffers()  # the inputs of the current problem, and the readbacks
@@ -155,21 +156,26 @@ class GpuBench:
                                  for name, a in drawn.items()}
         return self._inputs[key]
 
+    def flush_l2(self, fill: int) -> None:
+        """Queue, on the bench's stream, a write of twice the L2's size (each word ``fill``)."""
+        check_call("cuMemsetD32Async", driver_api().cuMemsetD32Async(
+            self._flush_buf, fill, self._flush_bytes // 4, self.stream))
+
     # -- the device ---------------------------------------------------------------------------
     def _attribute(self, name: str) -> int:
-        driver = _driver()
+        driver = driver_api()
         attr = getattr(driver.CUdevice_attribute, name)
-        return int(_check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr, self._device)))
+        return int(check_call("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr, self._device)))
 
     def device_info(self) -> DeviceInfo:
         if self._info is None:
-            driver = _driver()
-            raw = _check("cuDeviceGetName", driver.cuDeviceGetName(256, self._device))
+            driver = driver_api()
+            raw = check_call("cuDeviceGetName", driver.cuDeviceGetName(256, self._device))
             name = raw.split(b"\x00", 1)[0].decode(errors="replace").strip()
-            uuid = bytes(_check("cuDeviceGetUuid", driver.cuDeviceGetUuid(self._device)).bytes)
+            uuid = bytes(check_call("cuDeviceGetUuid", driver.cuDeviceGetUuid(self._device)).bytes)
             h = uuid.hex()
             uuid_text = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-            version = int(_check("cuDriverGetVersion", driver.cuDriverGetVersion()))
+            version = int(check_call("cuDriverGetVersion", driver.cuDriverGetVersion()))
             cuda_version = f"{version // 1000}.{(version % 1000) // 10}"
             clocks = read_clocks(uuid_text)
             self._info = DeviceInfo(
@@ -219,7 +225,7 @@ class GpuBench:
                                min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
                                flush_l2=flush_l2, abort_above_ms=abort_above_ms)
         except LaunchError as exc:
-            result = self._classify(exc, trial.stage)
+            result = self.classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker
             result = _host_failure(exc)
         finally:
@@ -260,7 +266,7 @@ class GpuBench:
                 self, trials, family, problem, seed=seed, rounds=rounds, max_seconds=max_seconds,
                 warmup_ms=warmup_ms, flush_l2=flush_l2)
         except LaunchError as exc:
-            results, count = [self._classify(exc, "re-timing")] * len(trials), 0
+            results, count = [self.classify(exc, "re-timing")] * len(trials), 0
         except Exception as exc:  # a family or host bug: fail the re-timing, keep the worker
             results, count = [_host_failure(exc)] * len(trials), 0
         finally:
@@ -288,7 +294,7 @@ class GpuBench:
         clocks.pop("driver", None)
         return clocks
 
-    def _classify(self, exc: LaunchError, stage: str) -> Measurement:
+    def classify(self, exc: LaunchError, stage: str) -> Measurement:
         """Turn a driver error into a failure kind; mark the bench dead when the context is."""
         if exc.name in CRASH_ERRORS:
             self.dead = True
@@ -310,10 +316,10 @@ class GpuBench:
     def close(self) -> None:
         if self.dead:
             return
-        driver = _driver()
+        driver = driver_api()
         self.pinned.free()
         driver.cuMemFree(self._flush_buf)
-        driver.cuStreamDestroy(self._stream)
+        driver.cuStreamDestroy(self.stream)
         driver.cuDevicePrimaryCtxRelease(self._device)
         self.dead = True
 
@@ -336,4 +342,5 @@ def timing_of(samples_ms: list[float]) -> Timing:
     )
 
 
-__all__ = ["GpuBench", "gpu_count", "read_clocks", "resolve_family", "timing_of"]
+__all__ = ["GpuBench", "check_call", "driver_api", "gpu_count", "read_clocks", "resolve_family",
+           "timing_of"]

@@ -25,7 +25,7 @@ class PinnedBuffers:
 
     def array(self, key: Hashable, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype`` on the buffer kept under ``key``."""
-        from workers.gpu import _check, _driver
+        from workers.gpu import check_call, driver_api
 
         dtype = np.dtype(dtype)
         count = math.prod(shape)
@@ -33,7 +33,7 @@ class PinnedBuffers:
         held = self._buffers.get(key)
         if held is None or held[1] != nbytes:
             self.free(key)
-            address = int(_check("cuMemAllocHost", _driver().cuMemAllocHost(nbytes)))
+            address = int(check_call("cuMemAllocHost", driver_api().cuMemAllocHost(nbytes)))
             self._buffers[key] = held = (address, nbytes)
         raw = (ctypes.c_char * held[1]).from_address(held[0])
         return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
@@ -46,9 +46,9 @@ class PinnedBuffers:
 
     def free(self, *keys: Hashable) -> None:
         """Give back the buffers of ``keys`` (all of them when none is named)."""
-        from workers.gpu import _driver
+        from workers.gpu import driver_api
 
         for key in keys or list(self._buffers):
             held = self._buffers.pop(key, None)
             if held is not None:
-                _driver().cuMemFreeHost(held[0])
+                driver_api().cuMemFreeHost(held[0])

@@ -40,7 +40,7 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
                flush_l2: bool) -> tuple[list[Measurement], int]:
     """Each trial's outcome, in order, and the rounds timed. The trials share the first one's
     buffers (``Trial(..., buffers=trials[0].buffers)``); the caller releases them."""
-    from workers.gpu import _check, _driver
+    from workers.gpu import check_call, driver_api
 
     done: list[Measurement | None] = [None] * len(trials)
     checked: dict[int, Validation] = {}
@@ -54,7 +54,7 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
         try:
             outcome = action(trial)
         except LaunchError as exc:
-            outcome = bench._classify(exc, trial.stage)
+            outcome = bench.classify(exc, trial.stage)
         if outcome is not None:
             done[index] = outcome
 
@@ -80,7 +80,7 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
         try:
             inputs, specs = host.upload(family, problem, seed)
         except LaunchError as exc:
-            return settle_rest(bench._classify(exc, host.stage)), 0
+            return settle_rest(bench.classify(exc, host.stage)), 0
     for i in racing():
         step(i, lambda trial: trial.build_params())
         step(i, verify(i))
@@ -97,9 +97,9 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
             launches += 1
     if racing() and not bench.dead:
         try:
-            _check("cuStreamSynchronize", _driver().cuStreamSynchronize(bench._stream))
+            check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(bench.stream))
         except LaunchError as exc:
-            settle_rest(bench._classify(exc, "timing"))
+            settle_rest(bench.classify(exc, "timing"))
     for i in racing():
         step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count))
     return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count

@@ -29,10 +29,10 @@ class Trial:
     def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch,
                  buffers: dict[str, tuple[Any, int]] | None = None) -> None:
         """``buffers``: another trial's, to launch on them (this trial then never frees them)."""
-        from workers.gpu import _check, _driver
+        from workers.gpu import check_call, driver_api
 
-        self._d = _driver()
-        self._check = _check
+        self._d = driver_api()
+        self._check = check_call
         self.bench = bench
         self.binary = binary
         self.launch = launch
@@ -79,7 +79,7 @@ class Trial:
         """Load the module and find the kernel; a failure when it needs more shared memory than
         the device has, else None."""
         d, check = self._d, self._check
-        check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench._ctx))
+        check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench.context))
         self.stage = "load"
         self.module = check("cuModuleLoadData", d.cuModuleLoadData(self.binary.cubin))
         self.stage = "function"
@@ -153,7 +153,7 @@ class Trial:
         launch, d = self.launch, self._d
         self.stage = "launch"
         self._check("cuLaunchKernel", d.cuLaunchKernel(
-            self.function, *launch.grid, *launch.block, launch.smem_bytes, self.bench._stream,
+            self.function, *launch.grid, *launch.block, launch.smem_bytes, self.bench.stream,
             ctypes.addressof(self._param_array), 0))
 
     def _poison(self, specs) -> None:
@@ -169,7 +169,7 @@ class Trial:
         self._poison(specs)
         self._launch()
         self.stage = "synchronize"
-        check("cuStreamSynchronize", d.cuStreamSynchronize(self.bench._stream))
+        check("cuStreamSynchronize", d.cuStreamSynchronize(self.bench.stream))
         self.stage = "readback"
         outputs = {}
         for spec in specs:
@@ -187,7 +187,7 @@ class Trial:
     def warm_up(self, warmup_ms: float) -> float:
         """Time 3 launches for an estimate, then launch for about ``warmup_ms``; returns the
         estimated milliseconds of one launch."""
-        d, check, stream = self._d, self._check, self.bench._stream
+        d, check, stream = self._d, self._check, self.bench.stream
         begin, end = self._event(), self._event()
         check("cuEventRecord", d.cuEventRecord(begin, stream))
         for _ in range(3):
@@ -220,19 +220,18 @@ class Trial:
         """``count`` timed launches, one after another, then their times."""
         pairs = [self.timed_launch(i, flush_l2) for i in range(offset, offset + count)]
         self.stage = "timing"
-        self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench._stream))
+        self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench.stream))
         return self.elapsed(pairs)
 
     def timed_launch(self, index: int, flush_l2: bool) -> tuple[Any, Any]:
         """Queue one timed repetition: the L2 flushed first (the flush buffer is filled with
         ``index``), then the kernel between two events; returns the events (read them after a
         synchronize, with :meth:`elapsed`)."""
-        d, check, stream = self._d, self._check, self.bench._stream
+        d, check, stream = self._d, self._check, self.bench.stream
         start, stop = self._event(), self._event()
         if flush_l2:
             self.stage = "flush"
-            check("cuMemsetD32Async",
-                  d.cuMemsetD32Async(self.bench._flush_buf, index, self.bench._flush_bytes // 4, stream))
+            self.bench.flush_l2(index)
         check("cuEventRecord", d.cuEventRecord(start, stream))
         self._launch()
         check("cuEventRecord", d.cuEventRecord(stop, stream))

@@ -56,9 +56,9 @@ class FakeTrial:
 @pytest.fixture
 def bench(monkeypatch):
     synchronize = SimpleNamespace(cuStreamSynchronize=lambda stream: (0,))
-    monkeypatch.setattr(workers.gpu, "_driver", lambda: synchronize)
-    fake = SimpleNamespace(dead=False, _stream=None)
-    fake._classify = lambda exc, stage: GpuBench._classify(fake, exc, stage)
+    monkeypatch.setattr(workers.gpu, "driver_api", lambda: synchronize)
+    fake = SimpleNamespace(dead=False, stream=None)
+    fake.classify = lambda exc, stage: GpuBench.classify(fake, exc, stage)
     return fake
 
 
