@@ -172,9 +172,12 @@ def _run_study(
     ))
     picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []]
     points = fam.valid_configs(problem, pool.limits) if sampler == "grid" else None
-    study = search.open_study(name, url, search.make_sampler(sampler, space, seed, points))
+    def valid(params: dict[str, Any]) -> bool:
+        return fam.check(params, problem, pool.limits) is None
+
+    study = search.open_study(name, url, search.make_sampler(sampler, space, seed, points, valid))
     if study.get_trials(deepcopy=False):
-        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study), points)
+        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study), points, valid)
         if warm_start:  # a study begun before the family named its starting points still gets them
             from storage import params_key
 

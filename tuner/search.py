@@ -26,8 +26,9 @@ import random
 import re
 import socket
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -98,14 +99,18 @@ def _hashable(value: Any) -> Any:
 
 
 def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
-                 points: Sequence[Mapping[str, Any]] | None = None) -> optuna.samplers.BaseSampler:
+                 points: Sequence[Mapping[str, Any]] | None = None,
+                 valid: Callable[[dict[str, Any]], bool] | None = None) -> optuna.samplers.BaseSampler:
     """``tpe`` (multivariate, constant liar for trials in flight), ``random`` or ``grid``.
     A grid given ``points`` (the family's valid configs) walks those alone, in random order;
-    without, it walks the whole product of the parameters' choices."""
+    without, it walks the whole product of the parameters' choices. TPE given ``valid`` (the
+    family's constraints, on decoded params) prefers the candidates they accept."""
     if kind == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS, constant_liar=True
-        )
+        options = dict(seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS,
+                       constant_liar=True)
+        if valid is None:
+            return optuna.samplers.TPESampler(**options)
+        return _ConstrainedTPESampler(space, valid, **options)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid" and points is not None:
@@ -113,6 +118,31 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
     if kind == "grid":
         return _GridSampler(space.grid(), seed=seed)
     raise UsageError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
+
+
+class _ConstrainedTPESampler(optuna.samplers.TPESampler):
+    """TPE that ranks the configs the family rejects last. An ask of multivariate TPE draws 24
+    candidates from the density of the good trials and proposes the one that is most likely good
+    rather than bad; here a candidate the constraints reject scores below every accepted one, so
+    an ask proposes an invalid config only when all 24 are. Plain TPE learned the invalid region
+    from ``inf`` results, one ask at a time: about 2.6 rejected asks per measured trial.
+    (The hook is Optuna's ``_compute_acquisition_func``; Optuna is pinned below 6.)"""
+
+    def __init__(self, space: SearchSpace, valid: Callable[[dict[str, Any]], bool], **options: Any) -> None:
+        super().__init__(**options)
+        self._space, self._valid = space, valid
+
+    def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: Any,
+                                  mpe_above: Any) -> np.ndarray:
+        values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        distributions = self._space.distributions
+        if samples.keys() != distributions.keys():  # only part of the space is sampled jointly
+            return values
+        for i in range(values.size):
+            encoded = {name: distributions[name].choices[int(column[i])] for name, column in samples.items()}
+            if not self._valid(self._space.decode(encoded)):
+                values[i] = -np.inf
+        return values
 
 
 class _GridSampler(optuna.samplers.GridSampler):

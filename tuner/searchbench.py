@@ -143,8 +143,10 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
     return hit5 or land.valid, hit2 or land.valid, curve
 
 
-def _samplers(name: str, seed: int, space: search.SearchSpace) -> optuna.samplers.BaseSampler:
-    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed)
+def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
+    """The sampler a study would run (TPE told the family's constraints, as ``tune`` does)."""
+    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed,
+                               valid=lambda p: land.family.check(p, land.problem, land.limits) is None)
 
 
 def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
@@ -173,7 +175,7 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
             if name == "tpe-warm" and not first[name]:
                 continue
             for seed in range(seeds):
-                five, two, curve = run_once(land, _samplers(name, seed, space), first.get(name, ()))
+                five, two, curve = run_once(land, _samplers(name, seed, space, land), first.get(name, ()))
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)

@@ -108,3 +108,28 @@ def test_tpe_learns_to_avoid_failures_told_as_inf_not_as_fail():
         as_inf = sum(_failures_after_startup("inf", seed) for seed in range(4))
         as_fail = sum(_failures_after_startup("fail", seed) for seed in range(4))
     assert as_inf * 2 < as_fail, (as_inf, as_fail)
+
+
+def test_tpe_told_the_constraints_proposes_few_invalid_configs():
+    space = search.SearchSpace((Param("A", tuple(range(8))), Param("B", tuple(range(8))),
+                                Param("C", ("x", "y"))))
+
+    def valid(params):  # a quarter of the space, like a tile that must fit its warps
+        return params["A"] % 2 == 0 and params["B"] % 2 == 0
+
+    def invalid_asks(sampler):
+        study = optuna.create_study(sampler=sampler)
+        count = 0
+        for _ in range(80):
+            trial = study.ask(space.distributions)
+            params = space.decode(trial.params)
+            ok = valid(params)
+            count += not ok
+            study.tell(trial, params["A"] + params["B"] if ok else float("inf"))
+        return count
+
+    plain = invalid_asks(search.make_sampler("tpe", space, seed=1))
+    told = invalid_asks(search.make_sampler("tpe", space, seed=1, valid=valid))
+    assert isinstance(search.make_sampler("tpe", space, valid=valid), optuna.samplers.TPESampler)
+    assert told <= search.N_STARTUP_TRIALS  # only the random start-up trials can miss
+    assert plain > 2 * told
