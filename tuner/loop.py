@@ -41,7 +41,7 @@ import optuna
 from storage import params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
-from tuner.mirror import MirroredStudy, Proposal
+from tuner.mirror import MirroredStudy, Proposal, Synced
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -276,7 +276,7 @@ class Coordinator:
         self.progress.invalid()
         logger.debug("invalid: %s (%s)", reason, key)
 
-    def _synced(self, synced: Any) -> None:
+    def _synced(self, synced: Synced | None) -> None:
         """Take in what other coordinators sharing the study measured, or measure now."""
         if synced is None:  # not read this time
             return

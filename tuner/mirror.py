@@ -1,9 +1,9 @@
 """The sampler's study in memory, the record in the database.
 
 Optuna's RDB storage makes a database round trip for each suggested parameter: an ask took about
-90 ms on SQLite, where the same TPE ask in memory takes under 10 ms. A TPE study asks about five
-configs for each one it measures (the rest the family rejects, or they were measured before), so
-the sampler works on an in-memory study and only configs that go to the GPU are written to the
+90 ms on SQLite, where the same TPE ask in memory takes under 10 ms. A study asks several configs
+for each one it measures (the others the family rejects, or they were measured before), so the
+sampler works on an in-memory study and only configs that go to the GPU are written to the
 database study, each in one transaction::
 
     mirror = MirroredStudy(study)                 # study: the database one; its sampler moves
@@ -13,8 +13,8 @@ database study, each in one transaction::
     mirror.record(proposal, owner="host:pid")     # going to the GPU: a RUNNING database trial
     mirror.tell(proposal, 0.0213, tflops=98.1)    # told in both
 
-Trials queued in the database (warm start, starting points, trials a killed run left) are asked
-there, so two coordinators never take the same one. ``sync`` copies the finished trials of other
+Trials queued in the database study (``study.enqueue_trial``: warm start, starting points,
+trials a killed run left) are asked there, so two coordinators never take the same one. ``sync`` copies the finished trials of other
 coordinators sharing the study (PostgreSQL) into memory, at most every ``sync_interval_s``.
 """
 
@@ -137,11 +137,6 @@ class MirroredStudy:
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
         if proposal.durable is not None:
             search.abandon(self.durable, proposal.durable, None)
-
-    def enqueue(self, params: Mapping[str, Any]) -> None:
-        """Queue params in the database study: asked before anything the sampler proposes."""
-        self.durable.enqueue_trial(dict(params))
-        self._waiting += 1
 
     def sync(self, force: bool = False) -> Synced | None:
         """Copy finished database trials of other coordinators (and of earlier runs) into memory;

@@ -125,7 +125,7 @@ class _ConstrainedTPESampler(optuna.samplers.TPESampler):
     candidates from the density of the good trials and proposes the one that is most likely good
     rather than bad; here a candidate the constraints reject scores below every accepted one, so
     an ask proposes an invalid config only when all 24 are. Plain TPE learned the invalid region
-    from ``inf`` results, one ask at a time: about 2.6 rejected asks per measured trial.
+    from ``inf`` results, one ask at a time: 2-3 rejected asks per measured trial.
     (The hook is Optuna's ``_compute_acquisition_func``; Optuna is pinned below 6.)"""
 
     def __init__(self, space: SearchSpace, valid: Callable[[dict[str, Any]], bool], **options: Any) -> None:

@@ -9,9 +9,8 @@
 Each actor runs one measurement at a time with the next one already sent (``ACTOR_DEPTH``), so
 it never waits for the coordinator between trials; the rest of the queue stays here, and a killed
 actor loses nothing but the trial it was running (the one sent after it is measured again). A
-measurement past ``measure_timeout_s`` kills and
-replaces its actor (failure ``timeout``); a dead process (``worker``) or context (``crash``)
-is replaced too. Configs whose cubins are equal are measured once. ``retime`` times several
+measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
+dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal are measured once. ``retime`` times several
 configs again, interleaved on one GPU actor (``GpuBench.retime``), once nothing is in flight.
 """
 

@@ -38,8 +38,8 @@ def test_only_recorded_proposals_reach_the_database(url):
 
 
 def test_queued_trials_are_asked_from_the_database_once(url):
+    _database_study(url).enqueue_trial(SPACE.encode({"A": 3, "B": "y"}))
     first = MirroredStudy(_database_study(url))
-    first.enqueue(SPACE.encode({"A": 3, "B": "y"}))
     second = MirroredStudy(_database_study(url))  # another coordinator on the same study
     proposal = first.ask(SPACE.distributions)
     assert SPACE.decode(proposal.params) == {"A": 3, "B": "y"} and proposal.durable is not None
