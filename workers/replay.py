@@ -75,8 +75,15 @@ def save_landscape(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".landscape-")
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=1)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a landscape is shared
     os.replace(tmp, path)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_landscape(path: str | Path) -> Landscape:

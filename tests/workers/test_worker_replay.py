@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -29,6 +30,9 @@ def test_landscape_round_trip_and_bench(tmp_path):
                           template_hash="h", entries=[({"a": 1, "b": 2}, ok), ({"a": 2, "b": 2}, bad)])
     land = load_landscape(path)
     assert land.device == FAKE_DEVICE and land.problem == PROBLEM and len(land.entries) == 2
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # as any file written here, not private
     bench = ReplayBench(path)
     assert bench.measure(None, None, "attention", PROBLEM, params={"b": 2, "a": 1}).replayed
     assert bench.measure(None, None, "attention", PROBLEM, params={"a": 2, "b": 2}).failure == "resources"
