@@ -49,24 +49,22 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def _count(text: str) -> int:
+def _whole_number(text: str, minimum: int, bound: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {bound}, not {value}")
     return value
+
+
+def _count(text: str) -> int:
+    return _whole_number(text, 0, "0 or more")
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+    return _whole_number(text, 1, "at least 1")
 
 
 class _Parser(argparse.ArgumentParser):
