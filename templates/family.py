@@ -138,12 +138,60 @@ class Validation:
     reason: str | None = None
 
 
+# Float formats an output's elements may have: (bytes, exponent bits). An element whose
+# exponent bits are all set is NaN or Inf; the poison is a NaN, so it counts as unwritten.
+FLOAT_FORMATS: dict[str, tuple[int, int]] = {
+    "fp16": (2, 0x7C00),
+    "bf16": (2, 0x7F80),
+    "fp32": (4, 0x7F800000),
+}
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype  # host numpy dtype of the raw elements (bf16 travels as uint16 bits)
     poison: int  # 16-bit pattern that fills an output before each run (a NaN)
+    # The elements' float format (a FLOAT_FORMATS key): the worker then counts NaN, Inf and
+    # unwritten elements itself (on the GPU, without reading the output back). "" for none:
+    # the family's ``validate`` must then look at every element.
+    element: str = ""
+
+    def __post_init__(self) -> None:
+        if self.element and self.element not in FLOAT_FORMATS:
+            raise TemplateError(f"output {self.name!r}: unknown element format {self.element!r} "
+                                f"(one of {', '.join(FLOAT_FORMATS)})")
+        if self.element and np.dtype(self.dtype).itemsize != FLOAT_FORMATS[self.element][0]:
+            raise TemplateError(f"output {self.name!r}: {self.element} elements are "
+                                f"{FLOAT_FORMATS[self.element][0]} bytes, {np.dtype(self.dtype)} is not")
+
+
+def count_nonfinite(values: np.ndarray, element: str) -> int:
+    """Elements of ``values`` (raw bits of an ``element``-format array) that are NaN, Inf or the
+    poison: what the worker counts on the GPU, here on the host."""
+    size, exponent = FLOAT_FORMATS[element]
+    bits = np.ascontiguousarray(values).view(np.uint16 if size == 2 else np.uint32)
+    return int(np.count_nonzero((bits & exponent) == exponent))
+
+
+def check_outputs(family: "KernelFamily", problem: Problem, inputs: Mapping[str, np.ndarray],
+                  outputs: Mapping[str, np.ndarray]) -> Validation:
+    """On the host, what a worker checks of a run: no NaN, Inf or unwritten element in an output
+    with a float ``element``, then the family's reference comparison."""
+    for spec in family.outputs(problem):
+        if spec.element:
+            bad = count_nonfinite(outputs[spec.name], spec.element)
+            if bad:
+                return unwritten(spec.name, bad)
+    return family.validate(problem, inputs, outputs)
+
+
+def unwritten(name: str, count: int) -> Validation:
+    """The failed validation of an output with ``count`` NaN, Inf or unwritten elements."""
+    return Validation(False, float("nan"), float("nan"),
+                      f"{count} element{'s' if count != 1 else ''} of {name!r} "
+                      f"{'are' if count != 1 else 'is'} NaN/Inf or unwritten")
 
 
 class KernelFamily(abc.ABC):
@@ -155,6 +203,10 @@ class KernelFamily(abc.ABC):
     dtypes: tuple[str, ...]
     # (shape, dtype, causal) problems that `tuner bench FAMILY` compares against peers
     suite: tuple[tuple[tuple[int, ...], str, bool], ...] = ()
+    # The files of the folder that decide the kernels rendered and how they are launched: the
+    # template hash covers them and the space. Empty: every file. Inputs, reference and
+    # starting points may then change without making a new version of the kernels.
+    kernel_files: tuple[str, ...] = ()
 
     # -- problems ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -222,12 +274,16 @@ class KernelFamily(abc.ABC):
 
     @property
     def template_hash(self) -> str:
-        """Hash of every file in the family's folder and of the space: a new one is a new version."""
+        """Hash of the ``kernel_files`` (every file of the folder when none are named) and of the
+        space: a new one is a new version of the kernels."""
         digest = hashlib.sha256()
-        for path in sorted(self.folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(path.relative_to(self.folder).as_posix().encode())
-                digest.update(path.read_bytes())
+        paths = [self.folder / name for name in self.kernel_files] or [
+            p for p in sorted(self.folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+        for path in paths:
+            if not path.is_file():
+                raise TemplateError(f"{self.name}: kernel file {path.name!r} is not in {self.folder}")
+            digest.update(path.relative_to(self.folder).as_posix().encode())
+            digest.update(path.read_bytes())
         space = [[p.name, [repr(c) for c in p.choices]] for p in self.params]
         digest.update(json.dumps(space).encode())
         return digest.hexdigest()[:16]
@@ -245,7 +301,13 @@ class KernelFamily(abc.ABC):
     def validate(
         self, problem: Problem, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
     ) -> Validation:
-        """Compare outputs with a float64 reference; any NaN/Inf or unwritten element fails."""
+        """Compare outputs with a float64 reference.
+
+        Before this is called, every output whose BufferSpec names an ``element`` format has
+        been checked for NaN, Inf and unwritten elements (``check_outputs`` on the host; on the
+        GPU by the worker). On the GPU each output is a view of device memory: indexing it with
+        leading integers (``outputs["o"][b, h]``) copies back just that block, ``np.asarray``
+        the whole output. Read only the elements compared."""
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@ import traceback
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from templates.family import KernelFamily, Launch, Problem
 from workers.errors import LaunchError, NoGPUError
 from workers.nvml import NvmlClocks
+from workers.device_checks import DeviceChecks
 from workers.pinned import PinnedBuffers
+from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, Retiming, Timing
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
 from workers.trial import Trial
@@ -139,22 +139,21 @@ class GpuBench:
         self._flush_bytes = max(2 * l2, 1 << 20)
         self._flush_buf = check_call("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
         self._info: DeviceInfo | None = None
-        self._inputs: dict[tuple[str, Problem, int], dict[str, Any]] = {}
-        self.pinned = PinnedBuffers()  # the inputs of the current problem, and the readbacks
+        self.pinned = PinnedBuffers()  # the host inputs of the current problem, the check counts
+        self.residents = ResidentBuffers(self)
+        self._checks: DeviceChecks | None = None
 
-    def host_inputs(self, family: KernelFamily, problem: Problem, seed: int) -> dict[str, Any]:
-        """The family's random inputs for (problem, seed), drawn once: a study measures every
-        trial on the same inputs, and drawing 100M normals costs a second per trial. They live in
-        page-locked memory, so each trial's upload runs at the bus's speed."""
-        key = (family.name, problem, seed)
-        if key not in self._inputs:
-            for name in (n for inputs in self._inputs.values() for n in inputs):
-                self.pinned.free(("input", name))  # one problem at a time: bounded host memory
-            self._inputs.clear()
-            drawn = family.inputs(problem, seed)
-            self._inputs[key] = {name: self.pinned.copy_of(("input", name), np.ascontiguousarray(a))
-                                 for name, a in drawn.items()}
-        return self._inputs[key]
+    def resident(self, family: KernelFamily, problem: Problem, seed: int) -> Resident:
+        """The device buffers of (problem, seed): a study measures every trial on the same
+        inputs, uploaded once (one problem at a time)."""
+        return self.residents.get(family, problem, seed)
+
+    @property
+    def checks(self) -> DeviceChecks:
+        """The output checks that run on this GPU (compiled on first use)."""
+        if self._checks is None:
+            self._checks = DeviceChecks(self)
+        return self._checks
 
     def flush_l2(self, fill: int) -> None:
         """Queue, on the bench's stream, a write of twice the L2's size (each word ``fill``)."""
@@ -257,9 +256,7 @@ class GpuBench:
             return Retiming(tuple(replace(dead, **self._tags(b)) for b, _ in kernels), rounds=0)
         start = time.perf_counter()
         before = self._clocks()
-        trials: list[Trial] = []
-        for binary, launch in kernels:  # every trial launches on the first one's buffers
-            trials.append(Trial(self, binary, launch, trials[0].buffers if trials else None))
+        trials = [Trial(self, binary, launch) for binary, launch in kernels]
         try:
             family = resolve_family(family_name)
             results, count = interleave(
@@ -270,7 +267,7 @@ class GpuBench:
         except Exception as exc:  # a family or host bug: fail the re-timing, keep the worker
             results, count = [_host_failure(exc)] * len(trials), 0
         finally:
-            self._release(trials[::-1])  # the first, owning the buffers, last
+            self._release(trials)
         measurements = tuple(Measurement(**{**r.__dict__, **self._tags(b)})
                              for r, (b, _) in zip(results, kernels))
         return Retiming(measurements, count, clocks_before=before, clocks_after=self._clocks(),
@@ -317,6 +314,9 @@ class GpuBench:
         if self.dead:
             return
         driver = driver_api()
+        self.residents.free()
+        if self._checks is not None:
+            self._checks.close()
         self.pinned.free()
         driver.cuMemFree(self._flush_buf)
         driver.cuStreamDestroy(self.stream)

@@ -4,8 +4,8 @@ study runs (clocks, temperature, a neighbour's load) falls on every kernel alike
     retiming = bench.retime([(binary_a, launch_a), (binary_b, launch_b)], "attention", problem)
     [m.timing.median_ms for m in retiming.measurements], retiming.clocks_before, retiming.clocks_after
 
-Every kernel is loaded; the inputs are uploaded once and shared; each kernel runs once on
-poisoned outputs and is checked against the reference, then warmed up. Then the rounds: in
+Every kernel is loaded; they launch on the bench's buffers for the problem; each kernel is
+checked as in a trial (``Trial.verify``), then warmed up. Then the rounds: in
 each, every kernel is launched once, the L2 flushed before it and CUDA events around the launch
 alone. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take longer than
 ``max_seconds``. A kernel that fails is failed alone; a dead context fails every kernel left.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from templates.family import KernelFamily, Problem, Validation
 from workers.errors import LaunchError
 from workers.results import Measurement
-from workers.trial import Trial, wrong
+from workers.trial import Trial
 
 if TYPE_CHECKING:
     from workers.gpu import GpuBench
@@ -38,8 +38,7 @@ def round_count(rounds: int, max_seconds: float, round_ms: float) -> int:
 def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily, problem: Problem,
                *, seed: int, rounds: int, max_seconds: float, warmup_ms: float,
                flush_l2: bool) -> tuple[list[Measurement], int]:
-    """Each trial's outcome, in order, and the rounds timed. The trials share the first one's
-    buffers (``Trial(..., buffers=trials[0].buffers)``); the caller releases them."""
+    """Each trial's outcome, in order, and the rounds timed; the caller releases the trials."""
     from workers.gpu import check_call, driver_api
 
     done: list[Measurement | None] = [None] * len(trials)
@@ -68,21 +67,16 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
 
     def verify(index: int) -> Callable[[Trial], Measurement | None]:
         def action(trial: Trial) -> Measurement | None:
-            checked[index] = trial.verify(family, problem, inputs, specs)
-            return None if checked[index].ok else wrong(checked[index])
+            failure, validation = trial.verify(family, problem)
+            if validation is not None:
+                checked[index] = validation
+            return failure
         return action
 
     for i in range(len(trials)):
         step(i, lambda trial: trial.load())
-    inputs, specs = {}, ()
-    if racing() and not bench.dead:
-        host = trials[0]  # owns the buffers, whether or not its own kernel loaded
-        try:
-            inputs, specs = host.upload(family, problem, seed)
-        except LaunchError as exc:
-            return settle_rest(bench.classify(exc, host.stage)), 0
     for i in racing():
-        step(i, lambda trial: trial.build_params())
+        step(i, lambda trial: trial.attach(family, problem, seed))
         step(i, verify(i))
     estimates: dict[int, float] = {}
     for i in racing():
@@ -100,6 +94,13 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
             check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(bench.stream))
         except LaunchError as exc:
             settle_rest(bench.classify(exc, "timing"))
+    if racing() and not bench.dead:
+        try:
+            changed = bench.residents.changed()
+        except LaunchError as exc:
+            return settle_rest(bench.classify(exc, "check")), count
+        if changed is not None:  # which kernel did is unknown here (each passed this in its trial)
+            settle_rest(Measurement.failed("wrong", f"a kernel wrote into the input {changed!r}"))
     for i in racing():
         step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count))
     return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count

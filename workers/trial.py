@@ -1,9 +1,10 @@
-"""One trial's CUDA state on a GpuBench: the module, the buffers, the launch and the timing.
+"""One trial's CUDA state on a GpuBench: the module, the launch, the checks and the timing.
 
 ``Trial.run`` raises LaunchError with ``Trial.stage`` telling where; GpuBench classifies it.
-``Trial.release`` frees everything the trial took (called unless the context is dead).
-Its steps (``load``, ``upload``, ``verify``, ``warm_up``, ``timed_launch``) also serve the
-interleaved re-timing (``workers.retime``), where several trials share one set of buffers.
+``Trial.release`` frees what the trial took (called unless the context is dead); the buffers
+are the bench's (``workers.resident``), kept for the next trial of the same problem.
+Its steps (``load``, ``attach``, ``verify``, ``warm_up``, ``timed_launch``) also serve the
+interleaved re-timing (``workers.retime``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
 
-from templates.family import BufferSpec, KernelFamily, Launch, Problem, Validation
+from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
+from workers.device_checks import pack_params
+from workers.resident import Resident
 from workers.results import Binary, Measurement
 
 if TYPE_CHECKING:
@@ -26,9 +28,7 @@ EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind 
 
 
 class Trial:
-    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch,
-                 buffers: dict[str, tuple[Any, int]] | None = None) -> None:
-        """``buffers``: another trial's, to launch on them (this trial then never frees them)."""
+    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch) -> None:
         from workers.gpu import check_call, driver_api
 
         self._d = driver_api()
@@ -39,11 +39,9 @@ class Trial:
         self.stage = "load"
         self.module: Any = None
         self.function: Any = None
-        self._owns_buffers = buffers is None
-        self.buffers: dict[str, tuple[Any, int]] = {} if buffers is None else buffers  # name -> (CUdeviceptr, bytes)
+        self.resident: Resident | None = None  # the bench's buffers, once attached
         self.events: list[Any] = []
-        self._param_values: list[Any] = []  # keeps the ctypes values alive during launches
-        self._param_array: Any = None
+        self._params: dict[str, Any] = {}  # "first"/"second" -> kernelParams (and its values)
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
         self.kernel_ms = 0.0  # the GPU's time in this trial's timed and warm-up launches
 
@@ -54,20 +52,16 @@ class Trial:
         failure = self.load()
         if failure is not None:
             return failure
-        inputs, specs = self.upload(family, problem, seed)
-        first = self.run_once(specs)
-        validation = family.validate(problem, inputs, first)
-        if not validation.ok:
-            return wrong(validation)
-        second = self.run_once(specs, readback=1)
-        for name, array in first.items():
-            if not same_bits(array, second[name]):
-                differ = int(np.count_nonzero(array.view(np.uint8) != second[name].view(np.uint8)))
-                return Measurement.failed(
-                    "nondeterministic", f"two runs differ in {differ} bytes of {name!r}",
-                    error=validation.error, max_abs_error=validation.max_abs_error)
+        self.attach(family, problem, seed)
+        failure, validation = self.verify(family, problem)
+        if failure is not None:
+            return failure
         self.stage = "timing"
         samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2, abort_above_ms)
+        self.stage = "check"
+        changed = self.bench.residents.changed()
+        if changed is not None:
+            return Measurement.failed("wrong", f"the kernel wrote into its input {changed!r}")
         from workers.gpu import timing_of
 
         detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "
@@ -88,27 +82,47 @@ class Trial:
         self.stage = "smem"
         return self._raise_smem_limit()
 
-    def upload(self, family: KernelFamily, problem: Problem,
-               seed: int) -> tuple[dict[str, np.ndarray], tuple[BufferSpec, ...]]:
-        """Allocate the inputs (copied from the host) and the outputs; returns both."""
-        d, check = self._d, self._check
+    def attach(self, family: KernelFamily, problem: Problem, seed: int) -> None:
+        """Launch on the bench's buffers for (problem, seed), uploaded when they are new."""
         self.stage = "alloc"
-        inputs = self.bench.host_inputs(family, problem, seed)
-        specs = tuple(family.outputs(problem))
-        for name, array in inputs.items():
-            ptr = self._alloc(name, array.nbytes)
-            self.stage = "copy"
-            check("cuMemcpyHtoD", d.cuMemcpyHtoD(ptr, array.ctypes.data, array.nbytes))
-            self.stage = "alloc"
-        for spec in specs:
-            self._alloc(spec.name, int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize)
-        self.build_params()
-        return inputs, specs
+        self.resident = self.bench.resident(family, problem, seed)
+        first = self._pack(self.resident.buffers)
+        second = self._pack({**self.resident.buffers, **self.resident.second})
+        self._params = {"first": first, "second": second, "timed": first}
 
-    def verify(self, family: KernelFamily, problem: Problem, inputs: Mapping[str, np.ndarray],
-               specs: Sequence[BufferSpec]) -> Validation:
-        """One run on poisoned outputs, checked against the reference."""
-        return family.validate(problem, inputs, self.run_once(specs))
+    def verify(self, family: KernelFamily, problem: Problem) -> tuple[Measurement | None, Validation | None]:
+        """Two runs on poisoned outputs, the second into a second set of them. On the GPU: the
+        NaN, Inf and unwritten elements of the first are counted, and the two runs compared
+        word by word; then the family's reference comparison reads back what it checks.
+        Returns (the failure, None) or (None, the validation)."""
+        resident, checks = self.resident, self.bench.checks
+        assert resident is not None, "attach() first"
+        self._poison(resident.buffers)
+        self._launch("first")
+        self._poison(resident.second)
+        self._launch("second")
+        self.stage = "check"
+        checks.begin()
+        slots = []
+        for spec in resident.specs:
+            (first, nbytes), (second, _) = resident.buffers[spec.name], resident.second[spec.name]
+            bad = checks.nonfinite(first, nbytes, spec.element) if spec.element else None
+            slots.append((spec.name, bad, checks.unequal(first, second, nbytes)))
+        self.stage = "synchronize"
+        counts = checks.collect()
+        for name, bad, _ in slots:
+            if bad is not None and counts[bad]:
+                return wrong(unwritten(name, counts[bad])), None
+        self.stage = "readback"
+        validation = family.validate(problem, resident.inputs, resident.views())
+        if not validation.ok:
+            return wrong(validation), None
+        for name, _, differ in slots:
+            if counts[differ]:
+                return Measurement.failed(
+                    "nondeterministic", f"two runs differ in {counts[differ]} 4-byte words of {name!r}",
+                    error=validation.error, max_abs_error=validation.max_abs_error), None
+        return None, validation
 
     def _raise_smem_limit(self) -> Measurement | None:
         d, check = self._d, self._check
@@ -126,58 +140,35 @@ class Trial:
                 self.function, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic))
         return None
 
-    def _alloc(self, name: str, nbytes: int) -> Any:
-        if name in self.buffers:
-            raise ValueError(f"buffer {name!r} is both an input and an output")
-        ptr = self._check("cuMemAlloc", self._d.cuMemAlloc(max(nbytes, 1)))
-        self.buffers[name] = (ptr, nbytes)
-        return ptr
-
-    def build_params(self) -> None:
-        """kernelParams as C wants it: a void*[] whose entries point at each argument's value."""
+    def _pack(self, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
+        """The launch's arguments on ``buffers``, as kernelParams (and the values it points at)."""
         values: list[Any] = []
         for arg in self.launch.args:
             if arg.kind == "buffer":
-                if arg.value not in self.buffers:
+                if arg.value not in buffers:
                     raise ValueError(f"launch names an unknown buffer {arg.value!r}")
-                values.append(ctypes.c_uint64(int(self.buffers[arg.value][0])))
+                values.append(ctypes.c_uint64(int(buffers[arg.value][0])))
             elif arg.kind == "i32":
                 values.append(ctypes.c_int32(int(arg.value)))
             else:  # f32
                 values.append(ctypes.c_float(float(arg.value)))
-        self._param_values = values
-        self._param_array = (ctypes.c_void_p * max(len(values), 1))(
-            *[ctypes.addressof(v) for v in values])
+        return pack_params(values), values
 
-    def _launch(self) -> None:
+    def _launch(self, which: str = "timed") -> None:
         launch, d = self.launch, self._d
         self.stage = "launch"
         self._check("cuLaunchKernel", d.cuLaunchKernel(
             self.function, *launch.grid, *launch.block, launch.smem_bytes, self.bench.stream,
-            ctypes.addressof(self._param_array), 0))
+            ctypes.addressof(self._params[which][0]), 0))
 
-    def _poison(self, specs) -> None:
+    def _poison(self, buffers: Mapping[str, tuple[Any, int]]) -> None:
+        """Fill the outputs among ``buffers`` with their poison (queued on the stream)."""
         self.stage = "poison"
-        for spec in specs:
-            ptr, nbytes = self.buffers[spec.name]
-            self._check("cuMemsetD16", self._d.cuMemsetD16(ptr, int(spec.poison) & 0xFFFF, nbytes // 2))
-
-    def run_once(self, specs: Sequence[BufferSpec], readback: int = 0) -> dict[str, np.ndarray]:
-        """Poison the outputs, launch once, read them back into the bench's page-locked
-        ``readback`` buffers (valid until the next run with the same ``readback``)."""
-        d, check = self._d, self._check
-        self._poison(specs)
-        self._launch()
-        self.stage = "synchronize"
-        check("cuStreamSynchronize", d.cuStreamSynchronize(self.bench.stream))
-        self.stage = "readback"
-        outputs = {}
-        for spec in specs:
-            ptr, nbytes = self.buffers[spec.name]
-            host = self.bench.pinned.array(("readback", spec.name, readback), tuple(spec.shape), spec.dtype)
-            check("cuMemcpyDtoH", d.cuMemcpyDtoH(host.ctypes.data, ptr, nbytes))
-            outputs[spec.name] = host
-        return outputs
+        assert self.resident is not None
+        for spec in self.resident.specs:
+            ptr, nbytes = buffers[spec.name]
+            self._check("cuMemsetD16Async", self._d.cuMemsetD16Async(
+                ptr, int(spec.poison) & 0xFFFF, nbytes // 2, self.bench.stream))
 
     def _event(self) -> Any:
         event = self._check("cuEventCreate", self._d.cuEventCreate(0))
@@ -247,28 +238,14 @@ class Trial:
 
     # -- cleanup ------------------------------------------------------------------------------
     def release(self) -> None:
+        """Free the events and the module (the buffers are the bench's)."""
         d, check = self._d, self._check
         for event in self.events:
             check("cuEventDestroy", d.cuEventDestroy(event))
         self.events.clear()
-        if self._owns_buffers:
-            for ptr, _ in self.buffers.values():
-                check("cuMemFree", d.cuMemFree(ptr))
-            self.buffers.clear()
         if self.module is not None:
             check("cuModuleUnload", d.cuModuleUnload(self.module))
             self.module = None
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two arrays hold the same bytes (NaN payloads and signed zeros included), compared
-    in 8-byte words where they divide evenly, without copying either."""
-    if a.nbytes != b.nbytes:
-        return False
-    x, y = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    if x.size % 8 == 0:
-        x, y = x.view(np.uint64), y.view(np.uint64)
-    return bool(np.array_equal(x, y))
 
 
 def wrong(validation: Validation) -> Measurement:

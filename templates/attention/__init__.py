@@ -18,6 +18,7 @@ import numpy as np
 
 from templates.attention import problem as _problem
 from templates.attention import space as _space
+from templates.attention import starts as _starts
 from templates.family import (
     BufferSpec,
     DeviceLimits,
@@ -45,6 +46,8 @@ class AttentionFamily(KernelFamily):
     dtypes = _problem.DTYPES
     suite = tuple((shape, dtype, causal) for shape in SUITE_SHAPES for dtype in _problem.DTYPES
                   for causal in (False, True))
+    # Inputs, reference (problem.py) and starting points (starts.py) are not kernel files.
+    kernel_files = ("kernel.cu.j2", "__init__.py", "space.py")
 
     def __init__(self) -> None:
         env = jinja2.Environment(
@@ -110,13 +113,13 @@ class AttentionFamily(KernelFamily):
             KernelArg("buffer", "v"),
             KernelArg("buffer", "o"),
             KernelArg("i32", s),
-            KernelArg("f32", _problem.scale_log2(d)),
+            KernelArg("f32", _space.scale_log2(d)),
         )
         return Launch(KERNEL_NAME, grid, (_space.threads(params), 1, 1), _space.smem_bytes(params, d), args)
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """FA3's warpgroup tiles (128 rows on two warpgroups, or 64 on one) and FA2's 128x64 tile."""
-        points = [dict(self.default_params(), **point) for point in _space.STARTING_POINTS]
+        points = [dict(self.default_params(), **point) for point in _starts.STARTING_POINTS]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def compile_options(self, params: Params, problem: Problem) -> tuple[str, ...]:

@@ -15,7 +15,6 @@ DTYPES = ("fp16", "bf16")
 # the bound follows the type's precision: fp16 has 11 significant bits, bf16 8.
 TOLERANCE = {"fp16": 4e-3, "bf16": 3e-2}
 POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
-EXPONENT_MASK = {"fp16": 0x7C00, "bf16": 0x7F80}  # all ones: Inf or NaN
 ROWS_PER_HEAD = 48  # float64 reference rows per checked (b, h)
 CHECKED_HEADS = 4
 
@@ -52,10 +51,6 @@ def min_bytes(problem: Problem) -> int:
     return 4 * b * h * s * d * 2  # read Q, K, V once, write O once
 
 
-def scale_log2(head_dim: int) -> float:
-    return math.log2(math.e) / math.sqrt(head_dim)
-
-
 def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 -> raw 16-bit patterns of `dtype` (round to nearest even)."""
     if dtype == "fp16":
@@ -82,7 +77,8 @@ def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
 
 
 def outputs(problem: Problem) -> tuple[BufferSpec, ...]:
-    return (BufferSpec("o", tuple(problem.shape), np.dtype(np.uint16), POISON[problem.dtype]),)
+    return (BufferSpec("o", tuple(problem.shape), np.dtype(np.uint16), POISON[problem.dtype],
+                       element=problem.dtype),)
 
 
 def checked_rows(seq: int, rng: np.random.Generator) -> np.ndarray:
@@ -107,12 +103,9 @@ def reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: np.ndarray
 
 
 def validate(problem: Problem, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray]) -> Validation:
+    """The checked rows of a few heads against the float64 reference. NaN, Inf and unwritten
+    elements were counted before (``BufferSpec.element``); only those heads are read."""
     b_count, h_count, seq, _ = problem.shape
-    bits = np.asarray(outs["o"]).reshape(problem.shape)
-    exponent = EXPONENT_MASK[problem.dtype]
-    non_finite = np.count_nonzero((bits & exponent) == exponent)  # NaN, Inf and the poison
-    if non_finite:
-        return Validation(False, math.nan, math.nan, f"{non_finite} output elements are NaN/Inf or unwritten")
     rng = np.random.default_rng(seq * 7919 + b_count * 31 + h_count)
     heads = {(0, 0), (b_count - 1, h_count - 1)}
     while len(heads) < min(CHECKED_HEADS, b_count * h_count):
@@ -122,7 +115,7 @@ def validate(problem: Problem, ins: Mapping[str, np.ndarray], outs: Mapping[str,
         rows = checked_rows(seq, rng)
         q, k, v = (from_bits(ins[n].reshape(problem.shape)[b, h], problem.dtype) for n in ("q", "k", "v"))
         ref = reference_rows(q, k, v, rows, problem.causal)
-        diff = from_bits(bits[b, h][rows], problem.dtype) - ref
+        diff = from_bits(np.asarray(outs["o"][b, h])[rows], problem.dtype) - ref
         diff_sq += float((diff**2).sum())
         ref_sq += float((ref**2).sum())
         max_abs = max(max_abs, float(np.abs(diff).max()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from templates.family import DeviceLimits, Param, Problem
@@ -15,16 +16,6 @@ PARAMS: tuple[Param, ...] = (
     Param("WARP_SPECIALIZED", (0, 1), "one producer warp loads K/V, the compute warps only compute"),
     Param("Q_IN_REGS", (1, 0), "keep Q's mma fragments in registers across the K/V loop"),
     Param("MMA", ("sync", "wgmma"), "tensor-core path: warp mma.sync, or warpgroup wgmma (sm_90a)"),
-)
-
-# Tried first by every study (KernelFamily.starting_points), before the sampler proposes.
-STARTING_POINTS: tuple[dict[str, Any], ...] = tuple(
-    dict(BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=2, SMEM_LAYOUT=layout, WARP_SPECIALIZED=0,
-         Q_IN_REGS=0, MMA=mma)
-    for mma, bm, bn, warps, layout in (
-        ("wgmma", 128, 128, 8, "swizzle"), ("wgmma", 128, 64, 8, "swizzle"), ("wgmma", 64, 128, 4, "swizzle"),
-        ("sync", 128, 64, 4, "pad8"),
-    )
 )
 
 REGISTER_LIMIT = 255
@@ -45,6 +36,11 @@ def row_stride(params: Mapping[str, Any], head_dim: int) -> int:
 
 def threads(params: Mapping[str, Any]) -> int:
     return 32 * (params["NUM_WARPS"] + params["WARP_SPECIALIZED"])
+
+
+def scale_log2(head_dim: int) -> float:
+    """The kernel's softmax scale argument: log2(e) / sqrt(D) (it exponentiates with exp2)."""
+    return math.log2(math.e) / math.sqrt(head_dim)
 
 
 def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:

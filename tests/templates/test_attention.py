@@ -12,7 +12,7 @@ import pytest
 from templates import get_family
 from templates.attention import problem as attn
 from templates.attention import space
-from templates.family import H100_LIMITS, DeviceLimits, TemplateError, summarize_space
+from templates.family import H100_LIMITS, DeviceLimits, TemplateError, check_outputs, summarize_space
 
 FAMILY = get_family("attention")
 PROBLEMS = [
@@ -126,8 +126,9 @@ def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, causal
 
     unwritten = good.copy()
     unwritten[1, 1, 76, 5] = attn.POISON[dtype]
-    result = FAMILY.validate(problem, inputs, {"o": unwritten})
-    assert not result.ok and "NaN/Inf or unwritten" in result.reason
+    result = check_outputs(FAMILY, problem, inputs, {"o": unwritten})
+    assert not result.ok and result.reason == "1 element of 'o' is NaN/Inf or unwritten"
+    assert check_outputs(FAMILY, problem, inputs, {"o": good}).ok
 
     wrong = attn.to_bits(attn.from_bits(good, dtype).astype(np.float32) * 1.2, dtype)
     result = FAMILY.validate(problem, inputs, {"o": wrong})

@@ -98,3 +98,12 @@ def test_pool_on_the_gpu_crash_and_timeout(ray_session, tmp_path):
         params = {"variant": "ok", "tag": 3}
         pool.submit(3, params, FAMILY.render(params, PROBLEM), FAMILY.launch(params, PROBLEM), ())
         assert _drain(pool)[3].ok  # on a fresh actor, after the crash and the hang
+
+
+def test_a_kernel_that_writes_into_its_input_fails_and_the_next_gets_fresh_inputs(bench):
+    binary, launch = _binary("scribble")
+    m = bench.measure(binary, launch, worker_family.NAME, PROBLEM, seed=2)
+    assert m.failure == "wrong" and m.reason == "the kernel wrote into its input 'x'"
+    binary, launch = _binary("ok", tag=1)
+    again = bench.measure(binary, launch, worker_family.NAME, PROBLEM, seed=2)
+    assert again.ok and again.error < 1e-6, again

@@ -12,6 +12,7 @@ from templates.family import Validation
 from workers.errors import LaunchError
 from workers.gpu import GpuBench
 from workers.retime import MIN_ROUNDS, interleave, round_count
+from workers.trial import wrong
 
 
 class FakeTrial:
@@ -26,16 +27,13 @@ class FakeTrial:
         if self.fail == "load":
             raise LaunchError("cuModuleLoadData", "CUDA_ERROR_INVALID_IMAGE")
 
-    def upload(self, family, problem, seed):
-        self.log.append(f"upload {self.name}")
-        return {"x": None}, ()
+    def attach(self, family, problem, seed):
+        self.log.append(f"attach {self.name}")
 
-    def build_params(self):
-        pass
-
-    def verify(self, family, problem, inputs, specs):
-        ok = self.fail != "wrong"
-        return Validation(ok, 1e-4 if ok else 0.5, 1e-3, None if ok else "relative error 0.5")
+    def verify(self, family, problem):
+        if self.fail == "wrong":
+            return wrong(Validation(False, 0.5, 1e-3, "relative error 0.5")), None
+        return None, Validation(True, 1e-4, 1e-3)
 
     def warm_up(self, warmup_ms):
         return self.ms
@@ -57,7 +55,7 @@ class FakeTrial:
 def bench(monkeypatch):
     synchronize = SimpleNamespace(cuStreamSynchronize=lambda stream: (0,))
     monkeypatch.setattr(workers.gpu, "driver_api", lambda: synchronize)
-    fake = SimpleNamespace(dead=False, stream=None)
+    fake = SimpleNamespace(dead=False, stream=None, residents=SimpleNamespace(changed=lambda: None))
     fake.classify = lambda exc, stage: GpuBench.classify(fake, exc, stage)
     return fake
 
@@ -74,8 +72,8 @@ def test_kernels_are_timed_round_robin_and_fail_alone(bench):
     results, rounds = _run(bench, trials, rounds=6)
     a, b, c, d, e = results
     assert rounds == 6 and not bench.dead
-    assert log[0] == "upload A"  # once, into the first trial's buffers
-    assert "".join(log[1:]) == "ADE" * 2 + "AE" * 4  # D left the race at its 3rd launch
+    assert log[:4] == ["attach A", "attach C", "attach D", "attach E"]  # B did not load
+    assert "".join(log[4:]) == "ADE" * 2 + "AE" * 4  # D left the race at its 3rd launch
     assert b.failure == "compile" and c.failure == "wrong" and c.error == 0.5
     assert d.failure == "resources" and "launch" in d.reason
     assert a.ok and e.ok and a.timing.repetitions == e.timing.repetitions == 6
@@ -87,10 +85,19 @@ def test_a_dead_context_fails_every_kernel_left(bench):
     log: list[str] = []
     trials = [FakeTrial("A", log), FakeTrial("B", log, "crash"), FakeTrial("C", log, "wrong")]
     results, _ = _run(bench, trials)
-    assert bench.dead and "".join(log[1:]) == "ABAB" + "A"
+    assert bench.dead and "".join(log[3:]) == "ABAB" + "A"
     assert [m.failure for m in results] == ["crash", "crash", "wrong"]
     assert results[0].reason == "the CUDA context died during the re-timing"
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in results[1].reason
+
+
+def test_an_input_written_into_fails_the_kernels_that_were_timed(bench):
+    log: list[str] = []
+    bench.residents.changed = lambda: "q"
+    results, rounds = _run(bench, [FakeTrial("A", log), FakeTrial("B", log, "wrong")], rounds=5)
+    assert rounds == 5 and [m.failure for m in results] == ["wrong", "wrong"]
+    assert results[0].reason == "a kernel wrote into the input 'q'"
+    assert results[1].reason == "relative error 0.5"
 
 
 def test_nothing_left_to_time(bench):

@@ -1,7 +1,8 @@
 """A tiny kernel family for the workers' tests: y = a * x, with misbehaving variants.
 
 ``variant`` picks the kernel: ok, hole (one element unwritten), oob (illegal address),
-loop (never ends), smem_ok (100 KiB dynamic shared memory), smem_big (more than any GPU has).
+loop (never ends), smem_ok (100 KiB dynamic shared memory), smem_big (more than any GPU has),
+scribble (writes into its input once the checks are over).
 Resolved in Ray workers as ``"worker_family:FAMILY"``.
 """
 
@@ -26,6 +27,8 @@ _BODY = {
     "loop": "while (((volatile const float*)x)[0] > 0.f) { __nanosleep(1000); }\n    y[i] = a * x[i];",
     "smem_ok": "s[threadIdx.x] = a * x[i]; __syncthreads(); y[i] = s[threadIdx.x];",
     "smem_big": "s[threadIdx.x] = a * x[i]; __syncthreads(); y[i] = s[threadIdx.x];",
+    # right output, but its 6th launch (in the timing, after the checks) changes an input
+    "scribble": "y[i] = a * x[i];\n    if (i == 0 && atomicAdd(&launches, 1u) == 5) ((float*)x)[n - 1] = 7.f;",
 }
 _SMEM = {"smem_ok": 100 * 1024, "smem_big": 400 * 1024}
 SCALE = 2.5
@@ -56,6 +59,7 @@ class ScaleFamily(KernelFamily):
         body = _BODY[params["variant"]]
         return (
             f"#define TAG {int(params.get('tag', 0))}\n"
+            "__device__ unsigned launches;\n"
             'extern "C" __global__ void scale(float* y, const float* x, float a, int n) {\n'
             "  extern __shared__ float s[];\n"
             "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -79,7 +83,7 @@ class ScaleFamily(KernelFamily):
         return {"x": rng.uniform(1.0, 2.0, problem.shape).astype(np.float32)}
 
     def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
-        return (BufferSpec("y", problem.shape, np.dtype(np.float32), 0xFFFF),)
+        return (BufferSpec("y", problem.shape, np.dtype(np.float32), 0xFFFF, element="fp32"),)
 
     def validate(self, problem: Problem, inputs: Mapping[str, np.ndarray],
                  outputs: Mapping[str, np.ndarray]) -> Validation:
