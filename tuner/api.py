@@ -24,7 +24,7 @@ import optuna
 
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import retime as retiming
-from tuner import search, warmstart
+from tuner import search, study_writer, warmstart
 from tuner.errors import DatabaseError, NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
@@ -191,11 +191,16 @@ def _run_study(
             logger.info("warm start from %s: %s", pick.source, pick.params)
             study.enqueue_trial(space.encode(pick.params))
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
-    coordinator = Coordinator(
-        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
-        trials=trials, time_budget=time_budget, **loop_options,
-    )
-    outcome = _storage_call(coordinator.run)
+    writer = study_writer.beside_ray(name, url)
+    try:
+        coordinator = Coordinator(
+            fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
+            trials=trials, time_budget=time_budget, writer=writer, **loop_options,
+        )
+        outcome = _storage_call(coordinator.run)
+    finally:
+        if writer is not None:
+            writer.close()
     summary = _storage_call(lambda: repo.study(name))
     measured = _storage_call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)

@@ -29,6 +29,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -118,6 +119,7 @@ class Coordinator:
         progress: Progress | None = None,
         retime: int = DEFAULT_TOP,
         early_stop: bool = True,
+        writer: Any = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.repository, self.study, self.record, self.space = repository, study, record, space
@@ -126,14 +128,16 @@ class Coordinator:
         self.max_idle_asks = max_idle_asks
         self.retime = retime
         self.early_stop = early_stop
+        self.writer = writer  # of the database study (tuner.study_writer; None: in this process)
         self.poll_interval = poll_interval
         self.clock = clock = clock or time.monotonic
         self.progress = progress or Progress(
             record.name, trials=trials, time_budget=time_budget, clock=clock
         )
         self._known: dict[str, float] = {}  # params_key -> objective told to Optuna
-        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight: dict[int, _InFlight] = {}  # pool ticket -> trial
         self._in_flight_keys: dict[str, int] = {}
+        self._tickets = itertools.count()
         self._previous = 0
         self._idle = 0
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
@@ -146,7 +150,7 @@ class Coordinator:
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._resume()
-        self._proposals = MirroredStudy(self.study, clock=self.clock)
+        self._proposals = MirroredStudy(self.study, clock=self.clock, writer=self.writer)
         self._synced(self._proposals.synced)
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
@@ -163,6 +167,7 @@ class Coordinator:
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
+            self._mirror.flush()  # the database study holds every result before the run returns
             self.repository.set_study_status(self.record.id, status)
             self.progress.in_flight = 0
             self.progress.finish(status, reason)
@@ -259,13 +264,13 @@ class Coordinator:
             self._idle += 1
             return False
         self._mirror.record(proposal, owner=search.owner_id())
-        number = proposal.number
-        self.pool.submit(number, params, source, launch, options)
-        self._in_flight[number] = _InFlight(proposal, params, key)
-        self._in_flight_keys[key] = number
+        ticket = next(self._tickets)
+        self.pool.submit(ticket, params, source, launch, options)
+        self._in_flight[ticket] = _InFlight(proposal, params, key)
+        self._in_flight_keys[key] = ticket
         self._unmeasured.discard(key)
         self._idle = 0
-        logger.debug("trial %d submitted %s", number, params)
+        logger.debug("ticket %d submitted %s", ticket, params)
         return True
 
     def _reject(self, proposal: Proposal, key: str, reason: str) -> None:
@@ -306,8 +311,9 @@ class Coordinator:
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
+        number = self._mirror.number(flight.proposal)
         self.repository.record_trial(
-            self.record.id, flight.proposal.number, flight.params,
+            self.record.id, number, flight.params,
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
             detail=m.detail,
             registers=res.registers if res else None,
@@ -332,7 +338,7 @@ class Coordinator:
         for follower in flight.followers:
             self._mirror.tell(follower, value, reused=True)
         self.progress.measured(
-            flight.proposal.number, flight.params, failure=None if m.ok else m.failure,
+            number, flight.params, failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )
 

@@ -21,6 +21,7 @@ coordinators sharing the study (PostgreSQL) into memory, at most every ``sync_in
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -30,27 +31,24 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from tuner import search
+from tuner.study_writer import InlineWriter
 
 SYNC_INTERVAL_S = 5.0
+MIRROR_ATTR = "mirror"  # user attribute of a database trial: the mirror that created it
 
 
 @dataclass
 class Proposal:
-    """One asked config: its in-memory trial and, once recorded, its database trial."""
+    """One asked config: its in-memory trial and, once recorded, its database trial: a queued
+    one taken here (``durable``), or one the writer creates (``created``, the writer's handle)."""
 
     trial: Trial
     durable: Trial | None = None
+    created: Any = None
 
     @property
     def params(self) -> dict[str, Any]:
         return self.trial.params
-
-    @property
-    def number(self) -> int:
-        """The database trial's number (the ticket and the stored trial number)."""
-        if self.durable is None:
-            raise ValueError("this proposal has no database trial yet")
-        return self.durable.number
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,12 @@ class Synced:
 
 class MirroredStudy:
     def __init__(self, durable: optuna.Study, *, sync_interval_s: float = SYNC_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, writer: Any = None) -> None:
+        """``writer``: where the database trials are written (``tuner.study_writer``; default
+        in this process, at once)."""
         self.durable = durable
+        self.writer = writer if writer is not None else InlineWriter(durable)
+        self._token = uuid.uuid4().hex  # marks the database trials this mirror creates
         self.memory = optuna.create_study(direction="minimize", sampler=durable.sampler)
         # The database study keeps a sampler that costs nothing: its trials are made here, and
         # Optuna calls a study's sampler whenever a Trial of it is built.
@@ -108,35 +110,49 @@ class MirroredStudy:
         return None
 
     def record(self, proposal: Proposal, **user_attrs: Any) -> None:
-        """Give the proposal a RUNNING database trial (params and attributes in one write)."""
+        """Give the proposal a RUNNING database trial (params and attributes in one write, sent
+        to the writer)."""
         if proposal.durable is not None:
             for key, value in user_attrs.items():
                 proposal.durable.set_user_attr(key, value)
             return
-        template = create_trial(state=TrialState.RUNNING, params=proposal.trial.params,
-                                distributions=proposal.trial.distributions, user_attrs=user_attrs)
-        # Optuna has no public call that creates a RUNNING trial and returns it; its storage does.
-        trial_id = self.durable._storage.create_new_trial(self.durable._study_id, template_trial=template)
-        proposal.durable = Trial(self.durable, trial_id)
-        self._mine.add(proposal.durable.number)
+        proposal.created = self.writer.call("create", proposal.trial.params, proposal.trial.distributions,
+                                             {**user_attrs, MIRROR_ATTR: self._token})
+
+    def number(self, proposal: Proposal) -> int:
+        """The database trial's number (the stored trial's number); waits for its creation."""
+        if proposal.durable is not None:
+            return proposal.durable.number
+        if proposal.created is None:
+            raise ValueError("this proposal has no database trial yet")
+        return self.writer.result(proposal.created)[1]
 
     def tell(self, proposal: Proposal, value: float, **attrs: Any) -> None:
         """Tell the sampler; the database trial too, with ``attrs`` as user attributes."""
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
         if proposal.durable is not None:
             search.tell(self.durable, proposal.durable, value, **attrs)
+        elif proposal.created is not None:
+            self.writer.call("tell", proposal.created, value, attrs)
 
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told: FAIL in memory; in the database FAIL and queued to be asked again."""
-        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
-        if proposal.durable is not None:
-            search.abandon(self.durable, proposal.durable, proposal.durable.params or None)
+        self._fail(proposal, requeue=True)
 
     def drop(self, proposal: Proposal) -> None:
         """Never to be told, nor asked again (another coordinator measures it): FAIL in both."""
+        self._fail(proposal, requeue=False)
+
+    def _fail(self, proposal: Proposal, requeue: bool) -> None:
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
         if proposal.durable is not None:
-            search.abandon(self.durable, proposal.durable, None)
+            search.abandon(self.durable, proposal.durable, (proposal.durable.params or None) if requeue else None)
+        elif proposal.created is not None:
+            self.writer.call("abandon", proposal.created, proposal.trial.params if requeue else None)
+
+    def flush(self) -> None:
+        """Wait until every database write sent so far is made."""
+        self.writer.flush()
 
     def sync(self, force: bool = False) -> Synced | None:
         """Copy finished database trials of other coordinators (and of earlier runs) into memory;
@@ -151,7 +167,8 @@ class MirroredStudy:
         self._waiting = sum(t.state == TrialState.WAITING for t in trials)
         finished, running = [], []
         for t in trials:
-            if t.number in self._mine or t.number in self._copied or not t.params:
+            if (t.number in self._mine or t.number in self._copied or not t.params
+                    or t.user_attrs.get(MIRROR_ATTR) == self._token):
                 continue
             if t.state == TrialState.RUNNING:
                 running.append(t)

@@ -118,8 +118,8 @@ class AttentionFamily(KernelFamily):
         return Launch(KERNEL_NAME, grid, (_space.threads(params), 1, 1), _space.smem_bytes(params, d), args)
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
-        """FA3's warpgroup tiles (128 rows on two warpgroups, or 64 on one) and FA2's 128x64 tile."""
-        points = [dict(self.default_params(), **point) for point in _starts.STARTING_POINTS]
+        """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
+        points = [dict(self.default_params(), **point) for point in _starts.starting_points(problem.shape[3])]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def compile_options(self, params: Params, problem: Problem) -> tuple[str, ...]:

@@ -173,5 +173,8 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
         points = FAMILY.starting_points(problem, H100_LIMITS)
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
+        first = (points[0]["STAGES"], points[0]["Q_IN_REGS"])
+        assert first == ((3, 1) if problem.shape[3] == 128 else (2, 0))  # D=128 leads with its own
+        assert len({tuple(sorted(p.items())) for p in points}) == len(points)
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(PROBLEMS[0], older))

@@ -94,10 +94,16 @@ def test_grid_covers_the_valid_space_once_and_stops(toy, db, tuned):
     assert result.invalid == 0  # the grid walks the valid configs alone
 
 
-def test_duplicates_are_never_measured_again(toy, db, pools):
-    # TPE over a small space repeats itself: repeats are answered without the GPU.
+def test_tpe_proposes_new_configs_before_repeats(toy, db, pools):
     n_valid = len(valid_configs(toy))
     result = _tune(trials=n_valid // 2, db=db)
+    assert result.measured == n_valid // 2 and result.reused == 0
+
+
+def test_duplicates_are_never_measured_again(toy, db, pools):
+    # Random search over a small space repeats itself: repeats are answered without the GPU.
+    n_valid = len(valid_configs(toy))
+    result = _tune(trials=n_valid // 2, db=db, sampler="random")
     submitted = pools.used[0].submitted
     keys = [params_key(p) for p in submitted]
     assert len(keys) == len(set(keys)) == n_valid // 2

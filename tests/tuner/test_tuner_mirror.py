@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from templates.family import Param
 from tuner import search
 from tuner.mirror import MirroredStudy
+from tuner.study_writer import RayWriter, _absolute_sqlite
 
 SPACE = search.SearchSpace((Param("A", (1, 2, 3, 4)), Param("B", ("x", "y"))))
 
@@ -29,7 +31,8 @@ def test_only_recorded_proposals_reach_the_database(url):
     mirror.record(measured, owner="here:1")
     (running,) = _trials(url)
     assert running.state == TrialState.RUNNING and running.params == measured.params
-    assert running.user_attrs == {"owner": "here:1"} and measured.number == running.number
+    assert running.user_attrs == {"owner": "here:1", "mirror": mirror._token}
+    assert mirror.number(measured) == running.number
     mirror.tell(measured, 0.5, tflops=10.0)
     (done,) = _trials(url)
     assert done.state == TrialState.COMPLETE and done.value == 0.5 and done.user_attrs["tflops"] == 10.0
@@ -72,7 +75,7 @@ def test_abandoned_proposals_are_queued_again_and_dropped_ones_not(url):
     mirror.abandon(left)
     mirror.drop(dropped)
     failed = _trials(url, TrialState.FAIL)
-    assert sorted(t.number for t in failed) == sorted([left.number, dropped.number])
+    assert sorted(t.number for t in failed) == sorted([mirror.number(left), mirror.number(dropped)])
     (waiting,) = _trials(url, TrialState.WAITING)
     assert waiting.system_attrs["fixed_params"] == left.params
     again = MirroredStudy(_database_study(url)).ask(SPACE.distributions)  # the next run
@@ -84,3 +87,55 @@ def test_the_sampler_moves_to_memory_and_the_database_keeps_a_cheap_one(url):
     study = _database_study(url, tpe)
     mirror = MirroredStudy(study)
     assert mirror.sampler is tpe and isinstance(study.sampler, optuna.samplers.RandomSampler)
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def test_a_ray_writer_makes_the_same_database_study(url, ray_up):
+    """The writes go through an actor, in order; the coordinator never waits for a create."""
+    study = _database_study(url)  # the actor loads the study: it must exist first
+    writer = RayWriter("mirror", url)
+    mirror = MirroredStudy(study, writer=writer)
+    proposals = [mirror.ask(SPACE.distributions) for _ in range(6)]
+    for proposal in proposals:
+        mirror.record(proposal, owner="here:1")
+    for value, proposal in enumerate(proposals[:4]):
+        mirror.tell(proposal, value / 10, tflops=1.0)  # sent before the creates are known here
+    mirror.abandon(proposals[4])
+    mirror.drop(proposals[5])
+    mirror.flush()
+    trials = {t.number: t for t in _trials(url)}
+    numbers = [mirror.number(p) for p in proposals]
+    assert sorted(numbers) == list(range(6))
+    for value, number in enumerate(numbers[:4]):
+        assert trials[number].state == TrialState.COMPLETE and trials[number].value == value / 10
+        assert trials[number].user_attrs["tflops"] == 1.0 and trials[number].params == proposals[value].params
+    assert trials[numbers[4]].state == trials[numbers[5]].state == TrialState.FAIL
+    (waiting,) = _trials(url, TrialState.WAITING)
+    assert waiting.system_attrs["fixed_params"] == proposals[4].params
+    assert mirror.sync(force=True).running == ()  # its own trials are not another coordinator's
+    writer.close()
+
+
+def test_a_ray_writer_raises_the_database_error(tmp_path, ray_up):
+    writer = RayWriter("no such study", f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(KeyError, match="Record does not exist"):  # Optuna's own words
+        writer.flush()
+    writer.close()
+
+
+def test_sqlite_paths_are_made_absolute_for_the_actor(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _absolute_sqlite("sqlite:///tuner.db") == f"sqlite:///{tmp_path / 'tuner.db'}"
+    assert _absolute_sqlite("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert _absolute_sqlite("postgresql://u@h:5432/test") == "postgresql://u@h:5432/test"

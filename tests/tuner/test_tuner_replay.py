@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
 import tuner
 from tuner_doubles import LANDSCAPE, run_cli
@@ -36,6 +38,16 @@ def test_replayed_study_measures_through_the_pool_and_stores_every_trial(replaye
             assert trial.median_ms == answer.timing.median_ms
             assert trial.registers == answer.resources.registers
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 30  # none measured twice
+
+
+def test_the_optuna_study_holds_every_result_written_by_its_actor(replayed):
+    db, result = replayed
+    stored = {t.number: t for t in tuner.show(result.study, db=db).trials}
+    durable = optuna.load_study(study_name=result.study, storage=db).get_trials(deepcopy=False)
+    assert {t.number for t in durable} == set(stored)
+    for trial in durable:
+        expected = stored[trial.number].median_ms if stored[trial.number].status == "ok" else float("inf")
+        assert trial.state == TrialState.COMPLETE and trial.value == expected
 
 
 def test_replayed_winner_is_the_fastest_stored_and_is_marked(replayed):
