@@ -11,6 +11,8 @@ Rules it keeps:
 
 - the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`); the Optuna
   study in the database gets the trials that go to the GPU, when they do, and their results;
+  those writes, and the storing of each measured trial, are made by ``writer``
+  (:mod:`tuner.study_writer`: a Ray actor in ``tune``), in order, while the loop goes on;
 - a config the family rejects is told ``inf`` at once, to the sampler only; it is never
   compiled, not stored (storage holds measured trials only) and does not count toward the
   trial budget;
@@ -43,6 +45,7 @@ from storage import params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.mirror import MirroredStudy, Proposal, Synced
+from tuner.study_writer import InlineWriter
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -150,7 +153,8 @@ class Coordinator:
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._resume()
-        self._proposals = MirroredStudy(self.study, clock=self.clock, writer=self.writer)
+        writer = self.writer or InlineWriter(self.study, self.repository)
+        self._proposals = MirroredStudy(self.study, clock=self.clock, writer=writer)
         self._synced(self._proposals.synced)
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
@@ -306,14 +310,14 @@ class Coordinator:
             self._finish(flight, measurement)
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
-        """Record first, then tell: a crash in between is repaired by :meth:`_resume`."""
+        """The sampler learns at once; the writer stores the trial, then tells the database
+        study (a crash in between is repaired by :meth:`_resume`)."""
         timing, res = m.timing, m.resources
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
-        number = self._mirror.number(flight.proposal)
-        self.repository.record_trial(
-            self.record.id, number, flight.params,
+        record = dict(
+            study_id=self.record.id, params=flight.params,
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
             detail=m.detail,
             registers=res.registers if res else None,
@@ -334,11 +338,12 @@ class Coordinator:
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
         self._set_early_stop()
-        self._mirror.tell(flight.proposal, value, failure=m.failure, tflops=tflops)
+        self._mirror.finish(flight.proposal, value, record, failure=m.failure, tflops=tflops)
         for follower in flight.followers:
             self._mirror.tell(follower, value, reused=True)
         self.progress.measured(
-            number, flight.params, failure=None if m.ok else m.failure,
+            lambda: self._mirror.number(flight.proposal), flight.params,
+            failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )
 

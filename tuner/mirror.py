@@ -30,7 +30,6 @@ from optuna.distributions import BaseDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
-from tuner import search
 from tuner.study_writer import InlineWriter
 
 SYNC_INTERVAL_S = 5.0
@@ -39,11 +38,11 @@ MIRROR_ATTR = "mirror"  # user attribute of a database trial: the mirror that cr
 
 @dataclass
 class Proposal:
-    """One asked config: its in-memory trial and, once recorded, its database trial: a queued
-    one taken here (``durable``), or one the writer creates (``created``, the writer's handle)."""
+    """One asked config: its in-memory trial and, once recorded, its database trial as the
+    writer knows it (``created``: a queued trial's (id, number), or the writer's handle of the
+    one it creates)."""
 
     trial: Trial
-    durable: Trial | None = None
     created: Any = None
 
     @property
@@ -88,7 +87,7 @@ class MirroredStudy:
         if durable is None:
             return Proposal(self.memory.ask(dict(distributions)))
         self.memory.enqueue_trial(durable.params)
-        return Proposal(self.memory.ask(dict(distributions)), durable)
+        return Proposal(self.memory.ask(dict(distributions)), (durable._trial_id, durable.number))
 
     def _pop_queued(self, distributions: Mapping[str, BaseDistribution]) -> Trial | None:
         """Take the oldest queued database trial (None when another coordinator took the last):
@@ -110,19 +109,15 @@ class MirroredStudy:
         return None
 
     def record(self, proposal: Proposal, **user_attrs: Any) -> None:
-        """Give the proposal a RUNNING database trial (params and attributes in one write, sent
-        to the writer)."""
-        if proposal.durable is not None:
-            for key, value in user_attrs.items():
-                proposal.durable.set_user_attr(key, value)
+        """Give the proposal a RUNNING database trial (params and attributes in one write)."""
+        if proposal.created is not None:  # a queued trial, taken by ask
+            self.writer.call("set_user_attrs", proposal.created, user_attrs)
             return
         proposal.created = self.writer.call("create", proposal.trial.params, proposal.trial.distributions,
                                              {**user_attrs, MIRROR_ATTR: self._token})
 
     def number(self, proposal: Proposal) -> int:
         """The database trial's number (the stored trial's number); waits for its creation."""
-        if proposal.durable is not None:
-            return proposal.durable.number
         if proposal.created is None:
             raise ValueError("this proposal has no database trial yet")
         return self.writer.result(proposal.created)[1]
@@ -130,10 +125,15 @@ class MirroredStudy:
     def tell(self, proposal: Proposal, value: float, **attrs: Any) -> None:
         """Tell the sampler; the database trial too, with ``attrs`` as user attributes."""
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
-        if proposal.durable is not None:
-            search.tell(self.durable, proposal.durable, value, **attrs)
-        elif proposal.created is not None:
+        if proposal.created is not None:
             self.writer.call("tell", proposal.created, value, attrs)
+
+    def finish(self, proposal: Proposal, value: float, record: Mapping[str, Any], **attrs: Any) -> None:
+        """A measured result: told to the sampler at once; then, by the writer and in this order,
+        stored (``Repository.record_trial(**record)`` under the trial's number) and told to the
+        database study."""
+        self.memory.tell(proposal.trial, value, skip_if_finished=True)
+        self.writer.call("finish", proposal.created, dict(record), value, attrs)
 
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told: FAIL in memory; in the database FAIL and queued to be asked again."""
@@ -145,9 +145,7 @@ class MirroredStudy:
 
     def _fail(self, proposal: Proposal, requeue: bool) -> None:
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
-        if proposal.durable is not None:
-            search.abandon(self.durable, proposal.durable, (proposal.durable.params or None) if requeue else None)
-        elif proposal.created is not None:
+        if proposal.created is not None:
             self.writer.call("abandon", proposal.created, proposal.trial.params if requeue else None)
 
     def flush(self) -> None:

@@ -83,25 +83,27 @@ class Progress:
 
     def measured(
         self,
-        number: int,
+        number: int | Callable[[], int],
         params: Mapping[str, Any],
         *,
         failure: str | None,
         median_ms: float | None,
         tflops: float | None,
     ) -> bool:
-        """Count one GPU result; log and return True when it is the new best."""
+        """Count one GPU result; log and return True when it is the new best. ``number`` may be
+        a call that gives it (asked only for a failure or a new best: it may wait on a write)."""
         self.counts.measured += 1
         if failure is not None:
             self.counts.failed += 1
             self.counts.failures[failure] = self.counts.failures.get(failure, 0) + 1
-            logger.debug("trial %d failed (%s) %s", number, failure, format_params(params))
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("trial %d failed (%s) %s", _number(number), failure, format_params(params))
             return False
         assert median_ms is not None
         if self.best is not None and median_ms >= self.best.median_ms:
             return False
-        self.best = Best(median_ms, tflops, dict(params), number)
-        logger.info("new best (trial %d): %s", number, self._best_text())
+        self.best = Best(median_ms, tflops, dict(params), _number(number))
+        logger.info("new best (trial %d): %s", self.best.number, self._best_text())
         return True
 
     def reused(self) -> None:
@@ -163,3 +165,7 @@ class Progress:
         assert self.best is not None
         tflops = f" {self.best.tflops:.1f} TFLOPS" if self.best.tflops is not None else ""
         return f"{self.best.median_ms:.4f} ms{tflops} {format_params(self.best.params)}"
+
+
+def _number(number: int | Callable[[], int]) -> int:
+    return number() if callable(number) else number

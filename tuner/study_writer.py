@@ -2,16 +2,18 @@
 
 On a study of microsecond kernels the coordinator's loop spent about 50 ms of Python a measured
 trial in Optuna's RDB storage (creating the trial, then telling it), more than the GPU worker
-took to measure it. :class:`RayWriter` moves those writes to another process: the coordinator
-sends each one and goes on; a write that depends on an earlier one (the tell of a trial being
-created) is handed that write's reference, which Ray resolves first, and an actor runs its
-calls in the order they were sent::
+took to measure it. :class:`RayWriter` moves those writes, and the storing of each measured
+trial, to another process: the coordinator sends each one and goes on; a write that depends on
+an earlier one (the tell of a trial being created) is handed that write's reference, which Ray
+resolves first, and an actor runs its calls in the order they were sent. On SQLite it is then
+the only process that writes while a study runs (two writers waited on each other's locks)::
 
-    writer = RayWriter(study_name, url)             # or InlineWriter(study): the same calls, here
+    writer = RayWriter(study_name, url)     # or InlineWriter(study, repository): the same, here
     created = writer.call("create", params, distributions, {"owner": "host:pid"})
-    writer.call("tell", created, 0.0213, {"tflops": 98.1})
-    trial_id, number = writer.result(created)      # waits only if the create is still queued
-    writer.flush()                                  # every write sent so far is in the database
+    writer.call("finish", created, {"study_id": 1, "params": {...}, "status": "ok", ...},
+                0.0213, {"tflops": 98.1})   # Repository.record_trial, then Optuna's tell
+    trial_id, number = writer.result(created)   # waits only if the create is still queued
+    writer.flush()                              # every write sent so far is made
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ from tuner import search
 
 
 class StudyWriter:
-    """The writes themselves, on one Optuna study (wherever this object lives)."""
+    """The writes themselves, on one Optuna study and our repository (wherever this lives)."""
 
-    def __init__(self, study: optuna.Study) -> None:
-        self.study = study
+    def __init__(self, study: optuna.Study, repository: Any = None) -> None:
+        self.study, self.repository = study, repository
 
     @classmethod
     def open(cls, name: str, url: str) -> "StudyWriter":
+        from storage import open_repository
+
         storage = optuna.storages.RDBStorage(url)
-        return cls(optuna.load_study(study_name=name, storage=storage,
-                                     sampler=optuna.samplers.RandomSampler()))
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
+        return cls(study, open_repository(url))
 
     def create(self, params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution],
                user_attrs: Mapping[str, Any]) -> tuple[int, int]:
@@ -49,13 +53,24 @@ class StudyWriter:
         trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
         return trial_id, storage.get_trial_number_from_id(trial_id)
 
-    def tell(self, created: tuple[int, int], value: float, attrs: Mapping[str, Any]) -> None:
-        """The result, with ``attrs`` as user attributes (None values left out)."""
-        trial_id, number = created
+    def set_user_attrs(self, created: tuple[int, int], attrs: Mapping[str, Any]) -> None:
+        """``attrs`` as user attributes (None values left out)."""
         for key, attr in attrs.items():
             if attr is not None:
-                self.study._storage.set_trial_user_attr(trial_id, key, attr)
-        self.study.tell(number, value, skip_if_finished=True)
+                self.study._storage.set_trial_user_attr(created[0], key, attr)
+
+    def tell(self, created: tuple[int, int], value: float, attrs: Mapping[str, Any]) -> None:
+        """The result, with ``attrs`` as user attributes."""
+        self.set_user_attrs(created, attrs)
+        self.study.tell(created[1], value, skip_if_finished=True)
+
+    def finish(self, created: tuple[int, int], record: Mapping[str, Any], value: float,
+               attrs: Mapping[str, Any]) -> None:
+        """Store the measured trial (``Repository.record_trial`` under its number), then tell
+        it: a crash in between leaves the database trial RUNNING, which the next run settles
+        from the stored one."""
+        self.repository.record_trial(number=created[1], **record)
+        self.tell(created, value, attrs)
 
     def abandon(self, created: tuple[int, int], params: Mapping[str, Any] | None) -> None:
         """FAIL, and queued to be asked again when ``params`` are given (``search.abandon``)."""
@@ -68,8 +83,8 @@ class StudyWriter:
 class InlineWriter:
     """The writes made at once, in this process (tests, and wherever Ray is not up)."""
 
-    def __init__(self, study: optuna.Study) -> None:
-        self._writer = StudyWriter(study)
+    def __init__(self, study: optuna.Study, repository: Any = None) -> None:
+        self._writer = StudyWriter(study, repository)
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self._writer, method)(*args)
@@ -98,6 +113,8 @@ class RayWriter:
         return self._actor.run.remote(method, *args)
 
     def result(self, handle: Any) -> Any:
+        if not isinstance(handle, self._ray.ObjectRef):
+            return handle
         try:
             return self._ray.get(handle)
         except self._ray.exceptions.RayTaskError as error:  # the database's own error, unwrapped

@@ -45,9 +45,9 @@ def test_queued_trials_are_asked_from_the_database_once(url):
     first = MirroredStudy(_database_study(url))
     second = MirroredStudy(_database_study(url))  # another coordinator on the same study
     proposal = first.ask(SPACE.distributions)
-    assert SPACE.decode(proposal.params) == {"A": 3, "B": "y"} and proposal.durable is not None
+    assert SPACE.decode(proposal.params) == {"A": 3, "B": "y"} and proposal.created is not None
     other = second.ask(SPACE.distributions)  # the queue is empty now: a proposal of its sampler
-    assert other.durable is None
+    assert other.created is None
     assert not _trials(url, TrialState.WAITING)
 
 
