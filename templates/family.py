@@ -184,7 +184,7 @@ def check_outputs(family: "KernelFamily", problem: Problem, inputs: Mapping[str,
             bad = count_nonfinite(outputs[spec.name], spec.element)
             if bad:
                 return unwritten(spec.name, bad)
-    return family.validate(problem, inputs, outputs)
+    return family.validate(problem, inputs, outputs, family.reference(problem, inputs))
 
 
 def unwritten(name: str, count: int) -> Validation:
@@ -297,11 +297,18 @@ class KernelFamily(abc.ABC):
     def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
         """The output buffers, with the poison pattern each is filled with before a run."""
 
+    def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
+        """What ``validate`` compares outputs with, computed from the inputs: a worker computes
+        it once per (problem, seed) and passes it to every trial's ``validate``. None (the
+        default): ``validate`` computes its own each time."""
+        return None
+
     @abc.abstractmethod
     def validate(
-        self, problem: Problem, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+        self, problem: Problem, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+        reference: Any = None,
     ) -> Validation:
-        """Compare outputs with a float64 reference.
+        """Compare outputs with a float64 reference (``reference``'s, when given).
 
         Before this is called, every output whose BufferSpec names an ``element`` format has
         been checked for NaN, Inf and unwritten elements (``check_outputs`` on the host; on the

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState, create_trial
 
 from tuner import search
@@ -60,9 +61,15 @@ class StudyWriter:
                 self.study._storage.set_trial_user_attr(created[0], key, attr)
 
     def tell(self, created: tuple[int, int], value: float, attrs: Mapping[str, Any]) -> None:
-        """The result, with ``attrs`` as user attributes."""
+        """The result, with ``attrs`` as user attributes; a trial already finished (by another
+        coordinator, from stored results) is left as it is. Straight to the storage, as
+        ``Study.tell(skip_if_finished=True)`` would, less its two reads of the trial (6 ms of
+        the writer's 30 a trial on SQLite); the database study's sampler has nothing to learn."""
         self.set_user_attrs(created, attrs)
-        self.study.tell(created[1], value, skip_if_finished=True)
+        try:
+            self.study._storage.set_trial_state_values(created[0], TrialState.COMPLETE, [float(value)])
+        except UpdateFinishedTrialError:
+            pass
 
     def finish(self, created: tuple[int, int], record: Mapping[str, Any], value: float,
                attrs: Mapping[str, Any]) -> None:

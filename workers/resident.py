@@ -2,6 +2,7 @@
 
     resident = bench.resident(family, problem, seed)   # uploaded once per (family, problem, seed)
     resident.inputs        # host copies (page-locked), for the reference
+    resident.reference     # the family's reference output, computed once
     resident.buffers       # name -> (CUdeviceptr, bytes): the inputs and the outputs a run writes
     resident.second        # the outputs of the determinism run, by the same names
     resident.views()       # each output as a DeviceArray, for the family's validate
@@ -83,6 +84,7 @@ class Resident:
     buffers: dict[str, tuple[Any, int]] = field(default_factory=dict)
     second: dict[str, tuple[Any, int]] = field(default_factory=dict)
     sums: dict[str, int] = field(default_factory=dict)  # input name -> checksum after upload
+    reference: Any = None  # the family's reference for these inputs (KernelFamily.reference)
 
     def views(self) -> Mapping[str, DeviceArray]:
         return {s.name: DeviceArray(self.buffers[s.name][0], s.shape, s.dtype) for s in self.specs}
@@ -105,7 +107,7 @@ class ResidentBuffers:
         pinned = self._bench.pinned
         drawn = family.inputs(problem, seed)
         inputs = {name: pinned.copy_of(("input", name), np.ascontiguousarray(a)) for name, a in drawn.items()}
-        resident = Resident(key, inputs, tuple(family.outputs(problem)))
+        resident = Resident(key, inputs, tuple(family.outputs(problem)), reference=family.reference(problem, inputs))
         try:
             for name, array in inputs.items():
                 ptr = self._alloc(resident.buffers, name, array.nbytes)

@@ -114,7 +114,7 @@ class Trial:
             if bad is not None and counts[bad]:
                 return wrong(unwritten(name, counts[bad])), None
         self.stage = "readback"
-        validation = family.validate(problem, resident.inputs, resident.views())
+        validation = family.validate(problem, resident.inputs, resident.views(), resident.reference)
         if not validation.ok:
             return wrong(validation), None
         for name, _, differ in slots:

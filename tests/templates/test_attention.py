@@ -123,6 +123,8 @@ def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, causal
     good = _exact_output(problem, inputs)
     result = FAMILY.validate(problem, inputs, {"o": good})
     assert result.ok and result.error < attn.TOLERANCE[dtype] / 4
+    kept = FAMILY.reference(problem, inputs)  # what a worker computes once per problem
+    assert FAMILY.validate(problem, inputs, {"o": good}, kept) == result
 
     unwritten = good.copy()
     unwritten[1, 1, 76, 5] = attn.POISON[dtype]

@@ -27,6 +27,7 @@ def test_the_hash_follows_the_kernel_files_only(tmp_path):
     assert family.template_hash == ATTENTION.template_hash
     (folder / "problem.py").write_text((folder / "problem.py").read_text() + "\n# another tolerance\n")
     (folder / "starts.py").write_text((folder / "starts.py").read_text() + "\n")
+    (folder / "__init__.py").write_text((folder / "__init__.py").read_text() + "\n")
     assert family.template_hash == ATTENTION.template_hash  # not kernel files
     (folder / "space.py").write_text((folder / "space.py").read_text() + "\n")
     assert family.template_hash != ATTENTION.template_hash

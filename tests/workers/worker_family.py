@@ -86,7 +86,7 @@ class ScaleFamily(KernelFamily):
         return (BufferSpec("y", problem.shape, np.dtype(np.float32), 0xFFFF, element="fp32"),)
 
     def validate(self, problem: Problem, inputs: Mapping[str, np.ndarray],
-                 outputs: Mapping[str, np.ndarray]) -> Validation:
+                 outputs: Mapping[str, np.ndarray], reference=None) -> Validation:
         ref = SCALE * inputs["x"].astype(np.float64)
         out = outputs["y"].astype(np.float64)
         bad = ~np.isfinite(out)
