@@ -115,6 +115,7 @@ class RayWriter:
         self._ray = ray
         actor = ray.remote(num_cpus=0, max_restarts=0)(_WriterActor)
         self._actor = actor.remote(name, _absolute_sqlite(url))
+        self.call("ping")  # it opens the study now, while the first configs compile
 
     def call(self, method: str, *args: Any) -> Any:
         return self._actor.run.remote(method, *args)
