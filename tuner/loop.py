@@ -342,7 +342,7 @@ class Coordinator:
         for follower in flight.followers:
             self._mirror.tell(follower, value, reused=True)
         self.progress.measured(
-            lambda: self._mirror.number(flight.proposal), flight.params,
+            self._mirror.number(flight.proposal, wait=False), flight.params,
             failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )

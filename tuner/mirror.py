@@ -116,10 +116,13 @@ class MirroredStudy:
         proposal.created = self.writer.call("create", proposal.trial.params, proposal.trial.distributions,
                                              {**user_attrs, MIRROR_ATTR: self._token})
 
-    def number(self, proposal: Proposal) -> int:
-        """The database trial's number (the stored trial's number); waits for its creation."""
+    def number(self, proposal: Proposal, wait: bool = True) -> int | None:
+        """The database trial's number (the stored trial's number); waits for its creation, or
+        with ``wait=False`` is None while the writer has not made it."""
         if proposal.created is None:
             raise ValueError("this proposal has no database trial yet")
+        if not wait and not self.writer.ready(proposal.created):
+            return None
         return self.writer.result(proposal.created)[1]
 
     def tell(self, proposal: Proposal, value: float, **attrs: Any) -> None:

@@ -23,7 +23,7 @@ class Best:
     median_ms: float
     tflops: float | None
     params: dict[str, Any]
-    number: int
+    number: int | None  # None while its trial is being recorded
 
 
 @dataclass
@@ -83,27 +83,26 @@ class Progress:
 
     def measured(
         self,
-        number: int | Callable[[], int],
+        number: int | None,
         params: Mapping[str, Any],
         *,
         failure: str | None,
         median_ms: float | None,
         tflops: float | None,
     ) -> bool:
-        """Count one GPU result; log and return True when it is the new best. ``number`` may be
-        a call that gives it (asked only for a failure or a new best: it may wait on a write)."""
+        """Count one GPU result; log and return True when it is the new best. ``number``: the
+        stored trial's, or None while its database trial is still being written."""
         self.counts.measured += 1
         if failure is not None:
             self.counts.failed += 1
             self.counts.failures[failure] = self.counts.failures.get(failure, 0) + 1
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("trial %d failed (%s) %s", _number(number), failure, format_params(params))
+            logger.debug("%s failed (%s) %s", _trial(number), failure, format_params(params))
             return False
         assert median_ms is not None
         if self.best is not None and median_ms >= self.best.median_ms:
             return False
-        self.best = Best(median_ms, tflops, dict(params), _number(number))
-        logger.info("new best (trial %d): %s", self.best.number, self._best_text())
+        self.best = Best(median_ms, tflops, dict(params), number)
+        logger.info("new best (%s): %s", _trial(number), self._best_text())
         return True
 
     def reused(self) -> None:
@@ -167,5 +166,5 @@ class Progress:
         return f"{self.best.median_ms:.4f} ms{tflops} {format_params(self.best.params)}"
 
 
-def _number(number: int | Callable[[], int]) -> int:
-    return number() if callable(number) else number
+def _trial(number: int | None) -> str:
+    return "a trial being recorded" if number is None else f"trial {number}"

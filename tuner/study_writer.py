@@ -99,6 +99,9 @@ class InlineWriter:
     def result(self, handle: Any) -> Any:
         return handle
 
+    def ready(self, handle: Any) -> bool:
+        return True
+
     def flush(self) -> None:
         return None
 
@@ -127,6 +130,13 @@ class RayWriter:
             return self._ray.get(handle)
         except self._ray.exceptions.RayTaskError as error:  # the database's own error, unwrapped
             raise (error.cause or error) from None
+
+    def ready(self, handle: Any) -> bool:
+        """Whether ``result(handle)`` would answer without waiting."""
+        if not isinstance(handle, self._ray.ObjectRef):
+            return True
+        done, _ = self._ray.wait([handle], timeout=0)
+        return bool(done)
 
     def flush(self) -> None:
         self.result(self.call("ping"))

@@ -114,6 +114,7 @@ def test_a_ray_writer_makes_the_same_database_study(url, ray_up):
     mirror.abandon(proposals[4])
     mirror.drop(proposals[5])
     mirror.flush()
+    assert mirror.number(proposals[0], wait=False) is not None  # written: known without waiting
     trials = {t.number: t for t in _trials(url)}
     numbers = [mirror.number(p) for p in proposals]
     assert sorted(numbers) == list(range(6))

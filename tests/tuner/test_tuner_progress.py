@@ -32,6 +32,13 @@ def test_status_is_throttled_and_every_new_best_is_logged(caplog):
     assert caplog.records[-1].getMessage() == line  # throttled: nothing new
 
 
+def test_a_new_best_still_being_recorded_is_logged_without_its_number(caplog):
+    progress = Progress("s", trials=10, clock=FakeClock())
+    caplog.set_level(logging.INFO, logger="tuner")
+    assert progress.measured(None, {"A": 5}, failure=None, median_ms=0.5, tflops=400.0)
+    assert caplog.records[-1].getMessage() == "new best (a trial being recorded): 0.5000 ms 400.0 TFLOPS {A: 5}"
+
+
 def test_eta_is_the_earlier_of_trials_and_time_budget():
     clock = FakeClock()
     progress = Progress("s", trials=100, time_budget=60.0, clock=clock)
