@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from templates.family import FLOAT_FORMATS
 from workers.compile import compile_cubin, default_cache_dir
-from workers.results import CompileRequest
+from workers.results import Binary, CompileRequest
 
 if TYPE_CHECKING:
     from workers.gpu import GpuBench
@@ -78,6 +78,14 @@ extern "C" __global__ void checksum(const uint4* x, u64 n, u64* total) {
 """
 
 
+def compile_checks(compute_capability: tuple[int, int], cache_dir: Any = None) -> Binary:
+    """The check kernels' cubin for a GPU of ``compute_capability`` (from the disk cache once
+    compiled: a GpuBench starts this on a thread when it starts)."""
+    major, minor = compute_capability
+    return compile_cubin(CompileRequest(SOURCE, "count_nonfinite", ("-O3",), f"sm_{major}{minor}"),
+                         cache_dir=cache_dir or default_cache_dir())
+
+
 def padded(nbytes: int) -> int:
     """``nbytes`` rounded up to whole vectors (at least one)."""
     return max(VECTOR, -(-nbytes // VECTOR) * VECTOR)
@@ -94,9 +102,7 @@ class DeviceChecks:
         from workers.gpu import check_call, driver_api
 
         self._d, self._check, self._bench = driver_api(), check_call, bench
-        major, minor = bench.device_info().compute_capability
-        binary = compile_cubin(CompileRequest(SOURCE, "count_nonfinite", ("-O3",), f"sm_{major}{minor}"),
-                               cache_dir=cache_dir or default_cache_dir())
+        binary = compile_checks(bench.device_info().compute_capability, cache_dir)
         d, check = self._d, self._check
         self._module = check("cuModuleLoadData", d.cuModuleLoadData(binary.cubin))
         self._functions = {name: check("cuModuleGetFunction", d.cuModuleGetFunction(self._module, name.encode()))

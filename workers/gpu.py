@@ -19,6 +19,7 @@ import logging
 import statistics
 import shutil
 import subprocess
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -27,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from templates.family import KernelFamily, Launch, Problem
 from workers.errors import LaunchError, NoGPUError
 from workers.nvml import NvmlClocks
-from workers.device_checks import DeviceChecks
+from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
 from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, Retiming, Timing
@@ -142,6 +143,11 @@ class GpuBench:
         self.pinned = PinnedBuffers()  # the host inputs of the current problem, the check counts
         self.residents = ResidentBuffers(self)
         self._checks: DeviceChecks | None = None
+        capability = (self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                      self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+        # the check kernels compile (nvcc, a second or two) while the study asks its first configs
+        self._checks_compiled = threading.Thread(target=_compile_quietly, args=(capability,), daemon=True)
+        self._checks_compiled.start()
 
     def resident(self, family: KernelFamily, problem: Problem, seed: int) -> Resident:
         """The device buffers of (problem, seed): a study measures every trial on the same
@@ -152,6 +158,7 @@ class GpuBench:
     def checks(self) -> DeviceChecks:
         """The output checks that run on this GPU (compiled on first use)."""
         if self._checks is None:
+            self._checks_compiled.join()
             self._checks = DeviceChecks(self)
         return self._checks
 
@@ -322,6 +329,14 @@ class GpuBench:
         driver.cuStreamDestroy(self.stream)
         driver.cuDevicePrimaryCtxRelease(self._device)
         self.dead = True
+
+
+def _compile_quietly(capability: tuple[int, int]) -> None:
+    """Fill the compile cache with the check kernels; an error shows when they are used."""
+    try:
+        compile_checks(capability)
+    except Exception as exc:  # noqa: BLE001 - DeviceChecks compiles again and raises it there
+        logger.debug("the check kernels did not compile ahead: %s", exc)
 
 
 def _host_failure(exc: Exception) -> Measurement:
