@@ -181,7 +181,7 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
                 result.curves.append(curve)
                 result.by_landscape.setdefault(land.name, []).append(two)
             if progress:
-                progress(f"{land.name} {name}: median {statistics.median(result.trials_2pct)} "
+                progress(f"{land.name} {name}: median {statistics.median(result.by_landscape[land.name])} "
                          f"trials to 2%")
     sizes = sorted(land.valid for land in lands)
     results = {name: result for name, result in results.items() if result.trials_2pct}
