@@ -14,7 +14,6 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
 from workers.device_checks import pack_params
 from workers.resident import Resident
@@ -41,9 +40,9 @@ class Trial:
         self.function: Any = None
         self.resident: Resident | None = None  # the bench's buffers, once attached
         self.events: list[Any] = []
-        self._params: dict[str, Any] = {}  # "first"/"second" -> kernelParams (and its values)
+        self._params: dict[str, Any] = {}  # "first"/"second"/"timed" -> (kernelParams, values)
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
-        self.kernel_ms = 0.0  # the GPU's time in this trial's timed and warm-up launches
+        self.kernel_ms = 0.0  # the GPU's time in this trial's checked, warm-up and timed launches
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
@@ -54,14 +53,15 @@ class Trial:
             return failure
         self.attach(family, problem, seed)
         failure, validation = self.verify(family, problem)
-        if failure is not None:
-            return failure
-        self.stage = "timing"
-        samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2, abort_above_ms)
-        self.stage = "check"
+        if failure is None:
+            self.stage = "timing"
+            samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2, abort_above_ms)
+        self.stage = "check"  # after any run, failed or not: the next trial needs intact inputs
         changed = self.bench.residents.changed()
         if changed is not None:
             return Measurement.failed("wrong", f"the kernel wrote into its input {changed!r}")
+        if failure is not None:
+            return failure
         from workers.gpu import timing_of
 
         detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "

@@ -100,8 +100,9 @@ def test_pool_on_the_gpu_crash_and_timeout(ray_session, tmp_path):
         assert _drain(pool)[3].ok  # on a fresh actor, after the crash and the hang
 
 
-def test_a_kernel_that_writes_into_its_input_fails_and_the_next_gets_fresh_inputs(bench):
-    binary, launch = _binary("scribble")
+@pytest.mark.parametrize("variant", ["scribble", "clobber"])
+def test_a_kernel_that_writes_into_its_input_fails_and_the_next_gets_fresh_inputs(bench, variant):
+    binary, launch = _binary(variant)
     m = bench.measure(binary, launch, worker_family.NAME, PROBLEM, seed=2)
     assert m.failure == "wrong" and m.reason == "the kernel wrote into its input 'x'"
     binary, launch = _binary("ok", tag=1)

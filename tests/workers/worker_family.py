@@ -2,7 +2,8 @@
 
 ``variant`` picks the kernel: ok, hole (one element unwritten), oob (illegal address),
 loop (never ends), smem_ok (100 KiB dynamic shared memory), smem_big (more than any GPU has),
-scribble (writes into its input once the checks are over).
+scribble (writes into its input once the checks are over), clobber (a wrong output, and
+its input overwritten).
 Resolved in Ray workers as ``"worker_family:FAMILY"``.
 """
 
@@ -29,6 +30,8 @@ _BODY = {
     "smem_big": "s[threadIdx.x] = a * x[i]; __syncthreads(); y[i] = s[threadIdx.x];",
     # right output, but its 6th launch (in the timing, after the checks) changes an input
     "scribble": "y[i] = a * x[i];\n    if (i == 0 && atomicAdd(&launches, 1u) == 5) ((float*)x)[n - 1] = 7.f;",
+    # wrong output, and its input overwritten on the first run
+    "clobber": "y[i] = 2.f * a;\n    ((float*)x)[i] = -1.f;",
 }
 _SMEM = {"smem_ok": 100 * 1024, "smem_big": 400 * 1024}
 SCALE = 2.5
