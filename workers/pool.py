@@ -163,7 +163,10 @@ class WorkerPool:
             count = int(getattr(cls, "num_workers", 1))
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
+        self._prepares = hasattr(cls, "prepare")
         self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
+        for slot in self._slots:
+            self._prepare(slot)
         infos = []
         for slot in self._slots:
             try:
@@ -173,6 +176,12 @@ class WorkerPool:
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
+
+    def _prepare(self, slot: _Slot) -> None:
+        """Have a new actor draw and upload the problem's inputs now, while the first configs
+        are asked and compiled (it answers nothing: a failure shows in the first measurement)."""
+        if self._prepares:
+            slot.actor.prepare.remote(self.family, self.problem, self._seed)
 
     def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
         """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
@@ -190,6 +199,7 @@ class WorkerPool:
                 raise WorkerError(f"every worker died {_MAX_STARTS} times in a row; last: {why}")
             return
         slot.actor = self._actor_cls.remote(*self._actor_args)
+        self._prepare(slot)
         slot.ready_ref = slot.actor.__ray_ready__.remote()
         self._owners[slot.ready_ref] = slot
 

@@ -9,7 +9,7 @@ import pytest
 import worker_family
 from workers.gpu import gpu_count
 from templates.family import Problem
-from worker_doubles import FAKE_DEVICE, FakeBench, TwoFakeBenches
+from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches
 from workers import NoGPUError, WorkerPool
 from workers.replay import save_landscape
 from workers.results import Measurement, Timing
@@ -98,6 +98,20 @@ def test_crash_replaces_the_actor(pool_factory):
     results = _drain(pool)
     assert results[2].ok
     assert results[2].detail.split()[0] != first.detail.split()[0]  # another process (pid)
+
+
+def test_a_new_actor_is_told_the_problem_before_its_first_trial(pool_factory):
+    pool = pool_factory(PreparingBench, seed=5)
+    expected = f"prepared={worker_family.NAME}|{PROBLEM.key}|5"
+    _submit(pool, 0)
+    assert expected in _drain(pool)[0].detail
+    _submit(pool, 1, "crash")
+    _drain(pool)
+    _submit(pool, 2)
+    assert expected in _drain(pool)[2].detail  # the replacement too
+    plain = pool_factory()  # a bench without prepare() is not asked to
+    _submit(plain, 3)
+    assert "prepared=None" in _drain(plain)[3].detail
 
 
 def test_a_crash_sends_the_trial_queued_behind_it_to_the_new_actor(pool_factory):

@@ -20,6 +20,7 @@ class FakeBench:
     def __init__(self) -> None:
         self.calls = 0
         self.dead = False
+        self.prepared = None
 
     def device_info(self) -> DeviceInfo:
         return FAKE_DEVICE
@@ -45,7 +46,7 @@ class FakeBench:
         assert binary is not None and binary.cubin[:4] == b"\x7fELF"
         return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
                            max_abs_error=0.0, gpu_seconds=0.5,
-                           detail=f"pid={os.getpid()} calls={self.calls} "
+                           detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
                                   f"abort_above_ms={options.get('abort_above_ms')} "
                                   f"start={started:.3f} end={time.time():.3f}")
 
@@ -68,6 +69,13 @@ class FakeBench:
                                    detail=f"pid={os.getpid()} calls={self.calls}"))
         return Retiming(tuple(out), rounds, clocks_before={"sm_mhz": 1980, "temperature_c": 40},
                         clocks_after={"sm_mhz": 1965, "temperature_c": 52}, gpu_seconds=0.25)
+
+
+class PreparingBench(FakeBench):
+    """A bench that, as GpuBench does, is told the problem when it starts (``prepare``)."""
+
+    def prepare(self, family_name, problem, seed=0):
+        self.prepared = f"{family_name}|{problem.key}|{seed}"
 
 
 class TwoFakeBenches(FakeBench):
