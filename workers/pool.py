@@ -165,14 +165,14 @@ class WorkerPool:
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")
         self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
-        for slot in self._slots:
-            self._prepare(slot)
         infos = []
         for slot in self._slots:
             try:
                 infos.append(ray.get(slot.actor.device_info.remote(), timeout=_START_TIMEOUT_S))
             except RayError as exc:
                 raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+        for slot in self._slots:  # after device_info: the pool does not wait for it
+            self._prepare(slot)
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
