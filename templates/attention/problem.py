@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 import numpy as np
@@ -17,6 +19,7 @@ TOLERANCE = {"fp16": 4e-3, "bf16": 3e-2}
 POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
 ROWS_PER_HEAD = 48  # float64 reference rows per checked (b, h)
 CHECKED_HEADS = 4
+INPUT_BLOCK = 1 << 22  # elements drawn from one random stream
 
 
 def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int, int]:
@@ -68,12 +71,24 @@ def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name in ("q", "k", "v"):
-        values = rng.standard_normal(problem.shape, dtype=np.float32)
-        out[name] = to_bits(values, problem.dtype)
-    return out
+    """Standard normal Q, K and V, drawn in blocks of INPUT_BLOCK elements, each from its own
+    stream of ``seed`` (the same values whatever the number of threads). numpy draws without
+    the GIL, so the blocks are drawn on threads: an 8x16x2048x128 problem took 1.9 s on one."""
+    total = math.prod(problem.shape)
+    blocks = -(-total // INPUT_BLOCK)
+    names = ("q", "k", "v")
+    streams = np.random.SeedSequence(seed).spawn(len(names) * blocks)
+    out = {name: np.empty(total, dtype=np.uint16) for name in names}
+
+    def draw(job: int) -> None:
+        name, block = names[job // blocks], job % blocks
+        lo, hi = block * INPUT_BLOCK, min(total, (block + 1) * INPUT_BLOCK)
+        values = np.random.default_rng(streams[job]).standard_normal(hi - lo, dtype=np.float32)
+        out[name][lo:hi] = to_bits(values, problem.dtype)
+
+    with ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool:
+        list(pool.map(draw, range(len(names) * blocks)))
+    return {name: values.reshape(problem.shape) for name, values in out.items()}
 
 
 def outputs(problem: Problem) -> tuple[BufferSpec, ...]:

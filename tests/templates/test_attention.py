@@ -180,3 +180,16 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(PROBLEMS[0], older))
+
+
+def test_inputs_are_the_same_whatever_the_threads(monkeypatch):
+    problem = FAMILY.parse_problem("2,3,1000,64", "bf16")
+    monkeypatch.setattr(attn, "INPUT_BLOCK", 4096)  # many blocks on a small problem
+    many = FAMILY.inputs(problem, seed=7)
+    monkeypatch.setattr(attn.os, "cpu_count", lambda: 1)
+    one = FAMILY.inputs(problem, seed=7)
+    assert all(np.array_equal(many[n], one[n]) for n in ("q", "k", "v"))
+    assert not np.array_equal(many["q"], FAMILY.inputs(problem, seed=8)["q"])
+    assert not np.array_equal(many["q"], many["k"])
+    values = attn.from_bits(many["v"], "bf16")
+    assert abs(values.mean()) < 0.02 and abs(values.std() - 1) < 0.02
