@@ -6,16 +6,19 @@ for each one it measures (the others the family rejects, or they were measured b
 sampler works on an in-memory study and only configs that go to the GPU are written to the
 database study, each in one transaction::
 
-    mirror = MirroredStudy(study)                 # study: the database one; its sampler moves
-                                                  # to the memory study
+    mirror = MirroredStudy(study, writer=writer)  # study: the database one; its sampler moves
+                                                  # to the memory study; writer: study_writer's
     proposal = mirror.ask(space.distributions)    # in memory (a queued trial: from the database)
     mirror.tell(proposal, float("inf"))           # rejected: in memory only
     mirror.record(proposal, owner="host:pid")     # going to the GPU: a RUNNING database trial
-    mirror.tell(proposal, 0.0213, tflops=98.1)    # told in both
+    mirror.finish(proposal, 0.0213, record, tflops=98.1)  # stored, then told in both
+    mirror.number(proposal)                       # the database trial's number
 
-Trials queued in the database study (``study.enqueue_trial``: warm start, starting points,
-trials a killed run left) are asked there, so two coordinators never take the same one. ``sync`` copies the finished trials of other
-coordinators sharing the study (PostgreSQL) into memory, at most every ``sync_interval_s``.
+The database writes go through ``writer`` (``tuner.study_writer``), which makes them in order,
+in this process or in a Ray actor. Trials queued in the database study (``study.enqueue_trial``:
+warm start, starting points, trials a killed run left) are asked there, so two coordinators
+never take the same one. ``sync`` copies the finished trials of other coordinators sharing the
+study (PostgreSQL) into memory, at most every ``sync_interval_s``.
 """
 
 from __future__ import annotations
