@@ -94,7 +94,8 @@ class MirroredStudy:
 
     def _pop_queued(self, distributions: Mapping[str, BaseDistribution]) -> Trial | None:
         """Take the oldest queued database trial (None when another coordinator took the last):
-        set RUNNING only if still WAITING, as Optuna's own ask does."""
+        set RUNNING only if still WAITING, as Optuna's own ask does (through its storage, as
+        ``tuner.study_writer`` does; Optuna is pinned below 6)."""
         storage, study_id = self.durable._storage, self.durable._study_id
         for frozen in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
             try:

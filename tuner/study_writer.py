@@ -14,6 +14,9 @@ the only process that writes while a study runs (two writers waited on each othe
                 0.0213, {"tflops": 98.1})   # Repository.record_trial, then Optuna's tell
     trial_id, number = writer.result(created)   # waits only if the create is still queued
     writer.flush()                              # every write sent so far is made
+
+The writes use Optuna's storage (``Study._storage``: ``create_new_trial``, ``set_trial_*``),
+which has no public equivalent for a RUNNING trial made in one write; Optuna is pinned below 6.
 """
 
 from __future__ import annotations
