@@ -236,7 +236,8 @@ def export(
     db: str | None = None,
     device: str | None = None,
 ) -> Path:
-    """Write the stored winner as ``<family>_<problem>.cu`` and ``launch.json`` into ``out_dir``.
+    """Write the stored winner as ``<family>_<problem>.cu`` and ``<family>_<problem>.launch.json``
+    into ``out_dir``.
 
     Returns the ``.cu`` path. Refuses (:class:`TemplateMismatch`) when the winner was measured
     with another version of the template than the current one.

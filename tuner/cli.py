@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from tuner import api
+from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
 from tuner.bench import suite_of
 from tuner.errors import TunerError, UsageError
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     best.add_argument("--json", action="store_true", help="print JSON")
     best.add_argument("--device", metavar="GPU", help="only results on this GPU name")
 
-    export = sub.add_parser("export", parents=[problem, common], help="write the winner's .cu and launch.json")
+    export = sub.add_parser("export", parents=[problem, common], help="write the winner's .cu and .launch.json")
     export.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     export.add_argument("--device", metavar="GPU", help="only results on this GPU name")
 
@@ -214,7 +215,7 @@ def _best(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     path = api.export(args.family, args.shape, args.dtype, args.causal, out_dir=args.out,
                       db=args.db, device=args.device)
-    print(f"wrote {path} and {path.parent / 'launch.json'}")
+    print(f"wrote {path} and {launch_path(path)}")
     return 0
 
 

@@ -1,7 +1,9 @@
 """Write a stored winner out as a CUDA source and the facts needed to launch it.
 
     path = write_export(family, problem, best_record, Path("out"))
-    # out/attention_4x16x4096x128-fp16-causal.cu and out/launch.json
+    # out/attention_4x16x4096x128-fp16-causal.cu and, beside it, launch_path(path):
+    # out/attention_4x16x4096x128-fp16-causal.launch.json (exports of several problems can
+    # share a folder)
 
 The source is re-rendered from the stored params with the current template, so the caller
 must first check that the stored template hash is the current one (``tuner.api.export`` does).
@@ -28,8 +30,13 @@ def source_name(family: KernelFamily, problem: Problem) -> str:
     return f"{family.name}_{problem.key}.cu"
 
 
+def launch_path(source: Path) -> Path:
+    """Where the launch facts of an exported ``.cu`` go: beside it, ``<name>.launch.json``."""
+    return source.with_suffix(".launch.json")
+
+
 def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source: str) -> dict[str, Any]:
-    """The content of ``launch.json``: how to compile and launch the winner, and how it did."""
+    """The content of the ``.launch.json``: how to compile and launch the winner, and how it did."""
     launch = family.launch(best.params, problem).to_json()
     flags = [*arch_flags(), *family.compile_options(best.params, problem)]
     return {
@@ -75,13 +82,13 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
 
 
 def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Path) -> Path:
-    """Write the ``.cu`` and ``launch.json`` into ``out_dir``; return the ``.cu`` path."""
+    """Write the ``.cu`` and its ``.launch.json`` into ``out_dir``; return the ``.cu`` path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = family.render(best.params, problem)
     cu = out_dir / source_name(family, problem)
     document = launch_document(family, problem, best, source=cu.name)
     _write_atomic(cu, source)
-    _write_atomic(out_dir / "launch.json", json.dumps(document, indent=2) + "\n")
+    _write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
     return cu
 
 

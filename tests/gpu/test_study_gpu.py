@@ -14,6 +14,7 @@ import pytest
 import tuner
 from templates import get_family
 from templates.family import KernelArg, Launch
+from tuner.exporter import launch_path
 from tuner.retime import candidates
 from workers.results import Binary
 
@@ -58,7 +59,7 @@ def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
 
     folder, db, _ = study
     cu = tuner.export("attention", SHAPE, DTYPE, CAUSAL, out_dir=folder / "out", db=db)
-    doc = json.loads((cu.parent / "launch.json").read_text())
+    doc = json.loads(launch_path(cu).read_text())
     cubin = cu.with_suffix(".cubin")
     subprocess.run(["nvcc", "-cubin", *doc["compile_flags"], str(cu), "-o", str(cubin)], check=True)
     binary = Binary(

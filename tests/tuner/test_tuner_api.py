@@ -38,7 +38,7 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     problem = toy.parse_problem(*PROBLEM)
     assert path == out / "toy_2x4x1024x64-fp16.cu"
     assert path.read_text() == toy.render(winner.params, problem)
-    launch = json.loads((out / "launch.json").read_text())
+    launch = json.loads((out / "toy_2x4x1024x64-fp16.launch.json").read_text())
     expected = toy.launch(winner.params, problem)
     assert launch["kernel"] == "toy_kernel" and launch["source"] == path.name
     assert launch["grid"] == list(expected.grid) and launch["block"] == list(expected.block)
@@ -54,6 +54,8 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     assert launch["template_hash"] == toy.template_hash
     assert launch["problem"] == {"shape": [2, 4, 1024, 64], "dtype": "fp16", "causal": False}
     assert launch["measured_at"].startswith("20")
+    # named after its problem, so exports of several problems can share a folder
+    assert sorted(p.name for p in out.iterdir()) == [path.name, "toy_2x4x1024x64-fp16.launch.json"]
 
 
 def test_export_refuses_a_winner_of_another_template_version(toy, db, tuned, tmp_path):

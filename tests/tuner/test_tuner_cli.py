@@ -91,7 +91,7 @@ def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
     assert winner["device"]["name"] == "NVIDIA H100 80GB HBM3" and winner["median_ms"] > 0
 
     assert _run(["export", "toy", *SHAPE, "-o", str(tmp_path / "out"), "--db", db]) == 0
-    assert (tmp_path / "out" / "launch.json").exists()
+    assert (tmp_path / "out" / "toy_2x4x1024x64-fp16.launch.json").exists()
     assert (tmp_path / "out" / "toy_2x4x1024x64-fp16.cu").exists()
     capsys.readouterr()
 

@@ -13,6 +13,7 @@ import tuner
 import tuner.api
 from storage import open_repository, params_key
 from tuner.cli import main
+from tuner.exporter import launch_path
 from tuner.retime import candidates
 from tuner_doubles import PROBLEM, RETIME_AFTER, RETIME_BEFORE, FakePool, latency_ms
 from workers.results import Measurement
@@ -88,8 +89,8 @@ def test_the_winner_is_chosen_by_the_retimed_medians(toy, db, pools, caplog, tmp
     assert f"winner #{second.number} (the search's was #{first.number})" in line
     assert line.endswith("SM 1980->1755 MHz, 41->58 C")
 
-    launch = json.loads((tuner.export("toy", *PROBLEM, out_dir=tmp_path / "out", db=db)
-                         .parent / "launch.json").read_text())
+    launch = json.loads(launch_path(tuner.export("toy", *PROBLEM, out_dir=tmp_path / "out", db=db))
+                        .read_text())
     assert launch["params"] == second.params and launch["measured"]["retimed"]
     assert launch["measured"]["median_ms"] == winner.median_ms
 
