@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from templates.family import Param, Problem
 from tuner.errors import DatabaseError, UsageError
@@ -227,15 +227,6 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> opt
         raise DatabaseError(f"cannot open the Optuna study {name!r} in {url}: {first}") from None
 
 
-def tell(study: optuna.Study, trial: Trial, value: float, **attrs: Any) -> None:
-    """Tell one result (``inf`` for a failure) with a few user attributes for later reading.
-    A trial another coordinator has already settled (from stored results) is left as it is."""
-    for key, attr in attrs.items():
-        if attr is not None:
-            trial.set_user_attr(key, attr)
-    study.tell(trial, value, skip_if_finished=True)
-
-
 # -- several coordinators on one study (PostgreSQL shared by several machines) ------------------
 STALE_AFTER_S = 3600.0  # a RUNNING trial of another host is presumed orphaned after this
 
@@ -275,9 +266,8 @@ def owner_alive(owner: str | None, started: datetime | None, now: datetime | Non
     return (now - started).total_seconds() < STALE_AFTER_S
 
 
-def abandon(study: optuna.Study, trial: Trial | FrozenTrial | int, params: Mapping[str, Any] | None) -> None:
+def abandon(study: optuna.Study, number: int, params: Mapping[str, Any] | None) -> None:
     """Mark a trial that will never be told as FAIL; queue its params to be asked first again."""
-    number = trial if isinstance(trial, int) else trial.number
     study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
     if params is not None and not _is_waiting(study, params):
         study.enqueue_trial(dict(params))
