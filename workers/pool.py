@@ -10,8 +10,9 @@ Each actor runs one measurement at a time with the next one already sent (``ACTO
 it never waits for the coordinator between trials; the rest of the queue stays here, and a killed
 actor loses nothing but the trial it was running (the one sent after it is measured again). A
 measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
-dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal are measured once. ``retime`` times several
-configs again, interleaved on one GPU actor (``GpuBench.retime``), once nothing is in flight.
+dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal
+are measured once. ``retime`` times several configs again, interleaved on one GPU actor
+(``GpuBench.retime``), once nothing is in flight.
 """
 
 from __future__ import annotations
