@@ -87,6 +87,22 @@ def _connect_args(url: URL) -> dict[str, Any]:
     return {}
 
 
+def sqlite_pragmas(dbapi_connection: Any) -> None:
+    """Write-ahead logging, synced at checkpoints: for every connection to a SQLite database,
+    ours and Optuna's (:func:`tuner.search.optuna_storage`).
+
+    In WAL mode a commit appends to one file instead of rewriting a rollback journal, and readers
+    no longer block the writer (a study's ask/tell loop ran twice as fast). ``synchronous=NORMAL``
+    drops the fsync from each commit: a commit survives the process being killed, and the file is
+    never corrupted, but the last commits may be lost if the machine itself loses power. A
+    study's writer made about five commits a trial, 2.5 ms each with the fsync (issue 4).
+    """
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
 def _make_sqlite_transactional(engine: Engine) -> None:
     """Foreign keys on, write-ahead logging, and real BEGIN/SAVEPOINT (pysqlite's own handling
     breaks both).
@@ -99,11 +115,8 @@ def _make_sqlite_transactional(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
-        # Write-ahead log: a commit appends to one file instead of rewriting a rollback journal,
-        # and readers no longer block the writer. It stays set in the file, so Optuna's own
-        # connections to the same database use it too; a study's ask/tell loop ran twice as fast.
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
+        sqlite_pragmas(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:

@@ -32,6 +32,9 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import event
+
+from storage.engine import sqlite_pragmas
 
 from templates.family import Param, Problem
 from tuner.errors import DatabaseError, UsageError
@@ -211,10 +214,21 @@ def _point_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(params.items()))
 
 
+def optuna_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage at ``url``; on SQLite its connections get our pragmas (WAL, synced at
+    checkpoints: ``storage.engine.sqlite_pragmas``)."""
+    storage = optuna.storages.RDBStorage(url)
+    engine = storage.engine
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", lambda connection, _record: sqlite_pragmas(connection))
+        engine.dispose()  # the connections Optuna opened to set up its tables: made anew
+    return storage
+
+
 def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create the Optuna study in the database at ``url``, or load it to resume."""
     try:
-        storage = optuna.storages.RDBStorage(url)
+        storage = optuna_storage(url)
         return optuna.create_study(
             study_name=name,
             storage=storage,

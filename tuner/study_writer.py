@@ -8,7 +8,8 @@ an earlier one (the tell of a trial being created) is handed that write's refere
 resolves first, and an actor runs its calls in the order they were sent. On SQLite it is then
 the only process that writes while a study runs (two writers waited on each other's locks)::
 
-    writer = RayWriter(study_name, url)     # or InlineWriter(study, repository): the same, here
+    writer = RayWriter(url)                 # its process starts (and imports) now
+    writer.open(study_name)                 # once the study exists; or InlineWriter(study, repo)
     created = writer.call("create", params, distributions, {"owner": "host:pid"})
     writer.call("finish", created, {"study_id": 1, "params": {...}, "status": "ok", ...},
                 0.0213, {"tflops": 98.1})   # Repository.record_trial, then Optuna's tell
@@ -21,6 +22,7 @@ which has no public equivalent for a RUNNING trial made in one write; Optuna is 
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 from typing import Any, Mapping
@@ -43,8 +45,7 @@ class StudyWriter:
     def open(cls, name: str, url: str) -> "StudyWriter":
         from storage import open_repository
 
-        storage = optuna.storages.RDBStorage(url)
-        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
+        study = optuna.load_study(study_name=name, storage=search.optuna_storage(url), sampler=optuna.samplers.RandomSampler())
         return cls(study, open_repository(url))
 
     def create(self, params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution],
@@ -115,13 +116,21 @@ class InlineWriter:
 class RayWriter:
     """The writes made by a Ray actor, in order, while the coordinator goes on."""
 
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, url: str, name: str | None = None) -> None:
+        """Start the actor on the database at ``url`` (its process starts and imports Optuna,
+        about a second, while the caller sets the study up); ``name``: :meth:`open` it now."""
         import ray
 
         self._ray = ray
         actor = ray.remote(num_cpus=0, max_restarts=0)(_WriterActor)
-        self._actor = actor.remote(name, _absolute_sqlite(url))
-        self.call("ping")  # it opens the study now, while the first configs compile
+        self._actor = actor.remote(_absolute_sqlite(url))
+        if name is not None:
+            self.open(name)
+
+    def open(self, name: str) -> None:
+        """Write to the study ``name`` from now on (it must exist); the actor opens it now, so
+        that the first write does not wait for it. An error comes back from the first call."""
+        self.call("open", name)
 
     def call(self, method: str, *args: Any) -> Any:
         return self._actor.run.remote(method, *args)
@@ -148,26 +157,36 @@ class RayWriter:
         self._ray.kill(self._actor)
 
 
-def beside_ray(name: str, url: str) -> RayWriter | None:
+def beside_ray(url: str) -> RayWriter | None:
     """A RayWriter where this process has Ray up (a pool's), else None (write in-process)."""
     import sys
 
     ray = sys.modules.get("ray")
-    return RayWriter(name, url) if ray is not None and ray.is_initialized() else None
+    return RayWriter(url) if ray is not None and ray.is_initialized() else None
 
 
 class _WriterActor:
-    """Opens the study on its first call, so that an error reaches the caller as that call's."""
+    """Opens the study on the first call after ``open``, so that an error reaches the caller as
+    that call's."""
 
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, url: str) -> None:
+        importlib.import_module("storage")  # imported now, while the coordinator sets up the study
+
         logging.getLogger("optuna").setLevel(logging.WARNING)
-        self._where = (name, url)
+        self._url = url
+        self._name: str | None = None
         self._writer: StudyWriter | None = None
 
     def run(self, method: str, *args: Any) -> Any:
+        if method == "open":
+            self._name, self._writer = args[0], None
         if self._writer is None:
-            self._writer = StudyWriter.open(*self._where)
-        return getattr(self._writer, method)(*args)
+            if self._name is None:
+                raise RuntimeError("the study writer was not told which study to open")
+            self._writer = StudyWriter.open(self._name, self._url)
+        if method != "open":
+            return getattr(self._writer, method)(*args)
+        return None
 
 
 def _absolute_sqlite(url: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.compile import compile_cubin
+from workers.compile import compile_cubin, toolkit_version
 from workers.errors import CompileError
 from workers.results import Binary, CompileRequest
 
@@ -27,6 +27,16 @@ def compile_task(request: CompileRequest, backend: str, cache_dir: str | None,
         return compile_cubin(request, backend=backend, cache_dir=cache_dir, timeout_s=timeout_s)
     except CompileError as exc:
         return CompileFailure(str(exc), exc.log)
+
+
+def warm_compiler(backend: str) -> str:
+    """Load the compiler in this worker process (NVRTC's first compile takes about 0.7 s more
+    than the next ones): the pool starts one per CPU while its GPU actors start. Its answer,
+    the toolkit or why none loads, is not read: a compile says it again."""
+    try:
+        return toolkit_version(backend)
+    except CompileError as exc:
+        return str(exc)
 
 
 def screen(binary: Binary | None, spill_limit: int | None) -> str | None:

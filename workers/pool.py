@@ -32,7 +32,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates.family import DeviceLimits, Launch, Problem
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_version
-from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen
+from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
@@ -129,6 +129,9 @@ class WorkerPool:
         self.gpu_busy_seconds = 0.0  # the GPU actors' time measuring (shared results: none)
         self.kernel_busy_seconds = 0.0  # of which the GPU ran the kernels
         self._closed = False
+        if replay is None:  # each CPU's worker loads the compiler while the GPU actors start
+            warm = ray.remote(num_cpus=1, max_retries=0)(warm_compiler)
+            self._warming = [warm.remote(backend) for _ in range(self._compile_workers)]
         try:
             self._start_actors(worker_cls, replay)
             if replay is None:

@@ -104,7 +104,7 @@ def ray_up():
 def test_a_ray_writer_makes_the_same_database_study(url, ray_up):
     """The writes go through an actor, in order; the coordinator never waits for a create."""
     study = _database_study(url)  # the actor loads the study: it must exist first
-    writer = RayWriter("mirror", url)
+    writer = RayWriter(url, "mirror")
     mirror = MirroredStudy(study, writer=writer)
     proposals = [mirror.ask(SPACE.distributions) for _ in range(6)]
     for proposal in proposals:
@@ -129,7 +129,7 @@ def test_a_ray_writer_makes_the_same_database_study(url, ray_up):
 
 
 def test_a_ray_writer_raises_the_database_error(tmp_path, ray_up):
-    writer = RayWriter("no such study", f"sqlite:///{tmp_path / 'empty.db'}")
+    writer = RayWriter(f"sqlite:///{tmp_path / 'empty.db'}", "no such study")
     with pytest.raises(KeyError, match="Record does not exist"):  # Optuna's own words
         writer.flush()
     writer.close()
