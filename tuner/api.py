@@ -32,6 +32,7 @@ from tuner.loop import Coordinator, LoopOutcome
 logger = logging.getLogger("tuner")
 
 DEFAULT_TRIALS = 100  # when neither a trial nor a time budget is given (grid: the whole space)
+NO_GPU = "no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"
 
 
 @dataclass(frozen=True)
@@ -111,17 +112,22 @@ def tune(
     if trials is None and time_budget is None:
         trials = space.size if sampler == "grid" else DEFAULT_TRIALS
     url = _url(db)
-    with _repository(url) as repo, _quiet_optuna():
-        with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
-                        measure_timeout_s=measure_timeout_s) as pool:
-            name, outcome, warm = _run_study(
-                fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
-                trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-                retime=retime, early_stop=early_stop,
-            )
-            gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
-            kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
-            device = pool.device.name
+    with _repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
+        writer = study_writer.beside_ray(url)  # its process starts while the GPU actors start
+        try:
+            with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
+                            measure_timeout_s=measure_timeout_s) as pool:
+                name, outcome, warm = _run_study(
+                    fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
+                    trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
+                    retime=retime, early_stop=early_stop, writer=writer,
+                )
+                gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
+                kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
+                device = pool.device.name
+        finally:
+            if writer is not None:
+                writer.close()
         winner = _storage_call(lambda: repo.best(
             fam.name, problem.shape, problem.dtype, problem.causal,
             device_name=device, template_hash=fam.template_hash,
@@ -149,24 +155,21 @@ def _run_study(
     time_budget: float | None,
     replay: str | Path | None,
     warm_start: int = warmstart.DEFAULT_PICKS,
+    writer: study_writer.RayWriter | None = None,
     **loop_options: Any,
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
-    """Open (or resume) the study of this family version, problem and GPU, and run it."""
-    writer = study_writer.beside_ray(url)  # its process starts while the study is set up
-    try:
-        name, record, study, picks = _open_study(
-            fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed, trials=trials,
-            time_budget=time_budget, replay=replay, warm_start=warm_start)
-        if writer is not None:
-            writer.open(name)
-        coordinator = Coordinator(
-            fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
-            trials=trials, time_budget=time_budget, writer=writer, **loop_options,
-        )
-        outcome = _storage_call(coordinator.run)
-    finally:
-        if writer is not None:
-            writer.close()
+    """Open (or resume) the study of this family version, problem and GPU, and run it (its
+    database writes through ``writer``, else in this process)."""
+    name, record, study, picks = _open_study(
+        fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed, trials=trials,
+        time_budget=time_budget, replay=replay, warm_start=warm_start)
+    if writer is not None:
+        writer.open(name)
+    coordinator = Coordinator(
+        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
+        trials=trials, time_budget=time_budget, writer=writer, **loop_options,
+    )
+    outcome = _storage_call(coordinator.run)
     summary = _storage_call(lambda: repo.study(name))
     measured = _storage_call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
@@ -337,6 +340,28 @@ def _repository(url: str) -> Iterator[Any]:
 
 
 @contextmanager
+def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
+    """Ray for the pool and the study's writer: started here, and stopped after, unless this
+    process has it up already; without a GPU (and no replay, no cluster) nothing starts."""
+    import ray
+
+    from workers import NoGPUError
+    from workers.pool import start_ray
+
+    try:
+        started = start_ray(address, need_gpu=replay is None)
+    except NoGPUError:
+        raise NoGPU(NO_GPU) from None
+    except ConnectionError as error:
+        raise WorkerFailure(f"cannot start the workers: {_one_line(error)}") from None
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@contextmanager
 def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[Any]:
     """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only)."""
     from workers import NoGPUError, WorkerError, WorkerPool
@@ -344,9 +369,7 @@ def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[
     try:
         pool = WorkerPool(fam.name, problem, **{k: v for k, v in options.items() if v is not None})
     except NoGPUError:
-        raise NoGPU(
-            "no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"
-        ) from None
+        raise NoGPU(NO_GPU) from None
     except (WorkerError, ConnectionError) as error:
         raise WorkerFailure(f"cannot start the workers: {_one_line(error)}") from None
     with pool:

@@ -17,8 +17,9 @@ Rules it keeps:
   compiled, not stored (storage holds measured trials only) and does not count toward the
   trial budget;
 - a config measured before (in this study, by this run, an earlier one or another coordinator
-  sharing it) is never measured again: its value is told back; one asked again while in flight
-  (here or elsewhere) waits for that result;
+  sharing it) is never measured again: its database trial (a queued one) is told its value, the
+  sampler's fails (:meth:`MirroredStudy.repeated`: the sampler holds each config once); one
+  asked again while in flight (here or elsewhere) waits for that result;
 - it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
   run, when every valid config has been measured, or after ``max_idle_asks`` asks in a row that
   brought nothing new;
@@ -241,7 +242,7 @@ class Coordinator:
         params = self.space.decode(proposal.params)
         key = params_key(params)
         if key in self._known:
-            self._mirror.tell(proposal, self._known[key], reused=True)
+            self._mirror.repeated(proposal, self._known[key], reused=True)
             self.progress.reused()
             self._idle += 1
             return False
@@ -340,7 +341,7 @@ class Coordinator:
         self._set_early_stop()
         self._mirror.finish(flight.proposal, value, record, failure=m.failure, tflops=tflops)
         for follower in flight.followers:
-            self._mirror.tell(follower, value, reused=True)
+            self._mirror.repeated(follower, value, reused=True)
         self.progress.measured(
             self._mirror.number(flight.proposal, wait=False), flight.params,
             failure=None if m.ok else m.failure,

@@ -10,6 +10,7 @@ database study, each in one transaction::
                                                   # to the memory study; writer: study_writer's
     proposal = mirror.ask(space.distributions)    # in memory (a queued trial: from the database)
     mirror.tell(proposal, float("inf"))           # rejected: in memory only
+    mirror.repeated(proposal, 0.0213)             # measured before: FAIL in memory
     mirror.record(proposal, owner="host:pid")     # going to the GPU: a RUNNING database trial
     mirror.finish(proposal, 0.0213, record, tflops=98.1)  # stored, then told in both
     mirror.number(proposal)                       # the database trial's number
@@ -132,6 +133,16 @@ class MirroredStudy:
     def tell(self, proposal: Proposal, value: float, **attrs: Any) -> None:
         """Tell the sampler; the database trial too, with ``attrs`` as user attributes."""
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
+        if proposal.created is not None:
+            self.writer.call("tell", proposal.created, value, attrs)
+
+    def repeated(self, proposal: Proposal, value: float, **attrs: Any) -> None:
+        """A config measured before, asked again: its database trial (a queued one) is told
+        ``value``; the sampler's is FAIL, so that the sampler's data holds each config once.
+        Told their value, the repeats of a study's best configs crowded TPE's density of good
+        trials with copies, and it proposed them ever more often: a 300-trial study asked 1,069
+        times, each ask slower than the last (10 ms in the first quarter, 27 in the last)."""
+        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
         if proposal.created is not None:
             self.writer.call("tell", proposal.created, value, attrs)
 

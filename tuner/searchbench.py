@@ -6,7 +6,7 @@
 A replay runner in the manner of Kernel Tuner's: each run is an Optuna study in memory that asks,
 checks, and is told the recorded median (``inf`` for a failed config) with the rules of a real
 study: configs the family rejects or the landscape lacks are told ``inf`` without counting, a config
-already measured is told its value again without counting. A run stops once it is within 2% of
+already measured fails without counting (the sampler's data holds each config once). A run stops once it is within 2% of
 the landscape's best, or when every valid config has been measured.
 """
 
@@ -128,10 +128,11 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
         if key not in land.values:  # rejected by the family or never recorded
             study.tell(trial, math.inf)
             continue
+        if key in seen:  # as a study does (MirroredStudy.repeated): the sampler holds it once
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
         value = land.values[key]
         study.tell(trial, value)
-        if key in seen:
-            continue
         seen[key] = value
         curve.append(min(seen.values()) / land.best)
         if hit5 is None and curve[-1] <= 1.05:

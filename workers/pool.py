@@ -104,17 +104,7 @@ class WorkerPool:
         self._measure_options = dict(measure_options or {})
         self._screen_spill_bytes = screen_spill_bytes
         self._abort_above_ms: float | None = None
-        if replay is None and worker_cls is None and ray_address is None and not ray.is_initialized():
-            from workers.gpu import gpu_count
-
-            if gpu_count() == 0:  # say so before a local Ray starts (and prints) anything
-                raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
-                                 "machine, pass ray_address=... of a cluster with GPUs, or "
-                                 "replay=<landscape.json>")
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(address=ray_address, ignore_reinit_error=True, include_dashboard=False,
-                     logging_level=logging.WARNING)
+        self._owns_ray = start_ray(ray_address, need_gpu=replay is None and worker_cls is None)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         self._compile_workers = max(1, compile_workers or cpus)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(compile_task)
@@ -514,14 +504,30 @@ class WorkerPool:
         self._results.append((item.ticket, measurement))
 
 
-@contextmanager
-def shared_ray(address: str | None = None) -> Iterator[None]:
-    """Keep one Ray up across several pools (studies one after another start faster)."""
+def start_ray(address: str | None = None, *, need_gpu: bool = False) -> bool:
+    """Start Ray, or join the cluster at ``address``, unless this process has it up already;
+    True when it started it here. ``need_gpu``: a local Ray on a machine whose driver sees no
+    GPU is refused (NoGPUError) before Ray starts, and prints, anything."""
     if ray.is_initialized():
-        yield
-        return
+        return False
+    if need_gpu and address is None:
+        from workers.gpu import gpu_count
+
+        if gpu_count() == 0:
+            raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
+                             "machine, pass ray_address=... of a cluster with GPUs, or "
+                             "replay=<landscape.json>")
     ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    return True
+
+
+@contextmanager
+def shared_ray(address: str | None = None, *, need_gpu: bool = False) -> Iterator[None]:
+    """Keep one Ray up across several pools (studies one after another start faster), and for
+    what runs beside a pool (a study's writer actor, started while the GPU actors start)."""
+    started = start_ray(address, need_gpu=need_gpu)
     try:
         yield
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()

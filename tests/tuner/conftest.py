@@ -10,7 +10,7 @@ import pytest
 
 import templates
 import tuner.api
-from tuner_doubles import KERNEL_SOURCE, PROBLEM, FakePool, PoolFactory, ToyFamily
+from tuner_doubles import KERNEL_SOURCE, PROBLEM, FakePool, PoolFactory, ToyFamily, no_ray
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
     """Make :func:`tuner.tune` measure on FakePools."""
     factory = PoolFactory()
     monkeypatch.setattr(tuner.api, "_open_pool", factory)
+    monkeypatch.setattr(tuner.api, "_ray", no_ray)
     return factory
 
 
@@ -49,6 +50,7 @@ def _grid_tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuner.T
         with pytest.MonkeyPatch.context() as patch:
             pools = PoolFactory()
             patch.setattr(tuner.api, "_open_pool", pools)
+            patch.setattr(tuner.api, "_ray", no_ray)
             result = tuner.tune("toy", *PROBLEM, sampler="grid", db=f"sqlite:///{path}", seed=0)
     finally:
         templates._REGISTRY.pop("toy", None)

@@ -19,7 +19,7 @@ from tuner_doubles import PROBLEM, RETIME_AFTER, RETIME_BEFORE, FakePool, latenc
 from workers.results import Measurement
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
-REAL_OPEN_POOL = tuner.api._open_pool  # taken before the `pools` fixture replaces it
+REAL_OPEN_POOL, REAL_RAY = tuner.api._open_pool, tuner.api._ray  # before `pools` replaces them
 
 
 class SlowerWhenRetimed(FakePool):
@@ -174,6 +174,7 @@ def test_a_replayed_study_is_retimed_from_the_landscape(toy, db, pools, tmp_path
     recorded = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=0, sampler="random")
     path = tuner.record_landscape(recorded.study, tmp_path / "toy.json", db=db)
     monkeypatch.setattr(tuner.api, "_open_pool", REAL_OPEN_POOL)  # a WorkerPool on ReplayBench
+    monkeypatch.setattr(tuner.api, "_ray", REAL_RAY)  # and the study writer in a Ray actor
     replay_db = f"sqlite:///{tmp_path / 'replay.db'}"
     result = tuner.tune("toy", *PROBLEM, trials=8, db=replay_db, seed=1, replay=path)
     assert result.status == "finished" and result.retimed

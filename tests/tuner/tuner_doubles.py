@@ -11,6 +11,7 @@ Optuna and storage are the real ones, on a SQLite file per test (fixtures in ``c
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -237,6 +238,12 @@ class PoolFactory:
         pool = self.queued.pop(0) if self.queued else FakePool()
         self.used.append(pool)
         return pool
+
+
+def no_ray(address: str | None, replay: Any) -> contextlib.AbstractContextManager[None]:
+    """Stands in for ``tuner.api._ray`` beside a PoolFactory: FakePools need no Ray (and a
+    study without Ray writes its database in-process)."""
+    return contextlib.nullcontext()
 
 
 def valid_configs(family: ToyFamily) -> list[dict[str, Any]]:
