@@ -32,9 +32,12 @@ def source(params: Params, problem: Problem) -> str:
     if tiles != int(tiles):
         raise TemplateError(f"attention: cannot render {dict(params)}: BLOCK_M not divisible")
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    # What the source depends on, and no more: B, H and S are arguments, so problems that share
+    # D, dtype and causal share each config's source, and so its compiled cubin (cache key).
+    for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.causal else ''}, any B, H, S"
     return _TEMPLATE.render(
         **params,
-        config_comment=f"{problem.key} {comment}",
+        config_comment=f"{for_problems}; {comment}",
         kernel_name=KERNEL_NAME,
         head_dim=head_dim,
         causal=problem.causal,

@@ -98,6 +98,18 @@ def test_launch_geometry_covers_every_row():
     assert launch.args[5].value == pytest.approx(math.log2(math.e) / 8)
 
 
+def test_problems_that_share_d_dtype_and_causal_share_each_configs_source():
+    """B, H and S are kernel arguments: one source, one cubin in the compile cache, for them all."""
+    params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8)
+    one, other = (FAMILY.parse_problem(shape, "fp16", True) for shape in ("2,8,1024,64", "1,16,4097,64"))
+    assert FAMILY.render(params, one) == FAMILY.render(params, other)
+    assert FAMILY.launch(params, one).grid != FAMILY.launch(params, other).grid
+    for changed in (FAMILY.parse_problem("2,8,1024,64", "bf16", True),
+                    FAMILY.parse_problem("2,8,1024,64", "fp16", False),
+                    FAMILY.parse_problem("2,8,1024,128", "fp16", True)):
+        assert FAMILY.render(params, changed) != FAMILY.render(params, one)
+
+
 def test_template_hash_is_stable_and_names_the_version():
     assert FAMILY.template_hash == get_family("attention").template_hash
     assert len(FAMILY.template_hash) == 16
