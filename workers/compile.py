@@ -32,32 +32,39 @@ from workers.results import Binary, CompileRequest, Resources
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "nvcc", "nvrtc")
+BACKENDS = ("auto", "fastest", "nvcc", "nvrtc")
 DEFAULT_TIMEOUT_S = 300.0
 
 
 # -- toolkit -----------------------------------------------------------------------------------
 def resolve_backend(backend: str = "auto") -> str:
-    """``nvcc`` or ``nvrtc``. ``auto``: ``$TUNER_COMPILER`` if set, else NVRTC where its library
-    loads, else nvcc. Both run the same ptxas: the attention configs compiled by nvcc 13.0.88 and
-    NVRTC 13.0.88 gave cubins that differ only in the note naming the compiler, and NVRTC took
-    0.35-0.46 s a config where nvcc took 0.58-0.73 s (it skips the host preprocessor and three
-    processes)."""
-    if backend == "auto" and os.environ.get("TUNER_COMPILER"):
+    """``nvcc`` or ``nvrtc``; ``$TUNER_COMPILER``, where set, stands in for ``auto`` and ``fastest``.
+
+    ``fastest`` (the pool's compile workers): NVRTC where its library loads, else nvcc. Both run
+    the same ptxas: 64 attention configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same
+    SASS (the cubins differ in the note naming the compiler), and 16 processes compiled 35.7
+    configs a second with NVRTC, 19.4 with nvcc (it skips the host preprocessor and three
+    processes). ``auto`` (a compile in the calling process): nvcc where it is on PATH, else NVRTC.
+    NVRTC stays out of processes that may import torch: cuda-bindings loads it for the whole
+    process, and after it compiled the attention kernel, a first ``import torch`` there failed
+    (torch 2.11 on the H200 machine, in ``pytest -m gpu``)."""
+    if backend in ("auto", "fastest") and os.environ.get("TUNER_COMPILER"):
         backend = os.environ["TUNER_COMPILER"]
         if backend not in BACKENDS:
             raise CompileError(f"TUNER_COMPILER={backend!r} is not one of {', '.join(BACKENDS)}")
     if backend not in BACKENDS:
         raise CompileError(f"unknown compiler backend {backend!r} (one of {', '.join(BACKENDS)})")
-    if backend == "auto":
+    if backend == "fastest":
         return "nvrtc" if _nvrtc_loads() else "nvcc"
+    if backend == "auto":
+        return "nvcc" if shutil.which("nvcc") else "nvrtc"
     return backend
 
 
 @functools.lru_cache(maxsize=None)
 def _nvrtc_loads() -> bool:
     try:
-        _nvrtc_version()
+        _nvrtc_release()
     except CompileError:
         return False
     return True
@@ -74,9 +81,8 @@ def _nvcc_version() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _nvrtc_version() -> str:
-    """``nvrtc 13.0.88``: the ptxas release noted in a cubin of an empty kernel (nvrtcVersion
-    gives only 13.0), so that cache keys and stored trials name the exact compiler."""
+def _nvrtc_release() -> str:
+    """``13.0``: NVRTC's own version call, which compiles nothing."""
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -87,18 +93,33 @@ def _nvrtc_version() -> str:
         raise CompileError(f"NVRTC is not available: {exc}") from exc
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"nvrtcVersion failed: {err.name}")
+    return f"{major}.{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc_version() -> str:
+    """``nvrtc 13.0.88``: the ptxas release noted in the cubin of an empty kernel (the version
+    call gives only 13.0), so that cache keys and stored trials name the exact compiler."""
+    release = _nvrtc_release()
     probe = CompileRequest('extern "C" __global__ void probe() {}', "probe", (), arch="sm_80")
     try:
         cubin, _ = _nvrtc_compile(probe)
     except CompileError:
-        return f"nvrtc {major}.{minor}"
+        return f"nvrtc {release}"
     found = re.search(rb"V(\d+\.\d+\.\d+)", cubin)
-    return f"nvrtc {found.group(1).decode() if found else f'{major}.{minor}'}"
+    return f"nvrtc {found.group(1).decode() if found else release}"
 
 
 def toolkit_version(backend: str = "auto") -> str:
-    """``"nvcc 13.0.88"`` or ``"nvrtc 13.0"``; read once per process."""
+    """``"nvcc 13.0.88"`` or ``"nvrtc 13.0.88"``; read once per process (NVRTC's compiles an
+    empty kernel)."""
     return _nvcc_version() if resolve_backend(backend) == "nvcc" else _nvrtc_version()
+
+
+def toolkit_release(backend: str = "auto") -> str:
+    """``"nvcc 13.0.88"`` or ``"nvrtc 13.0"``, without compiling anything: enough to compare
+    with the driver's CUDA version."""
+    return _nvcc_version() if resolve_backend(backend) == "nvcc" else f"nvrtc {_nvrtc_release()}"
 
 
 def default_cache_dir() -> Path:

@@ -31,7 +31,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from templates.family import DeviceLimits, Launch, Problem
-from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_version
+from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
@@ -90,7 +90,7 @@ class WorkerPool:
         compile_timeout_s: float = 300.0,
         cache_dir: str | Path | None = None,
         worker_cls: type | None = None,
-        backend: str = "auto",
+        backend: str = "fastest",
         seed: int = 0,
         measure_options: Mapping[str, Any] | None = None,
         screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,
@@ -125,7 +125,7 @@ class WorkerPool:
         try:
             self._start_actors(worker_cls, replay)
             if replay is None:
-                check_toolkit_for_driver(toolkit_version(backend), self.device.cuda_version)
+                check_toolkit_for_driver(toolkit_release(backend), self.device.cuda_version)
         except BaseException:
             self.close()
             raise

@@ -105,3 +105,28 @@ def test_cubins_are_cached_under_the_user_cache_by_default(monkeypatch, tmp_path
     assert default_cache_dir() == tmp_path / "kernel-tuner" / "cubins"
     monkeypatch.setenv("TUNER_CACHE", str(tmp_path / "mine"))
     assert default_cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")
+def test_nvrtc_and_nvcc_emit_the_same_code_and_name_the_same_release():
+    """The pool compiles with NVRTC (``fastest``) where it loads: the same ptxas as nvcc, so
+    the cubins differ only in the note that names the compiler and its command line."""
+    request = CompileRequest(KERNEL, "scale", ("-O3",))
+    by_nvcc, by_nvrtc = (compile_cubin(request, backend=b) for b in ("nvcc", "nvrtc"))
+    assert len(by_nvcc.cubin) == len(by_nvrtc.cubin) and by_nvcc.resources == by_nvrtc.resources
+    differ = [i for i, (a, b) in enumerate(zip(by_nvcc.cubin, by_nvrtc.cubin)) if a != b]
+    note = by_nvcc.cubin.find(b"ptxas\x00Cuda compilation tools")
+    assert differ and note > 0 and note - 16 <= differ[0] and differ[-1] < note + 200  # its header too
+    assert toolkit_version("nvcc").split()[1] == toolkit_version("nvrtc").split()[1]  # 13.0.88
+
+
+def test_backend_choice(monkeypatch):
+    monkeypatch.delenv("TUNER_COMPILER", raising=False)
+    assert compile_mod.resolve_backend("fastest") == "nvrtc"  # its library loads here
+    assert compile_mod.resolve_backend("auto") == ("nvcc" if shutil.which("nvcc") else "nvrtc")
+    monkeypatch.setenv("TUNER_COMPILER", "nvcc")
+    assert compile_mod.resolve_backend("fastest") == compile_mod.resolve_backend("auto") == "nvcc"
+    assert compile_mod.resolve_backend("nvrtc") == "nvrtc"  # an explicit choice stands
+    monkeypatch.setenv("TUNER_COMPILER", "gcc")
+    with pytest.raises(CompileError, match="TUNER_COMPILER='gcc' is not one of"):
+        compile_mod.resolve_backend("auto")
