@@ -43,6 +43,7 @@ class Trial:
         self._params: dict[str, Any] = {}  # "first"/"second" -> (kernelParams, values)
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
         self.kernel_ms = 0.0  # the GPU's time in this trial's checked, warm-up and timed launches
+        self._warming: tuple[Any, Any] | None = None  # the warm-up's events, until elapsed() reads them
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
@@ -187,7 +188,10 @@ class Trial:
 
     def warm_up(self, warmup_ms: float) -> float:
         """Time 3 launches for an estimate, then launch for about ``warmup_ms``; returns the
-        estimated milliseconds of one launch."""
+        estimated milliseconds of one launch. The warm-up launches run between two events that
+        the next :meth:`elapsed` reads (after a synchronize): their GPU time is measured, not
+        taken as launches x estimate, which the first three launches' cold start inflated
+        (a study of 11 us kernels counted more kernel time than its worker's wall time)."""
         d, check, stream = self._d, self._check, self.bench.stream
         begin, end = self._event(), self._event()
         check("cuEventRecord", d.cuEventRecord(begin, stream))
@@ -196,11 +200,16 @@ class Trial:
         check("cuEventRecord", d.cuEventRecord(end, stream))
         self.stage = "timing"
         check("cuEventSynchronize", d.cuEventSynchronize(end))
-        estimate = max(check("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)) / 3, 1e-3)
+        three = float(check("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)))
+        estimate = max(three / 3, 1e-3)
         launches = min(max(1, math.ceil(warmup_ms / estimate)), 10_000)
+        start, stop = self._event(), self._event()
+        check("cuEventRecord", d.cuEventRecord(start, stream))
         for _ in range(launches):
             self._launch()
-        self.kernel_ms += (3 + launches) * estimate
+        check("cuEventRecord", d.cuEventRecord(stop, stream))
+        self.kernel_ms += three
+        self._warming = (start, stop)
         return estimate
 
     def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
@@ -239,6 +248,9 @@ class Trial:
         self.stage = "timing"
         times = [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
         self.kernel_ms += sum(times)
+        if self._warming is not None:  # the warm-up ran before these, so it has completed too
+            self.kernel_ms += float(check("cuEventElapsedTime", d.cuEventElapsedTime(*self._warming)))
+            self._warming = None
         return times
 
     # -- cleanup ------------------------------------------------------------------------------

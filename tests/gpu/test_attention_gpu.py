@@ -98,3 +98,13 @@ def test_a_timing_stops_early_only_when_clearly_behind(bench, sample):
     ahead = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20,
                           abort_above_ms=full.timing.median_ms * 3)
     assert ahead.ok and ahead.timing.repetitions >= 20 and not ahead.detail
+
+
+def test_kernel_time_is_measured_and_within_the_workers_time(bench, sample):
+    """Every launch of a trial runs between CUDA events (the warm-up too): the kernels' time is
+    never more than the worker's, and more than half the warm-up asked for (the warm-up's launch
+    count comes from an estimate)."""
+    problem, params, binary = min(sample, key=lambda s: s[0].shape[0] * s[0].shape[1] * s[0].shape[2])
+    m = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=3,
+                      warmup_ms=20.0, min_reps=20)
+    assert m.ok and 0.01 < m.kernel_seconds <= m.gpu_seconds
