@@ -1,0 +1,119 @@
+"""Two ways to time a kernel with a cold L2, side by side on one GPU: the flush the workers use
+(a memset of twice the L2 before each repetition) and rotation (each repetition reads its own
+copy of the inputs and writes its own outputs, enough copies that the last use of a copy is at
+least twice the L2 ago). Rotation spends no GPU time on a flush; the question is whether it
+gives the same medians.
+
+    PYTHONPATH=<checkout> python3 docs/scripts/flush_vs_rotation.py 2,8,512,64 bf16 0 4,16,4096,128 fp16 1
+
+For each problem: the family's starting points, compiled here (nvcc), verified, warmed up, then
+5 blocks of 100 repetitions with each method, alternating; one JSON line per config with both
+medians (of all 500 repetitions), their ratio, and the GPU time a repetition took with each.
+"""
+import ctypes
+import json
+import math
+import statistics
+import sys
+import time
+
+from templates import get_family
+from templates.family import DeviceLimits
+from workers.compile import compile_cubin
+from workers.gpu import GpuBench, check_call, driver_api
+from workers.results import CompileRequest
+from workers.trial import Trial
+
+BLOCKS, REPS = 5, 100
+
+
+def copies_for(bench, resident, l2_bytes):
+    """Extra sets of (inputs copied from the resident ones, outputs) for rotation."""
+    d = driver_api()
+    set_bytes = sum(n for _, n in resident.buffers.values())
+    count = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+    sets = []
+    for _ in range(count):
+        buffers = {}
+        for name, (ptr, nbytes) in resident.buffers.items():
+            new = check_call("cuMemAlloc", d.cuMemAlloc(nbytes))
+            if name in resident.inputs:
+                check_call("cuMemcpyDtoD", d.cuMemcpyDtoD(new, ptr, nbytes))
+            buffers[name] = (new, nbytes)
+        sets.append(buffers)
+    return sets
+
+
+def run_block(trial, params_list, flush):
+    d, stream = driver_api(), trial.bench.stream
+    pairs = []
+    for i in range(REPS):
+        if flush:
+            trial.bench.flush_l2(i)
+            packed = trial._params["first"]
+        else:
+            packed = params_list[i % len(params_list)]
+        start, stop = trial._event(), trial._event()
+        check_call("cuEventRecord", d.cuEventRecord(start, stream))
+        launch = trial.launch
+        check_call("cuLaunchKernel", d.cuLaunchKernel(
+            trial.function, *launch.grid, *launch.block, launch.smem_bytes, stream,
+            ctypes.addressof(packed[0]), 0))
+        check_call("cuEventRecord", d.cuEventRecord(stop, stream))
+        pairs.append((start, stop))
+    t = time.perf_counter()
+    check_call("cuStreamSynchronize", d.cuStreamSynchronize(stream))
+    times = [float(check_call("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
+    return times, time.perf_counter() - t
+
+
+def main(argv):
+    family = get_family("attention")
+    bench = GpuBench()
+    l2 = bench._flush_bytes // 2
+    d = driver_api()
+    info = bench.device_info()
+    limits = DeviceLimits(info.name, tuple(info.compute_capability), info.sm_count, info.max_smem_per_block_optin)
+    for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
+        problem = family.parse_problem(shape, dtype, causal == "1")
+        for params in family.starting_points(problem, limits)[:3]:
+            source, launch = family.render(params, problem), family.launch(params, problem)
+            binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(family.compile_options(params, problem))),
+                                   backend="nvcc")
+            trial = Trial(bench, binary, launch)
+            assert trial.load() is None
+            trial.attach(family, problem, 0)
+            failure, _ = trial.verify(family, problem)
+            assert failure is None, failure
+            sets = copies_for(bench, trial.resident, l2)
+            rotated = [trial._pack({**trial.resident.buffers, **s}) for s in sets]
+            trial.warm_up(25.0)
+            by = {"flush": [], "rotation": []}
+            span = {"flush": 0.0, "rotation": 0.0}
+            for _ in range(BLOCKS):
+                for method in ("flush", "rotation"):
+                    begin, end = trial._event(), trial._event()
+                    check_call("cuEventRecord", d.cuEventRecord(begin, bench.stream))
+                    times, _ = run_block(trial, rotated, method == "flush")
+                    check_call("cuEventRecord", d.cuEventRecord(end, bench.stream))
+                    check_call("cuEventSynchronize", d.cuEventSynchronize(end))
+                    span[method] += float(check_call("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)))
+                    by[method] += times
+            changed = bench.residents.changed()
+            flush, rotation = statistics.median(by["flush"]), statistics.median(by["rotation"])
+            print("ROTATION " + json.dumps({
+                "problem": problem.key, "params": params, "copies": len(sets),
+                "median_flush_ms": round(flush, 5), "median_rotation_ms": round(rotation, 5),
+                "rotation_over_flush": round(rotation / flush, 4),
+                "gpu_ms_per_rep_flush": round(span["flush"] / (BLOCKS * REPS), 5),
+                "gpu_ms_per_rep_rotation": round(span["rotation"] / (BLOCKS * REPS), 5),
+                "inputs_changed": changed}), flush=True)
+            for s in sets:
+                for ptr, _ in s.values():
+                    check_call("cuMemFree", d.cuMemFree(ptr))
+            trial.release()
+    bench.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
