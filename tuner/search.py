@@ -35,7 +35,6 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 
 from storage.engine import sqlite_pragmas
-
 from templates.family import Param, Problem
 from tuner.errors import DatabaseError, UsageError
 

@@ -6,8 +6,8 @@
 A replay runner in the manner of Kernel Tuner's: each run is an Optuna study in memory that asks,
 checks, and is told the recorded median (``inf`` for a failed config) with the rules of a real
 study: configs the family rejects or the landscape lacks are told ``inf`` without counting, a config
-already measured fails without counting (the sampler's data holds each config once). A run stops once it is within 2% of
-the landscape's best, or when every valid config has been measured.
+already measured fails without counting (the sampler's data holds each config once). A run stops
+once it is within 2% of the landscape's best, or when every valid config has been measured.
 """
 
 from __future__ import annotations

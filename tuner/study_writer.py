@@ -45,7 +45,8 @@ class StudyWriter:
     def open(cls, name: str, url: str) -> "StudyWriter":
         from storage import open_repository
 
-        study = optuna.load_study(study_name=name, storage=search.optuna_storage(url), sampler=optuna.samplers.RandomSampler())
+        study = optuna.load_study(study_name=name, storage=search.optuna_storage(url),
+                                  sampler=optuna.samplers.RandomSampler())
         return cls(study, open_repository(url))
 
     def create(self, params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution],
@@ -117,8 +118,9 @@ class RayWriter:
     """The writes made by a Ray actor, in order, while the coordinator goes on."""
 
     def __init__(self, url: str, name: str | None = None) -> None:
-        """Start the actor on the database at ``url`` (its process starts and imports Optuna,
-        about a second, while the caller sets the study up); ``name``: :meth:`open` it now."""
+        """Start the actor on the database at ``url`` (its process starts and imports Optuna and
+        SQLAlchemy, seconds on a busy machine, while the caller starts its GPU actors and sets
+        the study up); ``name``: :meth:`open` it now."""
         import ray
 
         self._ray = ray
@@ -170,7 +172,7 @@ class _WriterActor:
     that call's."""
 
     def __init__(self, url: str) -> None:
-        importlib.import_module("storage")  # imported now, while the coordinator sets up the study
+        importlib.import_module("storage")  # imported now, while the coordinator starts up
 
         logging.getLogger("optuna").setLevel(logging.WARNING)
         self._url = url

@@ -5,7 +5,8 @@
 
 Run it with another checkout on PYTHONPATH to compare versions of the tuner on one GPU.
 ``gpu_busy`` is the GPU workers' time measuring over the study's wall time; ``kernels`` the
-part the kernels themselves ran (CUDA events; absent in versions that did not count it).
+part the kernels themselves ran (CUDA events; absent in versions that did not count it; before
+commit 6d0c451 the warm-up's share was an estimate that overcounted microsecond kernels).
 """
 
 import json
