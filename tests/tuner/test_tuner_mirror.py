@@ -40,6 +40,19 @@ def test_only_recorded_proposals_reach_the_database(url):
     assert [t.value for t in mirror.memory.get_trials(deepcopy=False)] == [float("inf"), 0.5]
 
 
+def test_a_repeat_fails_in_memory_and_a_queued_one_is_told_in_the_database(url):
+    """The sampler keeps one trial per config; a queued database trial still gets its value."""
+    _database_study(url).enqueue_trial(SPACE.encode({"A": 3, "B": "y"}))
+    mirror = MirroredStudy(_database_study(url))
+    queued = mirror.ask(SPACE.distributions)  # measured before, say: a repeat from the queue
+    mirror.repeated(queued, 0.25, reused=True)
+    fresh = mirror.ask(SPACE.distributions)
+    mirror.repeated(fresh, 0.5, reused=True)  # never recorded: nothing reaches the database
+    assert [t.state for t in mirror.memory.get_trials(deepcopy=False)] == [TrialState.FAIL] * 2
+    (told,) = _trials(url)
+    assert told.state == TrialState.COMPLETE and told.value == 0.25 and told.user_attrs["reused"]
+
+
 def test_queued_trials_are_asked_from_the_database_once(url):
     _database_study(url).enqueue_trial(SPACE.encode({"A": 3, "B": "y"}))
     first = MirroredStudy(_database_study(url))
