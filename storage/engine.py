@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,15 @@ def sqlite_pragmas(dbapi_connection: Any) -> None:
     study's writer made about five commits a trial, 2.5 ms each with the fsync (issue 4).
     """
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:  # a new file's switch to WAL does not wait on the busy timeout: connections that
+            cursor.execute("PRAGMA journal_mode=WAL")  # open a new database together retry it
+            break
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
