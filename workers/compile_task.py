@@ -1,10 +1,12 @@
 """What runs beside the GPU workers: the Ray CPU task that compiles one config, and the screen
-on its compile report that decides whether the config is worth GPU time at all."""
+on its compile report (spills, registers and shared memory against the SM) that decides whether
+the config is worth GPU time at all."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from templates.family import DeviceLimits, Launch
 from workers.compile import compile_cubin, toolkit_version
 from workers.errors import CompileError
 from workers.results import Binary, CompileRequest
@@ -39,10 +41,30 @@ def warm_compiler(backend: str) -> str:
         return str(exc)
 
 
-def screen(binary: Binary | None, spill_limit: int | None) -> str | None:
-    """Why the compile report rules a binary out before any GPU time, or None."""
+def screen(binary: Binary | None, spill_limit: int | None, launch: Launch | None = None,
+           device: DeviceLimits | None = None) -> str | None:
+    """Why the compile report rules a binary out before any GPU time, or None: it spills more
+    than ``spill_limit`` bytes, or (given its launch and the device) not one block can be
+    resident on an SM: its registers (allocated 256 a warp) or its shared memory (static from
+    the report, plus the launch's dynamic) exceed what the SM gives a block. The GPU would load
+    the module only to refuse the launch."""
     resources = binary.resources if binary is not None else None
-    if spill_limit is None or resources is None or resources.spill_stores <= spill_limit:
+    if resources is None:
         return None
-    return (f"spills {resources.spill_stores} bytes to local memory (more than {spill_limit}): "
-            "screened before the GPU")
+    if spill_limit is not None and resources.spill_stores > spill_limit:
+        return (f"spills {resources.spill_stores} bytes to local memory (more than {spill_limit}): "
+                "screened before the GPU")
+    if launch is None or device is None:
+        return None
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    warps = -(-threads // 32)
+    registers = -(-resources.registers * 32 // 256) * 256 * warps
+    if registers > device.regs_per_sm:
+        return (f"needs {registers} registers a block ({resources.registers} a thread, {threads} "
+                f"threads), an SM has {device.regs_per_sm}: screened before the GPU")
+    smem = resources.smem_static + launch.smem_bytes
+    if smem > device.max_smem_per_block_optin:
+        return (f"needs {smem} bytes of shared memory a block ({resources.smem_static} static + "
+                f"{launch.smem_bytes} dynamic), the device allows {device.max_smem_per_block_optin}: "
+                "screened before the GPU")
+    return None

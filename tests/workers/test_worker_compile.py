@@ -130,3 +130,22 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setenv("TUNER_COMPILER", "gcc")
     with pytest.raises(CompileError, match="TUNER_COMPILER='gcc' is not one of"):
         compile_mod.resolve_backend("auto")
+
+
+def test_the_screen_reads_registers_and_shared_memory_against_the_device():
+    from templates.family import H100_LIMITS, Launch
+    from workers.compile_task import screen
+    from workers.results import Binary, Resources
+
+    def binary(registers, smem_static=0, spills=0):
+        return Binary(b"", "k", Resources(registers, smem_static, 0, spills, spills), "s", "c", "t", (), 0.1)
+
+    def launch(threads, smem=0):
+        return Launch("k", (1, 1, 1), (threads, 1, 1), smem, ())
+
+    assert screen(binary(128), 256, launch(512), H100_LIMITS) is None  # 128 x 512 = 65536: fits
+    assert "registers a block" in screen(binary(129), 256, launch(512), H100_LIMITS)  # 136 allocated
+    assert screen(binary(64, 16 * 1024), 256, launch(128, 200 * 1024), H100_LIMITS) is None
+    assert "shared memory" in screen(binary(64, 32 * 1024), 256, launch(128, 200 * 1024), H100_LIMITS)
+    assert "spills" in screen(binary(64, spills=512), 256, launch(128), H100_LIMITS)
+    assert screen(binary(255), 256) is None  # no launch, no device: spills only

@@ -231,6 +231,18 @@ def test_heavy_spills_are_screened_before_the_gpu(pool_factory):
     assert results[1].ok and results[1].resources.spill_stores == 0
 
 
+def test_blocks_that_cannot_be_resident_are_screened_before_the_gpu(pool_factory):
+    pool = pool_factory()
+    big = type(LAUNCH)("spill", LAUNCH.grid, (1024, 1, 1), 0, LAUNCH.args)  # 128 registers x 1024
+    too_much_smem = type(LAUNCH)("spill", LAUNCH.grid, LAUNCH.block, 240 * 1024, LAUNCH.args)
+    pool.submit(0, {"tag": 0}, SPILLING, big, ())
+    pool.submit(1, {"tag": 1}, SPILLING, too_much_smem, ())
+    results = _drain(pool)
+    assert results[0].failure == "screened" and "registers a block" in results[0].reason
+    assert results[1].failure == "screened" and "bytes of shared memory" in results[1].reason
+    assert results[0].gpu_seconds == results[1].gpu_seconds == 0
+
+
 def test_the_early_stop_bar_reaches_the_bench(pool_factory):
     pool = pool_factory()
     _submit(pool, 0)
