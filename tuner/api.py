@@ -160,38 +160,6 @@ def _run_study(
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
     """Open (or resume) the study of this family version, problem and GPU, and run it (its
     database writes through ``writer``, else in this process)."""
-    name, record, study, picks = _open_study(
-        fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed, trials=trials,
-        time_budget=time_budget, replay=replay, warm_start=warm_start)
-    if writer is not None:
-        writer.open(name)
-    coordinator = Coordinator(
-        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
-        trials=trials, time_budget=time_budget, writer=writer, **loop_options,
-    )
-    outcome = _storage_call(coordinator.run)
-    summary = _storage_call(lambda: repo.study(name))
-    measured = _storage_call(lambda: repo.measured(record.id))
-    return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
-
-
-def _open_study(
-    fam: KernelFamily,
-    problem: Problem,
-    pool: Any,
-    repo: Any,
-    url: str,
-    *,
-    space: search.SearchSpace,
-    sampler: str,
-    seed: int | None,
-    trials: int | None,
-    time_budget: float | None,
-    replay: str | Path | None,
-    warm_start: int,
-) -> tuple[str, Any, optuna.Study, list[warmstart.WarmStart]]:
-    """The study of this family version, problem and GPU, created with its warm start or loaded
-    to resume: (its name, our record of it, the Optuna study, the warm-start picks)."""
     device = pool.device
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
@@ -231,7 +199,16 @@ def _open_study(
             logger.info("warm start from %s: %s", pick.source, pick.params)
             study.enqueue_trial(space.encode(pick.params))
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
-    return name, record, study, picks
+    if writer is not None:
+        writer.open(name)
+    coordinator = Coordinator(
+        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
+        trials=trials, time_budget=time_budget, writer=writer, **loop_options,
+    )
+    outcome = _storage_call(coordinator.run)
+    summary = _storage_call(lambda: repo.study(name))
+    measured = _storage_call(lambda: repo.measured(record.id))
+    return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
 
 
 def best(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from templates.family import KernelFamily, Problem
+from workers.compile_task import block_registers
 
 logger = logging.getLogger("tuner")
 
@@ -66,9 +67,7 @@ def suite_of(family: str) -> list[tuple[Any, str, bool]]:
 
 def blocks_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
     """Resident blocks per SM: the tightest of registers, shared memory, threads and blocks."""
-    warps = -(-threads // 32)
-    regs_per_warp = -(-registers * 32 // 256) * 256  # allocated in units of 256 per warp
-    by_regs = SM_REGISTERS // (regs_per_warp * warps) if registers else SM_BLOCKS
+    by_regs = SM_REGISTERS // block_registers(registers, threads) if registers else SM_BLOCKS
     by_smem = SM_SHARED_BYTES // (smem_bytes + RESERVED_SHARED_PER_BLOCK)
     return max(0, min(by_regs, by_smem, SM_THREADS // threads, SM_BLOCKS))
 

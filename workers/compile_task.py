@@ -41,6 +41,12 @@ def warm_compiler(backend: str) -> str:
         return str(exc)
 
 
+def block_registers(registers: int, threads: int) -> int:
+    """The registers a block of ``threads`` takes on an SM: ``registers`` a thread, allocated
+    256 a warp."""
+    return -(-registers * 32 // 256) * 256 * -(-threads // 32)
+
+
 def screen(binary: Binary | None, spill_limit: int | None, launch: Launch | None = None,
            device: DeviceLimits | None = None) -> str | None:
     """Why the compile report rules a binary out before any GPU time, or None: it spills more
@@ -57,8 +63,7 @@ def screen(binary: Binary | None, spill_limit: int | None, launch: Launch | None
     if launch is None or device is None:
         return None
     threads = launch.block[0] * launch.block[1] * launch.block[2]
-    warps = -(-threads // 32)
-    registers = -(-resources.registers * 32 // 256) * 256 * warps
+    registers = block_registers(resources.registers, threads)
     if registers > device.regs_per_sm:
         return (f"needs {registers} registers a block ({resources.registers} a thread, {threads} "
                 f"threads), an SM has {device.regs_per_sm}: screened before the GPU")

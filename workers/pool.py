@@ -126,7 +126,6 @@ class WorkerPool:
             self._start_actors(worker_cls, replay)
             if replay is None:
                 check_toolkit_for_driver(toolkit_release(backend), self.device.cuda_version)
-            self._screen_device = self.limits  # what a block may take, for the compile screen
         except BaseException:
             self.close()
             raise
@@ -455,7 +454,7 @@ class WorkerPool:
         return f"{item.binary.cubin_hash}:{launch}"  # type: ignore[union-attr]
 
     def _compiled(self, item: _Ticket) -> None:
-        reason = screen(item.binary, self._screen_spill_bytes, item.launch, self._screen_device)
+        reason = screen(item.binary, self._screen_spill_bytes, item.launch, self.limits)
         if reason is not None:
             self._resolve(item, Measurement.failed("screened", reason))
             return
