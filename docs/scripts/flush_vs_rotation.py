@@ -10,12 +10,10 @@ For each problem: the family's starting points, compiled here (nvcc), verified, 
 5 blocks of 100 repetitions with each method, alternating; one JSON line per config with both
 medians (of all 500 repetitions), their ratio, and the GPU time a repetition took with each.
 """
-import ctypes
 import json
 import math
 import statistics
 import sys
-import time
 
 from templates import get_family
 from templates.family import DeviceLimits
@@ -44,27 +42,15 @@ def copies_for(bench, resident, l2_bytes):
     return sets
 
 
-def run_block(trial, params_list, flush):
-    d, stream = driver_api(), trial.bench.stream
+def run_block(trial, copies, flush):
+    """REPS timed launches, each after a flush or on the next copy; their times (ms)."""
     pairs = []
     for i in range(REPS):
         if flush:
             trial.bench.flush_l2(i)
-            packed = trial._params["first"]
-        else:
-            packed = params_list[i % len(params_list)]
-        start, stop = trial._event(), trial._event()
-        check_call("cuEventRecord", d.cuEventRecord(start, stream))
-        launch = trial.launch
-        check_call("cuLaunchKernel", d.cuLaunchKernel(
-            trial.function, *launch.grid, *launch.block, launch.smem_bytes, stream,
-            ctypes.addressof(packed[0]), 0))
-        check_call("cuEventRecord", d.cuEventRecord(stop, stream))
-        pairs.append((start, stop))
-    t = time.perf_counter()
-    check_call("cuStreamSynchronize", d.cuStreamSynchronize(stream))
-    times = [float(check_call("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
-    return times, time.perf_counter() - t
+        pairs.append(trial._timed_run("first" if flush else f"copy{i % copies}"))
+    check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(trial.bench.stream))
+    return trial.elapsed(pairs)
 
 
 def main(argv):
@@ -86,7 +72,8 @@ def main(argv):
             failure, _ = trial.verify(family, problem)
             assert failure is None, failure
             sets = copies_for(bench, trial.resident, l2)
-            rotated = [trial._pack({**trial.resident.buffers, **s}) for s in sets]
+            for i, buffers in enumerate(sets):  # launch arguments on each copy, as Trial keeps them
+                trial._params[f"copy{i}"] = trial._pack({**trial.resident.buffers, **buffers})
             trial.warm_up(25.0)
             by = {"flush": [], "rotation": []}
             span = {"flush": 0.0, "rotation": 0.0}
@@ -94,7 +81,7 @@ def main(argv):
                 for method in ("flush", "rotation"):
                     begin, end = trial._event(), trial._event()
                     check_call("cuEventRecord", d.cuEventRecord(begin, bench.stream))
-                    times, _ = run_block(trial, rotated, method == "flush")
+                    times = run_block(trial, len(sets), method == "flush")
                     check_call("cuEventRecord", d.cuEventRecord(end, bench.stream))
                     check_call("cuEventSynchronize", d.cuEventSynchronize(end))
                     span[method] += float(check_call("cuEventElapsedTime", d.cuEventElapsedTime(begin, end)))
