@@ -54,6 +54,7 @@ class TuneResult:
     warm_start: tuple[warmstart.WarmStart, ...] = ()  # configs tried first, and how they did
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord: the top trials re-timed at the end, ranked
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
+    flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def tune(
                 )
                 gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
                 kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
+                flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
                 device = pool.device.name
         finally:
             if writer is not None:
@@ -137,7 +139,7 @@ def tune(
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
         best=winner, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
-        kernel_busy_s=kernel_busy,
+        kernel_busy_s=kernel_busy, flush_busy_s=flush_busy,
     )
 
 

@@ -371,11 +371,13 @@ def _retime_text(winner: Any) -> str:
 
 
 def _time_line(result: api.TuneResult) -> str:
-    """Wall time, the GPU workers' share of it and the kernels' (CUDA events), trials a minute."""
+    """Wall time, the GPU workers' share of it, the kernels' and the L2 flushes' (CUDA events),
+    trials a minute."""
     line = f"{format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy"
     if result.elapsed_s > 0 and result.gpu_busy_s > 0:
         line += (f", {100 * result.gpu_busy_s / result.elapsed_s:.0f}%; kernels "
-                 f"{result.kernel_busy_s:.1f} s, {100 * result.kernel_busy_s / result.elapsed_s:.0f}%")
+                 f"{result.kernel_busy_s:.1f} s, {100 * result.kernel_busy_s / result.elapsed_s:.0f}%; "
+                 f"L2 flushes {result.flush_busy_s:.1f} s, {100 * result.flush_busy_s / result.elapsed_s:.0f}%")
     line += ")"
     if result.elapsed_s > 0 and result.measured:
         line += f", {60 * result.measured / result.elapsed_s:.0f} trials/min"

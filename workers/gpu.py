@@ -37,6 +37,14 @@ from workers.trial import Trial
 
 logger = logging.getLogger(__name__)
 
+
+def l2_flush_bytes(l2_size: int) -> int:
+    """Bytes to write before a timed repetition so that it starts with a cold L2: the L2's
+    size, as nvbench does. Measured on an H200 (docs/scripts/flush_size.py): medians after a
+    memset of 1x the L2 equal those after 1.5x, 2x and 4x within 1% (0.5x is short for
+    microsecond kernels), and it costs half the GPU time of the 2x the workers used before."""
+    return max(l2_size, 1 << 20)
+
 # Errors after which the context is unusable: the process must go.
 CRASH_ERRORS = frozenset({
     "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
@@ -137,8 +145,9 @@ class GpuBench:
         check_call("cuCtxSetCurrent", driver.cuCtxSetCurrent(self.context))
         self.stream = check_call("cuStreamCreate", driver.cuStreamCreate(0))
         l2 = self._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
-        self._flush_bytes = max(2 * l2, 1 << 20)
+        self._flush_bytes = l2_flush_bytes(l2)
         self._flush_buf = check_call("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
+        self.last_event: Any = None  # the latest event a live trial recorded after a launch
         self._info: DeviceInfo | None = None
         self.pinned = PinnedBuffers()  # the host inputs of the current problem, the check counts
         self.residents = ResidentBuffers(self)
@@ -163,7 +172,7 @@ class GpuBench:
         return self._checks
 
     def flush_l2(self, fill: int) -> None:
-        """Queue, on the bench's stream, a write of twice the L2's size (each word ``fill``)."""
+        """Queue, on the bench's stream, a write of the L2's size (each word ``fill``)."""
         check_call("cuMemsetD32Async", driver_api().cuMemsetD32Async(
             self._flush_buf, fill, self._flush_bytes // 4, self.stream))
 
@@ -248,7 +257,8 @@ class GpuBench:
         seconds = time.perf_counter() - start
         clocks = self._clocks() if result.ok else {}
         return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,
-                              "kernel_seconds": trial.kernel_ms / 1e3, "clocks": clocks})
+                              "kernel_seconds": trial.kernel_ms / 1e3,
+                              "flush_seconds": trial.flush_ms / 1e3, "clocks": clocks})
 
     # -- several kernels, interleaved -------------------------------------------------------------
     def retime(
@@ -288,7 +298,8 @@ class GpuBench:
                              for r, (b, _) in zip(results, kernels))
         return Retiming(measurements, count, clocks_before=before, clocks_after=self._clocks(),
                         gpu_seconds=time.perf_counter() - start,
-                        kernel_seconds=sum(t.kernel_ms for t in trials) / 1e3)
+                        kernel_seconds=sum(t.kernel_ms for t in trials) / 1e3,
+                        flush_seconds=sum(t.flush_ms for t in trials) / 1e3)
 
     def _release(self, trials: Sequence[Trial]) -> None:
         """Free what the trials took, unless the context is dead (then nothing can be freed)."""

@@ -6,8 +6,8 @@
 
 The attention peers are torch's SDPA backends (FlashAttention-2, cuDNN, memory-efficient). They
 run on the family's own inputs and are validated by the family's own reference, so their error
-is the same metric as ours. Timing: warm-up, then each repetition after an L2 flush (a memset
-of twice the L2 size), CUDA events around the call alone, median of the repetitions.
+is the same metric as ours. Timing: warm-up, then each repetition after the workers' L2 flush
+(a memset of ``l2_flush_bytes``), CUDA events around the call alone, median of the repetitions.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from templates.family import Problem, check_outputs
-from workers.gpu import resolve_family
+from workers.gpu import l2_flush_bytes, resolve_family
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def _time_sdpa(torch: Any, family: Any, problem: Problem, seed: int, reps: int) 
     host = family.inputs(problem, seed)
     q, k, v = (torch.from_numpy(host[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+    flush = torch.empty(l2_flush_bytes(l2), dtype=torch.int8, device="cuda")
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     results = {}

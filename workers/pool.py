@@ -118,6 +118,7 @@ class WorkerPool:
         self._returned = 0
         self.gpu_busy_seconds = 0.0  # the GPU actors' time measuring (shared results: none)
         self.kernel_busy_seconds = 0.0  # of which the GPU ran the kernels
+        self.flush_busy_seconds = 0.0  # and flushed the L2 before timed launches
         self._closed = False
         if replay is None:  # each CPU's worker loads the compiler while the GPU actors start
             warm = ray.remote(num_cpus=1, max_retries=0)(warm_compiler)
@@ -265,6 +266,7 @@ class WorkerPool:
             settled.update(zip(todo, retiming.measurements))
         self.gpu_busy_seconds += retiming.gpu_seconds
         self.kernel_busy_seconds += retiming.kernel_seconds
+        self.flush_busy_seconds += retiming.flush_seconds
         out = []
         for i, binary in enumerate(binaries):
             m = settled[i]
@@ -488,7 +490,8 @@ class WorkerPool:
     def _shared(measurement: Measurement, ticket: int | None) -> Measurement:
         note = f"shared: same cubin as ticket {ticket}, measured once"
         detail = f"{measurement.detail}; {note}" if measurement.detail else note
-        return replace(measurement, detail=detail, gpu_seconds=0.0, kernel_seconds=0.0)
+        return replace(measurement, detail=detail, gpu_seconds=0.0, kernel_seconds=0.0,
+                       flush_seconds=0.0)
 
     def _resolve(self, item: _Ticket, measurement: Measurement) -> None:
         binary = item.binary
@@ -501,6 +504,7 @@ class WorkerPool:
             measurement = replace(measurement, replayed=True)
         self.gpu_busy_seconds += measurement.gpu_seconds
         self.kernel_busy_seconds += measurement.kernel_seconds
+        self.flush_busy_seconds += measurement.flush_seconds
         self._results.append((item.ticket, measurement))
 
 

@@ -135,6 +135,7 @@ class Measurement:
     compile_seconds: float | None = None
     gpu_seconds: float = 0.0  # wall time the worker spent on the GPU for this trial
     kernel_seconds: float = 0.0  # of which the GPU ran the kernel (CUDA events; warm-up included)
+    flush_seconds: float = 0.0  # and flushed the L2 before its timed launches (CUDA events)
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
     clocks: Mapping[str, Any] = field(default_factory=dict)  # SM/memory clocks, temperature
 
@@ -168,6 +169,7 @@ class Retiming:
     clocks_after: Mapping[str, Any] = field(default_factory=dict)
     gpu_seconds: float = 0.0
     kernel_seconds: float = 0.0
+    flush_seconds: float = 0.0
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
 
 
@@ -187,6 +189,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "compile_seconds": m.compile_seconds,
         "gpu_seconds": m.gpu_seconds,
         "kernel_seconds": m.kernel_seconds,
+        "flush_seconds": m.flush_seconds,
         "replayed": m.replayed,
         "clocks": dict(m.clocks),
     }
@@ -211,6 +214,7 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         compile_seconds=opt_float("compile_seconds"),
         gpu_seconds=float(data.get("gpu_seconds") or 0.0),
         kernel_seconds=float(data.get("kernel_seconds") or 0.0),
+        flush_seconds=float(data.get("flush_seconds") or 0.0),
         replayed=bool(data.get("replayed", False)),
         clocks=dict(data.get("clocks") or {}),
     )

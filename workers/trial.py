@@ -43,6 +43,8 @@ class Trial:
         self._params: dict[str, Any] = {}  # "first"/"second" -> (kernelParams, values)
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
         self.kernel_ms = 0.0  # the GPU's time in this trial's checked, warm-up and timed launches
+        self.flush_ms = 0.0  # the GPU's time before its timed launches: the L2 flushes (and any gap)
+        self._flushes: list[tuple[Any, Any]] = []  # (the stream's previous event, a timed start)
         self._warming: tuple[Any, Any] | None = None  # the warm-up's events, until elapsed() reads them
 
     # -- steps --------------------------------------------------------------------------------
@@ -179,6 +181,7 @@ class Trial:
         check("cuEventRecord", d.cuEventRecord(start, stream))
         self._launch(which)
         check("cuEventRecord", d.cuEventRecord(stop, stream))
+        self.bench.last_event = stop
         return start, stop
 
     def _event(self) -> Any:
@@ -208,6 +211,7 @@ class Trial:
         for _ in range(launches):
             self._launch()
         check("cuEventRecord", d.cuEventRecord(stop, stream))
+        self.bench.last_event = stop
         self.kernel_ms += three
         self._warming = (start, stop)
         return estimate
@@ -236,11 +240,17 @@ class Trial:
     def timed_launch(self, index: int, flush_l2: bool) -> tuple[Any, Any]:
         """Queue one timed repetition: the L2 flushed first (the flush buffer is filled with
         ``index``), then the kernel between two events; returns the events (read them after a
-        synchronize, with :meth:`elapsed`)."""
+        synchronize, with :meth:`elapsed`). The GPU's time from the stream's previous timed or
+        warm-up launch to this one's start is the flush's (and any wait for this launch): it
+        needs no events of its own, :meth:`elapsed` counts it in ``flush_ms``."""
+        before = self.bench.last_event
         if flush_l2:
             self.stage = "flush"
             self.bench.flush_l2(index)
-        return self._timed_run("first")
+        pair = self._timed_run("first")
+        if flush_l2 and before is not None:
+            self._flushes.append((before, pair[0]))
+        return pair
 
     def elapsed(self, pairs: Sequence[tuple[Any, Any]]) -> list[float]:
         """Milliseconds between each (start, stop) pair of events that have completed."""
@@ -248,6 +258,9 @@ class Trial:
         self.stage = "timing"
         times = [float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b))) for a, b in pairs]
         self.kernel_ms += sum(times)
+        self.flush_ms += sum(float(check("cuEventElapsedTime", d.cuEventElapsedTime(a, b)))
+                             for a, b in self._flushes)  # they precede the pairs: complete too
+        self._flushes.clear()
         if self._warming is not None:  # the warm-up ran before these, so it has completed too
             self.kernel_ms += float(check("cuEventElapsedTime", d.cuEventElapsedTime(*self._warming)))
             self._warming = None
@@ -257,6 +270,9 @@ class Trial:
     def release(self) -> None:
         """Free the events and the module (the buffers are the bench's)."""
         d, check = self._d, self._check
+        if self.bench.last_event in self.events:
+            self.bench.last_event = None
+        self._flushes.clear()
         for event in self.events:
             check("cuEventDestroy", d.cuEventDestroy(event))
         self.events.clear()

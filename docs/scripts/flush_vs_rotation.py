@@ -1,5 +1,5 @@
 """Two ways to time a kernel with a cold L2, side by side on one GPU: the flush the workers use
-(a memset of twice the L2 before each repetition) and rotation (each repetition reads its own
+(a memset of the L2's size before each repetition) and rotation (each repetition reads its own
 copy of the inputs and writes its own outputs, enough copies that the last use of a copy is at
 least twice the L2 ago). Rotation spends no GPU time on a flush; the question is whether it
 gives the same medians.
@@ -56,7 +56,7 @@ def run_block(trial, copies, flush):
 def main(argv):
     family = get_family("attention")
     bench = GpuBench()
-    l2 = bench._flush_bytes // 2
+    l2 = bench._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
     d = driver_api()
     info = bench.device_info()
     limits = DeviceLimits(info.name, tuple(info.compute_capability), info.sm_count, info.max_smem_per_block_optin)

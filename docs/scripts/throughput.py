@@ -6,7 +6,8 @@
 Run it with another checkout on PYTHONPATH to compare versions of the tuner on one GPU.
 ``gpu_busy`` is the GPU workers' time measuring over the study's wall time; ``kernels`` the
 part the kernels themselves ran (CUDA events; absent in versions that did not count it; before
-commit 6d0c451 the warm-up's share was an estimate that overcounted microsecond kernels).
+commit 6d0c451 the warm-up's share was an estimate that overcounted microsecond kernels);
+``flushes`` the part the GPU spent flushing the L2 before timed launches (0 before it was counted).
 """
 
 import json
@@ -33,6 +34,7 @@ def main(label: str, db: str, studies: list[str]) -> None:
                 "trials_per_min": round(60 * r.measured / r.elapsed_s, 1),
                 "gpu_busy": round(r.gpu_busy_s / r.elapsed_s, 3),
                 "kernels": None if kernels is None else round(kernels / r.elapsed_s, 3),
+                "flushes": round(getattr(r, "flush_busy_s", 0.0) / r.elapsed_s, 3),
                 "best_us": round(r.best.median_ms * 1e3, 2) if r.best else None}), flush=True)
 
 

@@ -103,8 +103,12 @@ def test_a_timing_stops_early_only_when_clearly_behind(bench, sample):
 def test_kernel_time_is_measured_and_within_the_workers_time(bench, sample):
     """Every launch of a trial runs between CUDA events (the warm-up too): the kernels' time is
     never more than the worker's, and more than half the warm-up asked for (the warm-up's launch
-    count comes from an estimate)."""
+    count comes from an estimate). The L2 flushes before the timed launches are counted apart:
+    each takes some microseconds of GPU time, and none are counted when there is no flush."""
     problem, params, binary = min(sample, key=lambda s: s[0].shape[0] * s[0].shape[1] * s[0].shape[2])
-    m = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=3,
-                      warmup_ms=20.0, min_reps=20)
-    assert m.ok and 0.01 < m.kernel_seconds <= m.gpu_seconds
+    launch = FAMILY.launch(params, problem)
+    m = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=20.0, rep=50)
+    assert m.ok and 0.01 < m.kernel_seconds and m.kernel_seconds + m.flush_seconds <= m.gpu_seconds
+    assert 50 * 2e-6 < m.flush_seconds < 50 * 1e-3  # 50 flushes of the L2's size, 2 us to 1 ms each
+    unflushed = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=5.0, rep=50, flush_l2=False)
+    assert unflushed.ok and unflushed.flush_seconds == 0

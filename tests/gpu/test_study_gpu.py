@@ -50,7 +50,7 @@ def test_forty_trials_complete_and_best_is_the_fastest_retimed_trial(study):
     assert winner.retime.rank == 1 and winner.median_ms == min(r.median_ms for r in timed)
     assert winner.search_median_ms <= 1.5 * min(t.median_ms for t in ok)
     assert winner.device.name == result.device and "H" in winner.device.name
-    assert result.gpu_busy_s > result.kernel_busy_s > 0
+    assert result.gpu_busy_s > result.kernel_busy_s + result.flush_busy_s and result.flush_busy_s > 0
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
