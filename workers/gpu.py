@@ -148,6 +148,7 @@ class GpuBench:
         self._flush_bytes = l2_flush_bytes(l2)
         self._flush_buf = check_call("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
         self.last_event: Any = None  # the latest event a live trial recorded after a launch
+        self._spare_events: list[Any] = []  # events released trials gave back
         self._info: DeviceInfo | None = None
         self.pinned = PinnedBuffers()  # the host inputs of the current problem, the check counts
         self.residents = ResidentBuffers(self)
@@ -170,6 +171,20 @@ class GpuBench:
             self._checks_compiled.join()
             self._checks = DeviceChecks(self)
         return self._checks
+
+    def event(self) -> Any:
+        """A CUDA event to time with: a spare one, else a new one. A trial records about two
+        events a repetition; making and destroying them cost two driver calls each, and the
+        destroys ran while the GPU waited for the next trial."""
+        if self._spare_events:
+            return self._spare_events.pop()
+        return check_call("cuEventCreate", driver_api().cuEventCreate(0))
+
+    def spare(self, events: Sequence[Any]) -> None:
+        """Keep ``events`` for the next trials (their last recordings are of no more use)."""
+        if self.last_event is not None and any(e is self.last_event for e in events):
+            self.last_event = None
+        self._spare_events.extend(events)
 
     def flush_l2(self, fill: int) -> None:
         """Queue, on the bench's stream, a write of the L2's size (each word ``fill``)."""
@@ -345,6 +360,9 @@ class GpuBench:
         if self._checks is not None:
             self._checks.close()
         self.pinned.free()
+        for event in self._spare_events:
+            driver.cuEventDestroy(event)
+        self._spare_events.clear()
         driver.cuMemFree(self._flush_buf)
         driver.cuStreamDestroy(self.stream)
         driver.cuDevicePrimaryCtxRelease(self._device)

@@ -185,7 +185,7 @@ class Trial:
         return start, stop
 
     def _event(self) -> Any:
-        event = self._check("cuEventCreate", self._d.cuEventCreate(0))
+        event = self.bench.event()
         self.events.append(event)
         return event
 
@@ -268,13 +268,10 @@ class Trial:
 
     # -- cleanup ------------------------------------------------------------------------------
     def release(self) -> None:
-        """Free the events and the module (the buffers are the bench's)."""
+        """Give the events back to the bench and free the module (the buffers are the bench's)."""
         d, check = self._d, self._check
-        if self.bench.last_event in self.events:
-            self.bench.last_event = None
         self._flushes.clear()
-        for event in self.events:
-            check("cuEventDestroy", d.cuEventDestroy(event))
+        self.bench.spare(self.events)
         self.events.clear()
         if self.module is not None:
             check("cuModuleUnload", d.cuModuleUnload(self.module))

@@ -3,8 +3,9 @@
     python3 docs/scripts/profile_measure.py 8,16,2048,128 fp16 0 24
 
 Compiles N random valid configs (in parallel processes), measures the first in full, then
-measures every one with the early-stop bar at 1.5x that median (as a study does) under cProfile;
-prints the GPU worker's time and the kernels' (CUDA events) and the costliest calls.
+measures every one with the early-stop bar at 1.5x that median (as a study does), once plain
+(a trial's wall time against its kernels' and L2 flushes' GPU time, CUDA events) and once under
+cProfile (the GPU worker's time, the kernels' and the costliest calls).
 """
 
 import cProfile
@@ -42,6 +43,13 @@ def main(shape: str, dtype: str, causal: str, count: int) -> None:
     kernels = [(b, FAMILY.launch(c, problem)) for b, c in zip(binaries, configs)]
     first = bench.measure(*kernels[0], "attention", problem)
     bar = 1.5 * first.timing.median_ms
+    start = time.perf_counter()  # a pass without the profiler: what the GPU did of the wall time
+    plain = [bench.measure(b, launch, "attention", problem, abort_above_ms=bar) for b, launch in kernels]
+    wall = time.perf_counter() - start
+    kernel, flush = sum(m.kernel_seconds for m in plain), sum(m.flush_seconds for m in plain)
+    print(f"PLAIN {shape} {dtype} causal={causal}: {count} trials, {wall / count * 1e3:.2f} ms a trial: "
+          f"kernels {kernel / count * 1e3:.2f} ms, L2 flushes {flush / count * 1e3:.2f} ms, "
+          f"the rest {(wall - kernel - flush) / count * 1e3:.2f} ms")
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()

@@ -112,3 +112,6 @@ def test_kernel_time_is_measured_and_within_the_workers_time(bench, sample):
     assert 50 * 2e-6 < m.flush_seconds < 50 * 1e-3  # 50 flushes of the L2's size, 2 us to 1 ms each
     unflushed = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=5.0, rep=50, flush_l2=False)
     assert unflushed.ok and unflushed.flush_seconds == 0
+    spare = len(bench._spare_events)  # the trials' events are kept and reused, not made anew
+    again = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=5.0, rep=50)
+    assert again.ok and again.flush_seconds > 0 and len(bench._spare_events) == spare > 100
