@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 def l2_flush_bytes(l2_size: int) -> int:
     """Bytes to write before a timed repetition so that it starts with a cold L2: the L2's
     size, as nvbench does. Measured on an H200 (docs/scripts/flush_size.py): medians after a
-    memset of 1x the L2 equal those after 1.5x, 2x and 4x within 1% (0.5x is short for
-    microsecond kernels), and it costs half the GPU time of the 2x the workers used before."""
+    memset of 1x the L2 are within 0.6% of those after 4x (0.5x is short for microsecond
+    kernels), and it costs about half the GPU time of the 2x the workers used before."""
     return max(l2_size, 1 << 20)
 
 # Errors after which the context is unusable: the process must go.
