@@ -89,6 +89,23 @@ def _connect_args(url: URL) -> dict[str, Any]:
     return {}
 
 
+def absolute_sqlite(url: str) -> str:
+    """A SQLite URL with a relative path made absolute (another process need not share the cwd);
+    other URLs unchanged."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return url
+    return parsed.set(database=str(Path(parsed.database).resolve())).render_as_string(hide_password=False)
+
+
+def use_sqlite_pragmas(engine: Engine) -> None:
+    """Give every new connection of ``engine`` (another library's, e.g. Optuna's) the pragmas
+    of :func:`sqlite_pragmas` where it is SQLite; the connections it holds are made anew."""
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", lambda connection, _record: sqlite_pragmas(connection))
+        engine.dispose()
+
+
 def sqlite_pragmas(dbapi_connection: Any) -> None:
     """Write-ahead logging, synced at checkpoints: for every connection to a SQLite database,
     ours and Optuna's (:func:`tuner.search.optuna_storage`).

@@ -322,10 +322,8 @@ def _repository(url: str) -> Iterator[Any]:
 def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
     """Ray for the pool and the study's writer: started here, and stopped after, unless this
     process has it up already; without a GPU (and no replay, no cluster) nothing starts."""
-    import ray
-
     from workers import NoGPUError
-    from workers.pool import start_ray
+    from workers.ray_session import start_ray, stop_ray
 
     try:
         started = start_ray(address, need_gpu=replay is None)
@@ -337,7 +335,7 @@ def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
         yield
     finally:
         if started:
-            ray.shutdown()
+            stop_ray()
 
 
 @contextmanager

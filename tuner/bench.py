@@ -91,7 +91,7 @@ def bench(
 
     from workers import NoGPUError
     from workers.local import LocalBench
-    from workers.pool import shared_ray
+    from workers.ray_session import shared_ray
 
     fam = _family(family)
     wanted = [_problem(fam, shape, dtype, causal) for shape, dtype, causal in (problems or fam.suite)]

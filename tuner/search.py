@@ -32,9 +32,8 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import event
 
-from storage.engine import sqlite_pragmas
+from storage.engine import use_sqlite_pragmas
 from templates.family import Param, Problem
 from tuner.errors import DatabaseError, UsageError
 
@@ -217,10 +216,7 @@ def optuna_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's storage at ``url``; on SQLite its connections get our pragmas (WAL, synced at
     checkpoints: ``storage.engine.sqlite_pragmas``)."""
     storage = optuna.storages.RDBStorage(url)
-    engine = storage.engine
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", lambda connection, _record: sqlite_pragmas(connection))
-        engine.dispose()  # the connections Optuna opened to set up its tables: made anew
+    use_sqlite_pragmas(storage.engine)  # the connections Optuna opened for its tables: made anew
     return storage
 
 

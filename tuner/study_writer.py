@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-from pathlib import Path
 from typing import Any, Mapping
 
 import optuna
@@ -121,11 +120,11 @@ class RayWriter:
         """Start the actor on the database at ``url`` (its process starts and imports Optuna and
         SQLAlchemy, seconds on a busy machine, while the caller starts its GPU actors and sets
         the study up); ``name``: :meth:`open` it now."""
-        import ray
+        from storage.engine import absolute_sqlite
+        from workers import ray_session
 
-        self._ray = ray
-        actor = ray.remote(num_cpus=0, max_restarts=0)(_WriterActor)
-        self._actor = actor.remote(_absolute_sqlite(url))
+        self._ray = ray_session
+        self._actor = ray_session.start_actor(_WriterActor, absolute_sqlite(url))
         if name is not None:
             self.open(name)
 
@@ -135,36 +134,29 @@ class RayWriter:
         self.call("open", name)
 
     def call(self, method: str, *args: Any) -> Any:
-        return self._actor.run.remote(method, *args)
+        return self._ray.call(self._actor, "run", method, *args)
 
     def result(self, handle: Any) -> Any:
-        if not isinstance(handle, self._ray.ObjectRef):
-            return handle
-        try:
-            return self._ray.get(handle)
-        except self._ray.exceptions.RayTaskError as error:  # the database's own error, unwrapped
-            raise (error.cause or error) from None
+        """The answer of a call (the database's own error raised as itself)."""
+        return self._ray.result(handle) if self._ray.is_ref(handle) else handle
 
     def ready(self, handle: Any) -> bool:
         """Whether ``result(handle)`` would answer without waiting."""
-        if not isinstance(handle, self._ray.ObjectRef):
-            return True
-        done, _ = self._ray.wait([handle], timeout=0)
-        return bool(done)
+        return self._ray.ready(handle) if self._ray.is_ref(handle) else True
 
     def flush(self) -> None:
         self.result(self.call("ping"))
 
     def close(self) -> None:
-        self._ray.kill(self._actor)
+        self._ray.stop_actor(self._actor)
 
 
 def beside_ray(url: str) -> RayWriter | None:
     """A RayWriter where this process has Ray up (a pool's), else None (write in-process)."""
     import sys
 
-    ray = sys.modules.get("ray")
-    return RayWriter(url) if ray is not None and ray.is_initialized() else None
+    session = sys.modules.get("workers.ray_session")  # never imports Ray where it is not up
+    return RayWriter(url) if session is not None and session.ray_running() else None
 
 
 class _WriterActor:
@@ -189,13 +181,3 @@ class _WriterActor:
         if method != "open":
             return getattr(self._writer, method)(*args)
         return None
-
-
-def _absolute_sqlite(url: str) -> str:
-    """A SQLite URL with a relative path made absolute (an actor need not share the cwd)."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return url
-    return parsed.set(database=str(Path(parsed.database).resolve())).render_as_string(hide_password=False)

@@ -24,8 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
@@ -34,6 +33,7 @@ from templates.family import DeviceLimits, Launch, Problem
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
+from workers.ray_session import start_ray
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 
@@ -506,32 +506,3 @@ class WorkerPool:
         self.kernel_busy_seconds += measurement.kernel_seconds
         self.flush_busy_seconds += measurement.flush_seconds
         self._results.append((item.ticket, measurement))
-
-
-def start_ray(address: str | None = None, *, need_gpu: bool = False) -> bool:
-    """Start Ray, or join the cluster at ``address``, unless this process has it up already;
-    True when it started it here. ``need_gpu``: a local Ray on a machine whose driver sees no
-    GPU is refused (NoGPUError) before Ray starts, and prints, anything."""
-    if ray.is_initialized():
-        return False
-    if need_gpu and address is None:
-        from workers.gpu import gpu_count
-
-        if gpu_count() == 0:
-            raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
-                             "machine, pass ray_address=... of a cluster with GPUs, or "
-                             "replay=<landscape.json>")
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-    return True
-
-
-@contextmanager
-def shared_ray(address: str | None = None, *, need_gpu: bool = False) -> Iterator[None]:
-    """Keep one Ray up across several pools (studies one after another start faster), and for
-    what runs beside a pool (a study's writer actor, started while the GPU actors start)."""
-    started = start_ray(address, need_gpu=need_gpu)
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()

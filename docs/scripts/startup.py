@@ -33,6 +33,7 @@ import tuner.api as api  # noqa: E402
 import tuner.loop as loop  # noqa: E402
 import workers.gpu as gpu  # noqa: E402
 import workers.pool as pool  # noqa: E402
+import workers.ray_session as ray_session  # noqa: E402
 from tuner import search, study_writer  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
@@ -51,7 +52,7 @@ class TimedBench(gpu.GpuBench):
 
 
 gpu.GpuBench = TimedBench
-wrap(pool, "start_ray", "start_ray")
+wrap(ray_session, "start_ray", "start_ray")
 wrap(study_writer, "beside_ray", "writer_actor")
 wrap(pool.WorkerPool, "__init__", "worker_pool")
 wrap(pool.WorkerPool, "_start_actors", "actors_ready")

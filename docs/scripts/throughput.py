@@ -16,7 +16,7 @@ import sys
 import time
 
 import tuner
-from workers.pool import shared_ray
+from workers.ray_session import shared_ray
 
 
 def main(label: str, db: str, studies: list[str]) -> None:

@@ -29,7 +29,7 @@ import workers.gpu as gpu_module
 import workers.pool as pool_module
 import workers.replay as replay_module
 from storage import params_key
-from workers.pool import shared_ray
+from workers.ray_session import shared_ray
 
 OUT = os.environ.get("OUT", "/tmp")
 events: dict[str, dict] = defaultdict(dict)  # params key -> {"asked": t, "compiled": t, "sent": t}

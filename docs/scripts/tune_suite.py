@@ -11,7 +11,7 @@ import sys
 import time
 
 import tuner
-from workers.pool import shared_ray
+from workers.ray_session import shared_ray
 
 ORDER = ("4,16,4096,128", "1,32,8192,128", "8,16,2048,128", "1,16,4097,128",
          "16,16,2048,64", "2,16,1000,64", "2,8,512,64", "1,8,512,64")

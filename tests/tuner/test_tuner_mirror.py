@@ -6,10 +6,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from storage.engine import absolute_sqlite
 from templates.family import Param
 from tuner import search
 from tuner.mirror import MirroredStudy
-from tuner.study_writer import RayWriter, _absolute_sqlite
+from tuner.study_writer import RayWriter
 
 SPACE = search.SearchSpace((Param("A", (1, 2, 3, 4)), Param("B", ("x", "y"))))
 
@@ -150,6 +151,6 @@ def test_a_ray_writer_raises_the_database_error(tmp_path, ray_up):
 
 def test_sqlite_paths_are_made_absolute_for_the_actor(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _absolute_sqlite("sqlite:///tuner.db") == f"sqlite:///{tmp_path / 'tuner.db'}"
-    assert _absolute_sqlite("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
-    assert _absolute_sqlite("postgresql://u@h:5432/test") == "postgresql://u@h:5432/test"
+    assert absolute_sqlite("sqlite:///tuner.db") == f"sqlite:///{tmp_path / 'tuner.db'}"
+    assert absolute_sqlite("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert absolute_sqlite("postgresql://u@h:5432/test") == "postgresql://u@h:5432/test"
