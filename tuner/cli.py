@@ -12,15 +12,14 @@ Every user error prints one line ``tuner: error: ...`` on stderr and exits with 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import re
 import sys
-from datetime import datetime
 from typing import Any, Sequence
 
 from tuner import api
+from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
 from tuner.bench import suite_of
@@ -29,8 +28,7 @@ from tuner.searchbench import SAMPLERS as SEARCH_SAMPLERS
 from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
-from tuner.progress import format_params, format_seconds
-from tuner.retime import clock_change
+from tuner.progress import format_params
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -177,13 +175,13 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"status    {result.status}: {result.reason}")
     print(f"trials    {result.measured} measured ({result.failed} failed), {result.reused} reused, "
           f"{result.invalid} invalid, {result.previous} from earlier runs")
-    print(f"time      {_time_line(result)}")
+    print(f"time      {report.time_line(result)}")
     if result.best is None:
         print("best      no validated config yet")
     else:
-        print(f"best      {_best_line(result.best)}")
+        print(f"best      {report.best_line(result.best)}")
     if result.retimed:
-        print(f"re-timed  {_retimed_line(result.retimed)}")
+        print(f"re-timed  {report.retimed_line(result.retimed)}")
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
@@ -193,19 +191,19 @@ def _tune(args: argparse.Namespace) -> int:
 def _best(args: argparse.Namespace) -> int:
     winner = api.best(args.family, args.shape, args.dtype, args.causal, db=args.db, device=args.device)
     if args.json:
-        print(json.dumps(_plain(winner), indent=2))
+        print(json.dumps(report.plain(winner), indent=2))
         return 0
     rows = [
         ("config", format_params(winner.params)),
-        ("median", f"{winner.median_ms:.4f} ms" + (" re-timed" if winner.retime else "") + _spread(winner)),
-        *([("re-timed", _retime_text(winner))] if winner.retime else []),
+        ("median", f"{winner.median_ms:.4f} ms" + (" re-timed" if winner.retime else "") + report.spread(winner)),
+        *([("re-timed", report.retime_text(winner))] if winner.retime else []),
         ("TFLOPS", f"{winner.tflops:.1f}" if winner.tflops is not None else "-"),
         ("error", f"{winner.error:.3g}" if winner.error is not None else "-"),
         ("GPU", f"{winner.device.name} (driver {winner.device.driver_version})"),
         ("toolkit", f"{winner.toolkit or '-'} (CUDA {winner.device.cuda_version})"),
         ("template", winner.template_hash),
         ("study", f"{winner.study}, trial {winner.trial_number}" + (" (replayed)" if winner.replayed else "")),
-        ("when", _when(winner.measured_at)),
+        ("when", report.when(winner.measured_at)),
     ]
     for label, value in rows:
         print(f"{label:<10}{value}")
@@ -222,22 +220,22 @@ def _export(args: argparse.Namespace) -> int:
 def _studies(args: argparse.Namespace) -> int:
     found = api.studies(db=args.db)
     if args.json:
-        print(json.dumps([_plain(s) for s in found], indent=2))
+        print(json.dumps([report.plain(s) for s in found], indent=2))
         return 0
     if not found:
         print("no studies stored")
     for s in found:
         best = f"{s.best_median_ms:.4f} ms" if s.best_median_ms is not None else "-"
         print(f"{s.name}  {s.status:<11} {s.sampler:<6} {s.n_ok} ok / {s.n_failed} failed  "
-              f"best {best}  {_when(s.updated_at)}")
+              f"best {best}  {report.when(s.updated_at)}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     detail = api.show(args.study, db=args.db)
     if args.json:
-        print(json.dumps({"study": _plain(detail.summary),
-                          "trials": [_plain(t) for t in detail.trials]}, indent=2))
+        print(json.dumps({"study": report.plain(detail.summary),
+                          "trials": [report.plain(t) for t in detail.trials]}, indent=2))
         return 0
     s = detail.summary
     print(f"{s.name}: {s.status}, {s.sampler} sampler, {s.n_trials} trials "
@@ -247,7 +245,7 @@ def _show(args: argparse.Namespace) -> int:
         result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
         if t.number in retimed:
             r = retimed[t.number]
-            result += (f" | re-timed {r.median_ms:.4f} ms, IQR {_ms(r.iqr_ms)} (rank {r.rank})" if r.ok
+            result += (f" | re-timed {r.median_ms:.4f} ms, IQR {report.ms(r.iqr_ms)} (rank {r.rank})" if r.ok
                        else f" | re-timing failed ({r.failure}: {r.reason})")
         print(f"  #{t.number:<5} {result}  {format_params(t.params)}")
     return 0
@@ -262,7 +260,7 @@ def _bench(args: argparse.Namespace) -> int:
         problems = [p for p in suite_of(args.family) if args.dtype in (None, p[1])] or None
     rows = run_bench(args.family, problems, db=args.db, tune_trials=args.tune)
     if args.json:
-        print(json.dumps([_plain(row) for row in rows], indent=2))
+        print(json.dumps([report.plain(row) for row in rows], indent=2))
         return 0
     peers = sorted({name for row in rows for name in row.peers})
     head = ["problem", "ours", "TFLOPS", "error", *(f"{p} TFLOPS" for p in peers),
@@ -335,73 +333,3 @@ def _setup_logging(verbose: bool) -> None:
         logger.handlers[:] = [handler]
         logger.setLevel(logging.DEBUG if verbose else level)
         logger.propagate = False
-
-
-def _spread(winner: Any) -> str:
-    extra = []
-    if winner.min_ms is not None:
-        extra.append(f"min {winner.min_ms:.4f}")
-    if winner.iqr_ms is not None:
-        extra.append(f"IQR {winner.iqr_ms:.4f}")
-    if winner.repetitions:
-        extra.append(f"{winner.repetitions} reps")
-    return f" ({', '.join(extra)})" if extra else ""
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
-def _how(retime: Any) -> str:
-    """How a re-timing was taken: ``30 rounds``, or ``replayed``."""
-    return "replayed" if retime.replayed else f"{(retime.gpu_state or {}).get('rounds')} rounds"
-
-
-def _retimed_line(records: Sequence[Any]) -> str:
-    winner = next((r for r in records if r.rank == 1), None)
-    picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {_ms(winner.iqr_ms)} "
-              f"(search {_ms(winner.search_median_ms)} ms)" if winner else "every one failed")
-    return f"top {len(records)} interleaved ({_how(records[0])}): {picked}"
-
-
-def _retime_text(winner: Any) -> str:
-    clocks = clock_change(winner.retime.gpu_state or {})
-    return (f"rank 1 of the study's fastest, interleaved ({_how(winner.retime)}); search median "
-            f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
-
-
-def _time_line(result: api.TuneResult) -> str:
-    """Wall time, the GPU workers' share of it, the kernels' and the L2 flushes' (CUDA events),
-    trials a minute."""
-    line = f"{format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy"
-    if result.elapsed_s > 0 and result.gpu_busy_s > 0:
-        line += (f", {100 * result.gpu_busy_s / result.elapsed_s:.0f}%; kernels "
-                 f"{result.kernel_busy_s:.1f} s, {100 * result.kernel_busy_s / result.elapsed_s:.0f}%; "
-                 f"L2 flushes {result.flush_busy_s:.1f} s, {100 * result.flush_busy_s / result.elapsed_s:.0f}%")
-    line += ")"
-    if result.elapsed_s > 0 and result.measured:
-        line += f", {60 * result.measured / result.elapsed_s:.0f} trials/min"
-    return line
-
-
-def _best_line(winner: Any) -> str:
-    tflops = f", {winner.tflops:.1f} TFLOPS" if winner.tflops is not None else ""
-    retimed = " re-timed" if winner.retime else ""
-    return f"{winner.median_ms:.4f} ms{retimed}{tflops} {format_params(winner.params)}"
-
-
-def _when(value: Any) -> str:
-    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
-
-
-def _plain(value: Any) -> Any:
-    """A record (frozen dataclass, possibly nested) as JSON-ready data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value

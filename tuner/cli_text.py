@@ -1,0 +1,85 @@
+"""What the ``tuner`` command prints about results: one line each, plain text or JSON-ready data.
+
+    time_line(result)   # "4s (2.7 s GPU busy, 78%; kernels 2.3 s, 67%; L2 flushes 0.2 s, 6%), 1725 trials/min"
+    best_line(winner)   # "0.0206 ms re-timed, 104.0 TFLOPS {BLOCK_M: 64, ...}"
+    plain(record)       # a frozen dataclass as dicts and lists, for --json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Sequence
+
+from tuner.progress import format_params, format_seconds
+from tuner.retime import clock_change
+
+
+def spread(winner: Any) -> str:
+    extra = []
+    if winner.min_ms is not None:
+        extra.append(f"min {winner.min_ms:.4f}")
+    if winner.iqr_ms is not None:
+        extra.append(f"IQR {winner.iqr_ms:.4f}")
+    if winner.repetitions:
+        extra.append(f"{winner.repetitions} reps")
+    return f" ({', '.join(extra)})" if extra else ""
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def how(retime: Any) -> str:
+    """How a re-timing was taken: ``30 rounds``, or ``replayed``."""
+    return "replayed" if retime.replayed else f"{(retime.gpu_state or {}).get('rounds')} rounds"
+
+
+def retimed_line(records: Sequence[Any]) -> str:
+    winner = next((r for r in records if r.rank == 1), None)
+    picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {ms(winner.iqr_ms)} "
+              f"(search {ms(winner.search_median_ms)} ms)" if winner else "every one failed")
+    return f"top {len(records)} interleaved ({how(records[0])}): {picked}"
+
+
+def retime_text(winner: Any) -> str:
+    clocks = clock_change(winner.retime.gpu_state or {})
+    return (f"rank 1 of the study's fastest, interleaved ({how(winner.retime)}); search median "
+            f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
+
+
+def time_line(result: Any) -> str:
+    """Wall time, the GPU workers' share of it, the kernels' and the L2 flushes' (CUDA events),
+    trials a minute."""
+    line = f"{format_seconds(result.elapsed_s)} ({result.gpu_busy_s:.1f} s GPU busy"
+    if result.elapsed_s > 0 and result.gpu_busy_s > 0:
+        line += (f", {100 * result.gpu_busy_s / result.elapsed_s:.0f}%; kernels "
+                 f"{result.kernel_busy_s:.1f} s, {100 * result.kernel_busy_s / result.elapsed_s:.0f}%; "
+                 f"L2 flushes {result.flush_busy_s:.1f} s, {100 * result.flush_busy_s / result.elapsed_s:.0f}%")
+    line += ")"
+    if result.elapsed_s > 0 and result.measured:
+        line += f", {60 * result.measured / result.elapsed_s:.0f} trials/min"
+    return line
+
+
+def best_line(winner: Any) -> str:
+    tflops = f", {winner.tflops:.1f} TFLOPS" if winner.tflops is not None else ""
+    retimed = " re-timed" if winner.retime else ""
+    return f"{winner.median_ms:.4f} ms{retimed}{tflops} {format_params(winner.params)}"
+
+
+def when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
+
+
+def plain(value: Any) -> Any:
+    """A record (frozen dataclass, possibly nested) as JSON-ready data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
