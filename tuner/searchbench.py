@@ -101,7 +101,7 @@ def load(path: str | Path) -> _Landscape:
     except (WorkerError, TemplateError) as error:
         raise UsageError(str(error)) from None
     info = recorded.device
-    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     values = {params_key(p): (m.timing.median_ms if m.ok else math.inf) for p, m in recorded.entries
               if family.check(p, recorded.problem, limits) is None}
     best_key = min(values, key=values.get)

@@ -201,9 +201,7 @@ class WorkerPool:
     # -- public surface -----------------------------------------------------------------------
     @property
     def limits(self) -> DeviceLimits:
-        d = self.device
-        return DeviceLimits(d.name, tuple(d.compute_capability), d.sm_count,  # type: ignore[arg-type]
-                            d.max_smem_per_block_optin)
+        return self.device.limits
 
     @property
     def num_gpus(self) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from templates.family import DeviceLimits
+
 # Why a trial failed. Every failure a kernel can cause ends in one of these, never in the study.
 FAILURE_KINDS = (
     "invalid",  # the family's constraints rejected the config before compiling
@@ -97,6 +99,12 @@ class DeviceInfo:
     cuda_version: str
     uuid: str = ""
     clocks: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> DeviceLimits:
+        """What a family's constraints check a config against on this GPU."""
+        return DeviceLimits(self.name, tuple(self.compute_capability), self.sm_count,  # type: ignore[arg-type]
+                            self.max_smem_per_block_optin)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

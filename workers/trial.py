@@ -278,6 +278,28 @@ class Trial:
             self.module = None
 
 
+def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, params: Mapping[str, Any],
+                   *, seed: int = 0) -> Trial:
+    """``params`` compiled in this process, loaded on ``bench`` and verified on its buffers of
+    (problem, seed): a trial to warm up and time by hand (scripts and GPU tests that compare ways
+    of timing). Raises ValueError when it fails; release it when done."""
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    launch = family.launch(params, problem)
+    binary = compile_cubin(CompileRequest(family.render(params, problem), launch.kernel,
+                                          tuple(family.compile_options(params, problem))))
+    trial = Trial(bench, binary, launch)
+    failure = trial.load()
+    if failure is None:
+        trial.attach(family, problem, seed)
+        failure, _ = trial.verify(family, problem)
+    if failure is not None:
+        trial.release()
+        raise ValueError(f"{dict(params)}: {failure.failure}: {failure.reason}")
+    return trial
+
+
 def wrong(validation: Validation) -> Measurement:
     """The failure of an output that does not match the reference."""
     return Measurement.failed("wrong", validation.reason or "output does not match the reference",

@@ -17,7 +17,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from templates import get_family
-from templates.family import DeviceLimits
 from workers.compile import compile_cubin, default_cache_dir
 from workers.local import LocalBench
 from workers.peers import time_peers
@@ -36,7 +35,7 @@ def main(shapes: str, dtypes: str, config_file: str) -> None:
                 for c in (False, True)]
     bench = LocalBench(min_reps=10, max_reps=60, target_ms=150)
     info = bench.device
-    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     jobs = [(p, c) for p in problems for c in configs if FAMILY.check(c, p, limits) is None]
     print(f"{info.name}: {len(jobs)} kernels", flush=True)
 

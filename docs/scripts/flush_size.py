@@ -5,7 +5,7 @@ the L2's size, in one process on one GPU, and prints each size's median and GPU 
 
 nvbench flushes with a memset of the L2's size; Triton's do_bench with 256 MB; the workers
 used twice the L2. A size is large enough when the medians stop rising past it. For each
-problem: the family's first three starting points, compiled here (nvcc), verified, warmed up,
+problem: the family's first three starting points, compiled here, verified, warmed up,
 then 5 rounds in which every size takes a block of 100 repetitions (sizes alternate, so drift
 in clocks or temperature falls on all of them). One JSON line per config.
 """
@@ -14,11 +14,8 @@ import statistics
 import sys
 
 from templates import get_family
-from templates.family import DeviceLimits
-from workers.compile import compile_cubin
 from workers.gpu import GpuBench, check_call, driver_api
-from workers.results import CompileRequest
-from workers.trial import Trial
+from workers.trial import verified_trial
 
 ROUNDS, REPS = 5, 100
 FACTORS = (0.0, 0.5, 1.0, 1.5, 2.0, 4.0)
@@ -44,18 +41,11 @@ def main(argv):
     buffer = check_call("cuMemAlloc", d.cuMemAlloc(int(max(FACTORS) * l2)))
     info = bench.device_info()
     print(json.dumps({"gpu": info.name, "l2_bytes": l2}), flush=True)
-    limits = DeviceLimits(info.name, tuple(info.compute_capability), info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
         problem = family.parse_problem(shape, dtype, causal == "1")
         for params in family.starting_points(problem, limits)[:3]:
-            source, launch = family.render(params, problem), family.launch(params, problem)
-            binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(family.compile_options(params, problem))),
-                                   backend="nvcc")
-            trial = Trial(bench, binary, launch)
-            assert trial.load() is None
-            trial.attach(family, problem, 0)
-            failure, _ = trial.verify(family, problem)
-            assert failure is None, failure
+            trial = verified_trial(bench, family, problem, params)
             trial.warm_up(25.0)
             times = {f: [] for f in FACTORS}
             span = {f: 0.0 for f in FACTORS}

@@ -6,7 +6,7 @@ gives the same medians.
 
     PYTHONPATH=<checkout> python3 docs/scripts/flush_vs_rotation.py 2,8,512,64 bf16 0 4,16,4096,128 fp16 1
 
-For each problem: the family's starting points, compiled here (nvcc), verified, warmed up, then
+For each problem: the family's starting points, compiled here, verified, warmed up, then
 5 blocks of 100 repetitions with each method, alternating; one JSON line per config with both
 medians (of all 500 repetitions), their ratio, and the GPU time a repetition took with each.
 """
@@ -16,11 +16,8 @@ import statistics
 import sys
 
 from templates import get_family
-from templates.family import DeviceLimits
-from workers.compile import compile_cubin
 from workers.gpu import GpuBench, check_call, driver_api
-from workers.results import CompileRequest
-from workers.trial import Trial
+from workers.trial import verified_trial
 
 BLOCKS, REPS = 5, 100
 
@@ -59,18 +56,11 @@ def main(argv):
     l2 = bench._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
     d = driver_api()
     info = bench.device_info()
-    limits = DeviceLimits(info.name, tuple(info.compute_capability), info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
         problem = family.parse_problem(shape, dtype, causal == "1")
         for params in family.starting_points(problem, limits)[:3]:
-            source, launch = family.render(params, problem), family.launch(params, problem)
-            binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(family.compile_options(params, problem))),
-                                   backend="nvcc")
-            trial = Trial(bench, binary, launch)
-            assert trial.load() is None
-            trial.attach(family, problem, 0)
-            failure, _ = trial.verify(family, problem)
-            assert failure is None, failure
+            trial = verified_trial(bench, family, problem, params)
             sets = copies_for(bench, trial.resident, l2)
             for i, buffers in enumerate(sets):  # launch arguments on each copy, as Trial keeps them
                 trial._params[f"copy{i}"] = trial._pack({**trial.resident.buffers, **buffers})

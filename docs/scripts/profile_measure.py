@@ -17,7 +17,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from templates import get_family
-from templates.family import DeviceLimits
 from workers.compile import compile_cubin
 from workers.gpu import GpuBench
 from workers.results import CompileRequest
@@ -36,7 +35,7 @@ def main(shape: str, dtype: str, causal: str, count: int) -> None:
     problem = FAMILY.parse_problem(shape, dtype, causal == "1")
     bench = GpuBench(0)
     info = bench.device_info()
-    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     configs = random.Random(0).sample(FAMILY.valid_configs(problem, limits), count)
     with ProcessPoolExecutor(16) as pool:
         binaries = list(pool.map(_compile, [(c, problem) for c in configs]))

@@ -58,10 +58,7 @@ def sample(bench, tmp_path_factory):
 
 
 def _limits(bench):
-    from templates.family import DeviceLimits
-
-    info = bench.device_info()
-    return DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    return bench.device_info().limits
 
 
 def test_random_configs_match_the_reference(bench, sample):

@@ -10,9 +10,6 @@ import statistics
 import pytest
 
 from templates import get_family
-from templates.family import DeviceLimits
-from workers.compile import compile_cubin
-from workers.results import CompileRequest
 
 pytestmark = pytest.mark.gpu
 
@@ -22,23 +19,16 @@ PROBLEM = FAMILY.parse_problem("2,8,512,64", "bf16", False)  # ~11-15 us kernels
 
 def test_the_flush_is_as_cold_as_a_write_of_four_times_the_l2():
     from workers.gpu import GpuBench, check_call, driver_api
-    from workers.trial import Trial
+    from workers.trial import verified_trial
 
     d = driver_api()
     bench = GpuBench(0)
     try:
         info = bench.device_info()
-        limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
-        params = FAMILY.starting_points(PROBLEM, limits)[0]
-        launch = FAMILY.launch(params, PROBLEM)
-        binary = compile_cubin(CompileRequest(FAMILY.render(params, PROBLEM), launch.kernel,
-                                              tuple(FAMILY.compile_options(params, PROBLEM))))
+        limits = info.limits
+        trial = verified_trial(bench, FAMILY, PROBLEM, FAMILY.starting_points(PROBLEM, limits)[0])
         big = 4 * bench._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
         buffer = check_call("cuMemAlloc", d.cuMemAlloc(big))
-        trial = Trial(bench, binary, launch)
-        assert trial.load() is None
-        trial.attach(FAMILY, PROBLEM, 0)
-        assert trial.verify(FAMILY, PROBLEM)[0] is None
         trial.warm_up(25.0)
         ours, four = [], []
         for _ in range(5):  # alternating blocks: drift falls on both

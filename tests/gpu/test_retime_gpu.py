@@ -10,7 +10,6 @@ import random
 import pytest
 
 from templates import get_family
-from templates.family import DeviceLimits
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
 
@@ -39,7 +38,7 @@ def _kernel(params, problem=PROBLEM, cache=None):
 def kernels(bench, tmp_path_factory):
     """Three valid configs (one of them wgmma), compiled."""
     info = bench.device_info()
-    limits = DeviceLimits(info.name, info.compute_capability, info.sm_count, info.max_smem_per_block_optin)
+    limits = info.limits
     valid = FAMILY.valid_configs(PROBLEM, limits)
     rng = random.Random(7)
     picked = rng.sample([c for c in valid if c["MMA"] == "sync"], 2)

@@ -162,8 +162,7 @@ class FakePool:
     def __init__(self, *, per_poll: int = 2, seconds_per_result: float = 1.0,
                  interrupt_after_polls: int | None = None, clock: FakeClock | None = None) -> None:
         self.device = DEVICE
-        self.limits = DeviceLimits(DEVICE.name, DEVICE.compute_capability, DEVICE.sm_count,
-                                   DEVICE.max_smem_per_block_optin)
+        self.limits = DEVICE.limits
         self.num_gpus = 1
         self.compile_workers = 2
         self.per_poll = per_poll
