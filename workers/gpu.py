@@ -45,6 +45,7 @@ def l2_flush_bytes(l2_size: int) -> int:
     kernels), and it costs about half the GPU time of the 2x the workers used before."""
     return max(l2_size, 1 << 20)
 
+
 # Errors after which the context is unusable: the process must go.
 CRASH_ERRORS = frozenset({
     "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
