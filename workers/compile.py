@@ -38,26 +38,22 @@ DEFAULT_TIMEOUT_S = 300.0
 
 # -- toolkit -----------------------------------------------------------------------------------
 def resolve_backend(backend: str = "auto") -> str:
-    """``nvcc`` or ``nvrtc``; ``$TUNER_COMPILER``, where set, stands in for ``auto`` and ``fastest``.
+    """``nvcc`` or ``nvrtc``; ``$TUNER_COMPILER``, where set, stands in for ``auto``.
 
-    ``fastest`` (the pool's compile workers): NVRTC where its library loads, else nvcc. Both run
-    the same ptxas: 64 attention configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same
+    ``auto`` (``fastest`` is the same): NVRTC where its library loads, else nvcc. Both run the
+    same ptxas: 64 attention configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same
     SASS (the cubins differ in the note naming the compiler), and 16 processes compiled 35.7
     configs a second with NVRTC, 19.4 with nvcc (it skips the host preprocessor and three
-    processes). ``auto`` (a compile in the calling process): nvcc where it is on PATH, else NVRTC.
-    NVRTC stays out of processes that may import torch: cuda-bindings loads it for the whole
-    process, and after it compiled the attention kernel, a first ``import torch`` there failed
-    (torch 2.11 on the H200 machine, in ``pytest -m gpu``)."""
+    processes). Until NVRTC was given mutable buffers (:func:`_nvrtc_compile`), a process that
+    compiled with it could not import torch afterwards, and ``auto`` was nvcc."""
     if backend in ("auto", "fastest") and os.environ.get("TUNER_COMPILER"):
         backend = os.environ["TUNER_COMPILER"]
         if backend not in BACKENDS:
             raise CompileError(f"TUNER_COMPILER={backend!r} is not one of {', '.join(BACKENDS)}")
     if backend not in BACKENDS:
         raise CompileError(f"unknown compiler backend {backend!r} (one of {', '.join(BACKENDS)})")
-    if backend == "fastest":
+    if backend in ("auto", "fastest"):
         return "nvrtc" if _nvrtc_loads() else "nvcc"
-    if backend == "auto":
-        return "nvcc" if shutil.which("nvcc") else "nvrtc"
     return backend
 
 
@@ -243,6 +239,11 @@ def _run_nvcc(request: CompileRequest, timeout_s: float) -> tuple[bytes, str]:
 
 def _nvrtc_options(request: CompileRequest) -> list[bytes]:
     opts = [f"--gpu-architecture={request.arch}", "-Xptxas=-v"]
+    if _release_at_least(_nvrtc_release(), (12, 9)):
+        # NVRTC 12.9+ keeps its own cache of compiles (~/.nv/ComputeCache); a hit skips ptxas and
+        # leaves the log empty: registers then came from cuobjdump and the spills, which only
+        # ptxas reports, read 0. Ours is the cache (by source, options and toolkit).
+        opts.append("--no-cache")
     for option in request.options:
         if re.fullmatch(r"-O\d", option):  # NVRTC optimises by default and rejects -O3
             continue
@@ -250,6 +251,12 @@ def _nvrtc_options(request: CompileRequest) -> list[bytes]:
     for include in _cuda_include_dirs():
         opts.append(f"--include-path={include}")
     return [o.encode() for o in opts]
+
+
+def _release_at_least(release: str, version: tuple[int, int]) -> bool:
+    """Whether ``release`` ("13.0") is ``version`` or later."""
+    major, minor = (int(part) for part in release.split(".")[:2])
+    return (major, minor) >= version
 
 
 @functools.lru_cache(maxsize=None)
@@ -276,18 +283,21 @@ def _nvrtc_compile(request: CompileRequest) -> tuple[bytes, str]:
     try:
         opts = _nvrtc_options(request)
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # NVRTC writes into the buffers it is given: they must be mutable. Into ``b" " * size``
+        # it wrote the interpreter's shared one-byte b" " where the log was empty (size 1):
+        # every later space encoded in the process read NUL, and torch's import failed.
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
+        buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\x00 ").decode(errors="replace")
+        log = bytes(buf).rstrip(b"\x00 ").decode(errors="replace")
         if result != ok:
             raise CompileError(f"nvrtc failed ({result.name}): {_first_error(log)}", log)
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
+        cubin = bytearray(size)
         (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
         if err != ok or size == 0:
             raise CompileError(f"nvrtcGetCUBIN failed: {err.name}", log)
-        return cubin, log
+        return bytes(cubin), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

@@ -90,7 +90,7 @@ class WorkerPool:
         compile_timeout_s: float = 300.0,
         cache_dir: str | Path | None = None,
         worker_cls: type | None = None,
-        backend: str = "fastest",
+        backend: str = "auto",
         seed: int = 0,
         measure_options: Mapping[str, Any] | None = None,
         screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,

@@ -122,8 +122,7 @@ def test_nvrtc_and_nvcc_emit_the_same_code_and_name_the_same_release():
 
 def test_backend_choice(monkeypatch):
     monkeypatch.delenv("TUNER_COMPILER", raising=False)
-    assert compile_mod.resolve_backend("fastest") == "nvrtc"  # its library loads here
-    assert compile_mod.resolve_backend("auto") == ("nvcc" if shutil.which("nvcc") else "nvrtc")
+    assert compile_mod.resolve_backend("fastest") == compile_mod.resolve_backend("auto") == "nvrtc"  # it loads here
     monkeypatch.setenv("TUNER_COMPILER", "nvcc")
     assert compile_mod.resolve_backend("fastest") == compile_mod.resolve_backend("auto") == "nvcc"
     assert compile_mod.resolve_backend("nvrtc") == "nvrtc"  # an explicit choice stands
@@ -149,3 +148,30 @@ def test_the_screen_reads_registers_and_shared_memory_against_the_device():
     assert "shared memory" in screen(binary(64, 32 * 1024), 256, launch(128, 200 * 1024), H100_LIMITS)
     assert "spills" in screen(binary(64, spills=512), 256, launch(128), H100_LIMITS)
     assert screen(binary(255), 256) is None  # no launch, no device: spills only
+
+
+def test_nvrtc_writes_only_into_mutable_buffers(monkeypatch):
+    """NVRTC fills the buffers it is given. Given ``b" " * size`` it wrote, where the log was
+    empty (size 1), into the interpreter's shared one-byte b" ": every space encoded later in
+    the process read NUL, and torch's import failed."""
+    from cuda.bindings import nvrtc
+
+    given = []
+    for name in ("nvrtcGetProgramLog", "nvrtcGetCUBIN"):
+        real = getattr(nvrtc, name)
+
+        def spy(prog, buffer, real=real):
+            given.append(memoryview(buffer).readonly)
+            return real(prog, buffer)
+
+        monkeypatch.setattr(nvrtc, name, spy)
+    binary = compile_cubin(CompileRequest(KERNEL, "scale", ()), backend="nvrtc")
+    assert given == [False, False] and binary.cubin[:4] == b"\x7fELF"
+
+
+def test_nvrtc_is_asked_not_to_cache_so_ptxas_reports_every_compile():
+    """NVRTC 12.9+ caches compiles on disk; a hit skips ptxas and leaves the log without the
+    registers and spills the screen reads (seen on the GPU machine)."""
+    options = compile_mod._nvrtc_options(CompileRequest(KERNEL, "scale", ("-O3",)))
+    assert b"--no-cache" in options and b"-Xptxas=-v" in options and b"-O3" not in options
+    assert compile_mod._release_at_least("13.0", (12, 9)) and not compile_mod._release_at_least("12.8", (12, 9))
