@@ -42,9 +42,9 @@ def resolve_backend(backend: str = "auto") -> str:
 
     ``auto`` (``fastest`` is the same): NVRTC where its library loads, else nvcc. Both run the
     same ptxas: 64 attention configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same
-    SASS (the cubins differ in the note naming the compiler), and 16 processes compiled 35.7
-    configs a second with NVRTC, 19.4 with nvcc (it skips the host preprocessor and three
-    processes). Until NVRTC was given mutable buffers (:func:`_nvrtc_compile`), a process that
+    SASS (the cubins differ in the note naming the compiler), and 16 processes compiled 27-36
+    configs a second with NVRTC, 17-20 with nvcc, over five runs on the H200 machine (it skips
+    the host preprocessor and three processes). Until NVRTC was given mutable buffers (:func:`_nvrtc_compile`), a process that
     compiled with it could not import torch afterwards, and ``auto`` was nvcc."""
     if backend in ("auto", "fastest") and os.environ.get("TUNER_COMPILER"):
         backend = os.environ["TUNER_COMPILER"]
