@@ -262,9 +262,7 @@ class WorkerPool:
             retiming = self._retime_on_actor([(binaries[i], kernels[i][2]) for i in todo],
                                              [dict(kernels[i][0]) for i in todo], rounds, max_seconds)
             settled.update(zip(todo, retiming.measurements))
-        self.gpu_busy_seconds += retiming.gpu_seconds
-        self.kernel_busy_seconds += retiming.kernel_seconds
-        self.flush_busy_seconds += retiming.flush_seconds
+        self._add_busy(retiming)
         out = []
         for i, binary in enumerate(binaries):
             m = settled[i]
@@ -326,6 +324,12 @@ class WorkerPool:
         if any(m.failure == "crash" for m in retiming.measurements):
             self._replace_quietly(slot, "the CUDA context died during the re-timing", count=False)
         return retiming
+
+    def _add_busy(self, work: Measurement | Retiming) -> None:
+        """Count a measurement's (or re-timing's) GPU time: the worker's, the kernels', the flushes'."""
+        self.gpu_busy_seconds += work.gpu_seconds
+        self.kernel_busy_seconds += work.kernel_seconds
+        self.flush_busy_seconds += work.flush_seconds
 
     def _replace_quietly(self, slot: _Slot, why: str, *, count: bool = True) -> None:
         """``_replace``, where losing the last worker is left to the next submit to report."""
@@ -500,7 +504,5 @@ class WorkerPool:
                                   resources=binary.resources or measurement.resources)
         if self._replay:
             measurement = replace(measurement, replayed=True)
-        self.gpu_busy_seconds += measurement.gpu_seconds
-        self.kernel_busy_seconds += measurement.kernel_seconds
-        self.flush_busy_seconds += measurement.flush_seconds
+        self._add_busy(measurement)
         self._results.append((item.ticket, measurement))

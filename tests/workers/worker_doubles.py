@@ -45,7 +45,7 @@ class FakeBench:
             raise RuntimeError("the bench broke")
         assert binary is not None and binary.cubin[:4] == b"\x7fELF"
         return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
-                           max_abs_error=0.0, gpu_seconds=0.5,
+                           max_abs_error=0.0, gpu_seconds=0.5, kernel_seconds=0.4, flush_seconds=0.05,
                            detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
                                   f"abort_above_ms={options.get('abort_above_ms')} "
                                   f"start={started:.3f} end={time.time():.3f}")
@@ -68,7 +68,8 @@ class FakeBench:
             out.append(Measurement(ok=True, timing=Timing(ms, ms, ms, 0.0, rounds), error=0.0,
                                    detail=f"pid={os.getpid()} calls={self.calls}"))
         return Retiming(tuple(out), rounds, clocks_before={"sm_mhz": 1980, "temperature_c": 40},
-                        clocks_after={"sm_mhz": 1965, "temperature_c": 52}, gpu_seconds=0.25)
+                        clocks_after={"sm_mhz": 1965, "temperature_c": 52}, gpu_seconds=0.25,
+                        kernel_seconds=0.2, flush_seconds=0.02)
 
 
 class PreparingBench(FakeBench):
