@@ -32,7 +32,7 @@ from workers.results import Binary, CompileRequest, Resources
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "fastest", "nvcc", "nvrtc")
+BACKENDS = ("auto", "nvcc", "nvrtc")
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -40,19 +40,19 @@ DEFAULT_TIMEOUT_S = 300.0
 def resolve_backend(backend: str = "auto") -> str:
     """``nvcc`` or ``nvrtc``; ``$TUNER_COMPILER``, where set, stands in for ``auto``.
 
-    ``auto`` (``fastest`` is the same): NVRTC where its library loads, else nvcc. Both run the
-    same ptxas: 64 attention configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same
-    SASS (the cubins differ in the note naming the compiler), and 16 processes compiled 27-36
-    configs a second with NVRTC, 17-20 with nvcc, over five runs on the H200 machine (it skips
-    the host preprocessor and three processes). Until NVRTC was given mutable buffers (:func:`_nvrtc_compile`), a process that
-    compiled with it could not import torch afterwards, and ``auto`` was nvcc."""
-    if backend in ("auto", "fastest") and os.environ.get("TUNER_COMPILER"):
+    ``auto``: NVRTC where its library loads, else nvcc. Both run the same ptxas: 64 attention
+    configs compiled by nvcc 13.0.88 and NVRTC 13.0.88 gave the same SASS (the cubins differ in
+    the note naming the compiler), and 16 processes compiled 27-36 configs a second with NVRTC,
+    17-20 with nvcc, over five runs on the H200 machine (it skips the host preprocessor and
+    three processes). Until NVRTC was given mutable buffers (:func:`_nvrtc_compile`), a process
+    that compiled with it could not import torch afterwards, and ``auto`` was nvcc."""
+    if backend == "auto" and os.environ.get("TUNER_COMPILER"):
         backend = os.environ["TUNER_COMPILER"]
         if backend not in BACKENDS:
             raise CompileError(f"TUNER_COMPILER={backend!r} is not one of {', '.join(BACKENDS)}")
     if backend not in BACKENDS:
         raise CompileError(f"unknown compiler backend {backend!r} (one of {', '.join(BACKENDS)})")
-    if backend in ("auto", "fastest"):
+    if backend == "auto":
         return "nvrtc" if _nvrtc_loads() else "nvcc"
     return backend
 

@@ -122,7 +122,8 @@ class WorkerPool:
         self._closed = False
         if replay is None:  # each CPU's worker loads the compiler while the GPU actors start
             warm = ray.remote(num_cpus=1, max_retries=0)(warm_compiler)
-            self._warming = [warm.remote(backend) for _ in range(self._compile_workers)]
+            for _ in range(self._compile_workers):
+                warm.remote(backend)  # runs whether or not its answer is kept (it is not read)
         try:
             self._start_actors(worker_cls, replay)
             if replay is None:
