@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, make_url
 
 
 def _has_gpu() -> bool:
-    from workers.gpu import gpu_count
+    from workers.driver import gpu_count
 
     return gpu_count() > 0
 

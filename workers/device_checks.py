@@ -19,6 +19,7 @@ import ctypes
 from typing import TYPE_CHECKING, Any
 
 from templates.family import FLOAT_FORMATS
+from workers.driver import check_call, driver_api
 from workers.compile import compile_cubin, default_cache_dir
 from workers.results import Binary, CompileRequest
 
@@ -99,8 +100,6 @@ def pack_params(values: list[Any]) -> Any:
 
 class DeviceChecks:
     def __init__(self, bench: "GpuBench", cache_dir: Any = None) -> None:
-        from workers.gpu import check_call, driver_api
-
         self._d, self._check, self._bench = driver_api(), check_call, bench
         binary = compile_checks(bench.device_info().compute_capability, cache_dir)
         d, check = self._d, self._check

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import statistics
 import shutil
 import subprocess
 import threading
@@ -26,12 +25,13 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Launch, Problem
+from workers.driver import check_call, driver_api, gpu_count
 from workers.errors import LaunchError, NoGPUError
 from workers.nvml import NvmlClocks
 from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
 from workers.resident import Resident, ResidentBuffers
-from workers.results import Binary, DeviceInfo, Measurement, Retiming, Timing
+from workers.results import Binary, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
 from workers.trial import Trial
 
@@ -58,34 +58,6 @@ RESOURCE_ERRORS = frozenset({
     "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_OUT_OF_MEMORY",
 })
 _STATIC_SMEM_LIMIT = 48 * 1024
-
-
-def driver_api():
-    """cuda-python's driver module (imported on first use: CPU-only code never needs it)."""
-    from cuda.bindings import driver
-
-    return driver
-
-
-def check_call(call: str, result: Any) -> Any:
-    """Unpack a cuda-python result tuple; raise LaunchError on failure."""
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        name = getattr(err, "name", str(err))
-        raise LaunchError(call, name, int(err))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def gpu_count() -> int:
-    """Devices the driver sees, 0 when there is no driver or no GPU (never raises)."""
-    try:
-        driver = driver_api()
-        check_call("cuInit", driver.cuInit(0))
-        return int(check_call("cuDeviceGetCount", driver.cuDeviceGetCount()))
-    except Exception:  # no library, no driver, no device: all mean "none"
-        return 0
 
 
 def resolve_family(name: str) -> KernelFamily:
@@ -384,17 +356,4 @@ def _host_failure(exc: Exception) -> Measurement:
     return Measurement.failed("worker", f"{type(exc).__name__}: {exc}".splitlines()[0], detail=tail)
 
 
-def timing_of(samples_ms: list[float]) -> Timing:
-    ordered = sorted(samples_ms)
-    q1, _, q3 = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else (ordered[0],) * 3
-    return Timing(
-        median_ms=float(statistics.median(ordered)),
-        min_ms=float(ordered[0]),
-        max_ms=float(ordered[-1]),
-        iqr_ms=float(q3 - q1),
-        repetitions=len(ordered),
-    )
-
-
-__all__ = ["GpuBench", "check_call", "driver_api", "gpu_count", "read_clocks", "resolve_family",
-           "timing_of"]
+__all__ = ["GpuBench", "read_clocks", "resolve_family"]

@@ -18,6 +18,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from workers.driver import check_call, driver_api
 
 class PinnedBuffers:
     def __init__(self) -> None:
@@ -25,8 +26,6 @@ class PinnedBuffers:
 
     def array(self, key: Hashable, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype`` on the buffer kept under ``key``."""
-        from workers.gpu import check_call, driver_api
-
         dtype = np.dtype(dtype)
         count = math.prod(shape)
         nbytes = max(count * dtype.itemsize, 1)
@@ -46,8 +45,6 @@ class PinnedBuffers:
 
     def free(self, *keys: Hashable) -> None:
         """Give back the buffers of ``keys`` (all of them when none is named)."""
-        from workers.gpu import driver_api
-
         for key in keys or list(self._buffers):
             held = self._buffers.pop(key, None)
             if held is not None:

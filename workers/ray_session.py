@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import ray
 
+from workers.driver import gpu_count
 from workers.errors import NoGPUError
 
 
@@ -27,8 +28,6 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False) -> bool:
     if ray.is_initialized():
         return False
     if need_gpu and address is None:
-        from workers.gpu import gpu_count
-
         if gpu_count() == 0:
             raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
                              "machine, pass ray_address=... of a cluster with GPUs, or "

@@ -24,6 +24,7 @@ import numpy as np
 
 from templates.family import BufferSpec, KernelFamily, Problem
 from workers.device_checks import padded
+from workers.driver import check_call, driver_api
 
 if TYPE_CHECKING:
     from workers.gpu import GpuBench
@@ -67,8 +68,6 @@ class DeviceArray:
         return self._read(0, self.shape)
 
     def _read(self, first: int, shape: tuple[int, ...]) -> np.ndarray:
-        from workers.gpu import check_call, driver_api
-
         out = np.empty(shape, self.dtype)
         if out.nbytes:
             check_call("cuMemcpyDtoH", driver_api().cuMemcpyDtoH(
@@ -94,8 +93,6 @@ class ResidentBuffers:
     """What a GpuBench keeps on the device: one problem's buffers at a time."""
 
     def __init__(self, bench: "GpuBench") -> None:
-        from workers.gpu import check_call, driver_api
-
         self._bench, self._d, self._check = bench, driver_api(), check_call
         self.current: Resident | None = None
 

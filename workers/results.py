@@ -5,6 +5,7 @@ They are frozen, picklable and free of CUDA handles or ORM objects.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -85,6 +86,20 @@ class Timing:
             float(data["iqr_ms"]),
             int(data["repetitions"]),
         )
+
+
+def timing_of(samples_ms: list[float]) -> Timing:
+    """The summary of a set of repetitions' times (milliseconds)."""
+    ordered = sorted(samples_ms)
+    q1, _, q3 = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else (ordered[0],) * 3
+    return Timing(
+        median_ms=float(statistics.median(ordered)),
+        min_ms=float(ordered[0]),
+        max_ms=float(ordered[-1]),
+        iqr_ms=float(q3 - q1),
+        repetitions=len(ordered),
+    )
+
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from templates.family import KernelFamily, Problem, Validation
+from workers.driver import check_call, driver_api
 from workers.errors import LaunchError
-from workers.results import Measurement
+from workers.results import Measurement, timing_of
 from workers.trial import Trial
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
                *, seed: int, rounds: int, max_seconds: float, warmup_ms: float,
                flush_l2: bool) -> tuple[list[Measurement], int]:
     """Each trial's outcome, in order, and the rounds timed; the caller releases the trials."""
-    from workers.gpu import check_call, driver_api
-
     done: list[Measurement | None] = [None] * len(trials)
     checked: dict[int, Validation] = {}
 
@@ -107,8 +106,6 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
 
 
 def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int) -> Measurement:
-    from workers.gpu import timing_of
-
     others = f"with {kernels - 1} other kernel{'s' if kernels != 2 else ''}"
     return Measurement(ok=True, timing=timing_of(trial.elapsed(pairs)),
                        error=validation.error, max_abs_error=validation.max_abs_error,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
 from workers.device_checks import pack_params
+from workers.driver import check_call, driver_api
 from workers.resident import Resident
-from workers.results import Binary, Measurement
+from workers.results import Binary, Measurement, timing_of
 
 if TYPE_CHECKING:
     from workers.gpu import GpuBench
@@ -28,8 +29,6 @@ EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind 
 
 class Trial:
     def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch) -> None:
-        from workers.gpu import check_call, driver_api
-
         self._d = driver_api()
         self._check = check_call
         self.bench = bench
@@ -65,7 +64,6 @@ class Trial:
             return Measurement.failed("wrong", f"the kernel wrote into its input {changed!r}")
         if failure is not None:
             return failure
-        from workers.gpu import timing_of
 
         detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "
                   f"{abort_above_ms:.4g} ms" if self.stopped_early else "")

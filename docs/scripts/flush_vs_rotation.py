@@ -16,7 +16,8 @@ import statistics
 import sys
 
 from templates import get_family
-from workers.gpu import GpuBench, check_call, driver_api
+from workers.driver import check_call, driver_api
+from workers.gpu import GpuBench
 from workers.trial import verified_trial
 
 BLOCKS, REPS = 5, 100

@@ -26,7 +26,7 @@ def bench():
 
 def _upload(values: np.ndarray):
     from workers.device_checks import padded
-    from workers.gpu import check_call, driver_api
+    from workers.driver import check_call, driver_api
 
     d = driver_api()
     ptr = check_call("cuMemAlloc", d.cuMemAlloc(padded(values.nbytes)))
@@ -37,7 +37,7 @@ def _upload(values: np.ndarray):
 
 @pytest.mark.parametrize("element, dtype", [("fp16", np.float16), ("fp32", np.float32), ("bf16", None)])
 def test_nonfinite_and_unequal_counts_match_the_host(bench, element, dtype):
-    from workers.gpu import driver_api
+    from workers.driver import driver_api
 
     rng = np.random.default_rng(5)
     n = 3 * 1000 * 1000 + 7  # not a whole number of vectors
@@ -77,7 +77,7 @@ def test_attention_outputs_are_checked_on_the_device_and_read_in_part(bench):
     rng = np.random.default_rng(1)
     values = rng.standard_normal(problem.shape).astype(np.float32)
     bits = (values.view(np.uint32) >> 16).astype(np.uint16)
-    from workers.gpu import check_call, driver_api
+    from workers.driver import check_call, driver_api
 
     ptr, nbytes = resident.buffers["o"]
     check_call("cuMemcpyHtoD", driver_api().cuMemcpyHtoD(ptr, bits.ctypes.data, nbytes))

@@ -18,7 +18,8 @@ PROBLEM = FAMILY.parse_problem("2,8,512,64", "bf16", False)  # ~11-15 us kernels
 
 
 def test_the_flush_is_as_cold_as_a_write_of_four_times_the_l2():
-    from workers.gpu import GpuBench, check_call, driver_api
+    from workers.driver import check_call, driver_api
+    from workers.gpu import GpuBench
     from workers.trial import verified_trial
 
     d = driver_api()

@@ -10,7 +10,7 @@ import tuner
 from templates import get_family
 from tuner.bench import _bench_rows, blocks_per_sm
 from tuner_doubles import PROBLEM, latency_ms, run_cli
-from workers.gpu import gpu_count
+from workers.driver import gpu_count
 from workers.peers import time_peers
 from workers.results import Measurement, Resources, Timing
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import worker_family
-from workers.gpu import gpu_count
+from workers.driver import gpu_count
 from templates.family import Problem
 from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches
 from workers import NoGPUError, WorkerPool

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import workers.gpu
+import workers.retime
 from templates.family import Validation
 from workers.errors import LaunchError
 from workers.gpu import GpuBench
@@ -54,7 +54,7 @@ class FakeTrial:
 @pytest.fixture
 def bench(monkeypatch):
     synchronize = SimpleNamespace(cuStreamSynchronize=lambda stream: (0,))
-    monkeypatch.setattr(workers.gpu, "driver_api", lambda: synchronize)
+    monkeypatch.setattr(workers.retime, "driver_api", lambda: synchronize)
     fake = SimpleNamespace(dead=False, stream=None, residents=SimpleNamespace(changed=lambda: None))
     fake.classify = lambda exc, stage: GpuBench.classify(fake, exc, stage)
     return fake

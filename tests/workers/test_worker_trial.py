@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import workers.gpu
+import workers.resident
 from workers.device_checks import SOURCE, VECTOR, pack_params, padded
 from workers.resident import DeviceArray
 
@@ -25,7 +25,7 @@ def host_driver(monkeypatch):
         ctypes.memmove(dst, src, nbytes)
         return (0,)
 
-    monkeypatch.setattr(workers.gpu, "driver_api", lambda: SimpleNamespace(cuMemcpyDtoH=copy))
+    monkeypatch.setattr(workers.resident, "driver_api", lambda: SimpleNamespace(cuMemcpyDtoH=copy))
     return copies
 
 
