@@ -28,13 +28,19 @@ SM_BLOCKS = 32
 RESERVED_SHARED_PER_BLOCK = 1024
 
 
+# Two timing methods whose ratios differ by more than this flag the row (``BenchRow.disagrees``).
+AGREEMENT = 0.05
+
+
 @dataclass(frozen=True)
 class PeerTiming:
     name: str
-    median_ms: float | None
+    median_ms: float | None  # None: the peer refused the problem or failed its check (``note``)
     tflops: float | None
     error: float | None
     note: str = ""
+    check_ms: float | None = None  # the second method's median (triton.testing.do_bench)
+    tune_seconds: float | None = None  # the peer's own autotuning, before it was timed
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class BenchRow:
     blocks_per_sm: int | None
     note: str = ""
     peers: dict[str, PeerTiming] = field(default_factory=dict)
+    check_ms: float | None = None  # our kernel timed by the second method (triton.testing.do_bench)
 
     def ratio(self, peer: str) -> float | None:
         """Speed-up over a peer (peer time / our time): above 1.0 we are faster."""
@@ -56,6 +63,18 @@ class BenchRow:
         if other is None or other.median_ms is None or not self.median_ms:
             return None
         return other.median_ms / self.median_ms
+
+    def check_ratio(self, peer: str) -> float | None:
+        """The same speed-up by the second method (``triton.testing.do_bench`` on both)."""
+        other = self.peers.get(peer)
+        if other is None or other.check_ms is None or not self.check_ms:
+            return None
+        return other.check_ms / self.check_ms
+
+    def disagrees(self, peer: str) -> bool:
+        """The two methods' ratios differ by more than AGREEMENT: that ratio is not settled."""
+        first, second = self.ratio(peer), self.check_ratio(peer)
+        return first is not None and second is not None and abs(first / second - 1) > AGREEMENT
 
 
 def suite_of(family: str) -> list[tuple[Any, str, bool]]:
@@ -120,27 +139,28 @@ def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str
             winner = _storage_call(lambda: repo.best(
                 fam.name, problem.shape, problem.dtype, problem.causal,
                 device_name=device, template_hash=fam.template_hash))
-            row = _ours(fam, problem, winner, local, seed, device)
+            row = _ours(fam, problem, winner, local, seed, device, cross_check=peers)
             if peers:
                 found = time_peers(fam.name, problem, seed=seed)
                 row = BenchRow(**{**row.__dict__, "peers": {
                     name: PeerTiming(name, p.median_ms,
                                      fam.tflops(problem, p.median_ms) if p.median_ms else None,
-                                     p.error, p.note)
+                                     p.error, p.note, p.check_ms, p.tune_seconds)
                     for name, p in found.items()}})
             logger.info("%s: %s", problem.key, format_row(row))
             rows.append(row)
     return rows
 
 
-def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: int, device: str) -> BenchRow:
+def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: int, device: str, *,
+          cross_check: bool) -> BenchRow:
     if winner is None:
         return BenchRow(problem, None, None, None, None, None, None, None,
                         note=f"not tuned on {device} with template {fam.template_hash}")
     params = dict(winner.params)
     launch = fam.launch(params, problem)
-    result = local.measure(fam.name, problem, fam.render(params, problem), launch,
-                           fam.compile_options(params, problem), seed=seed)
+    kernel = (fam.name, problem, fam.render(params, problem), launch, fam.compile_options(params, problem))
+    result = local.measure(*kernel, seed=seed)
     registers = result.resources.registers if result.resources else winner.registers
     occupancy = blocks_per_sm(registers or 0, launch.block[0], launch.smem_bytes)
     if not result.ok:
@@ -148,14 +168,24 @@ def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: in
                         occupancy, note=f"{result.failure}: {result.reason}")
     median = result.timing.median_ms
     return BenchRow(problem, params, median, fam.tflops(problem, median), result.error,
-                    registers, launch.smem_bytes, occupancy)
+                    registers, launch.smem_bytes, occupancy, note=result.detail,
+                    check_ms=local.do_bench(*kernel, seed=seed) if cross_check else None)
+
+
+def ratio_text(row: BenchRow, peer: str) -> str:
+    """``1.23x`` (and the second method's ``/1.21x``, with `` !`` where they disagree), or ``-``."""
+    ratio = row.ratio(peer)
+    if ratio is None:
+        return "-"
+    second = row.check_ratio(peer)
+    text = f"{ratio:.2f}x" + (f"/{second:.2f}x" if second is not None else "")
+    return text + (" !" if row.disagrees(peer) else "")
 
 
 def format_row(row: BenchRow) -> str:
     if row.median_ms is None:
         return row.note
     text = f"{1000 * row.median_ms:.1f} us {row.tflops:.0f} TFLOPS"
-    for name in row.peers:
-        ratio = row.ratio(name)
-        text += f", {ratio:.2f}x {name}" if ratio is not None else f", {name} n/a"
+    for name, peer in row.peers.items():
+        text += f", {ratio_text(row, name)} {name}" if peer.median_ms else f", {name} - ({peer.note})"
     return text

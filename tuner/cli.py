@@ -262,25 +262,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([report.plain(row) for row in rows], indent=2))
         return 0
-    peers = sorted({name for row in rows for name in row.peers})
-    head = ["problem", "ours", "TFLOPS", "error", *(f"{p} TFLOPS" for p in peers),
-            *(f"vs {p}" for p in peers), "regs", "smem", "blocks/SM"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for row in rows:
-        cells = [row.problem.key]
-        if row.median_ms is None:
-            cells += [row.note, "-", "-"]
-        else:
-            cells += [f"{1000 * row.median_ms:.1f} us", f"{row.tflops:.0f}", f"{row.error:.1e}"]
-        for p in peers:
-            peer = row.peers.get(p)
-            cells.append(f"{peer.tflops:.0f}" if peer and peer.tflops else "-")
-        for p in peers:
-            ratio = row.ratio(p)
-            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
-        cells += [str(row.registers or "-"), str(row.smem_bytes or "-"), str(row.blocks_per_sm or "-")]
-        print("| " + " | ".join(cells) + " |")
+    print("\n".join(report.bench_table(rows)))
     return 0
 
 

@@ -3,6 +3,7 @@
     time_line(result)   # "4s (2.7 s GPU busy, 78%; kernels 2.3 s, 67%; L2 flushes 0.2 s, 6%), 1725 trials/min"
     best_line(winner)   # "0.0206 ms re-timed, 104.0 TFLOPS {BLOCK_M: 64, ...}"
     plain(record)       # a frozen dataclass as dicts and lists, for --json
+    bench_table(rows)   # `tuner bench`'s table, and a line for each peer without a time
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 from datetime import datetime
 from typing import Any, Sequence
 
+from tuner.bench import AGREEMENT, ratio_text
 from tuner.progress import format_params, format_seconds
 from tuner.retime import clock_change
 
@@ -83,3 +85,34 @@ def plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return value
+
+
+def bench_table(rows: Sequence[Any]) -> list[str]:
+    """Markdown rows: ours, each peer's TFLOPS and our speed-up over it by both timing methods
+    (``1.10x/1.08x``; `` !`` where they differ by more than AGREEMENT), resources; then a line for each
+    peer that has no time (``-`` in the table), with the reason, and the peers' autotuning."""
+    peers = sorted({name for row in rows for name in row.peers})
+    head = ["problem", "ours", "TFLOPS", "error", *(f"{p} TFLOPS" for p in peers),
+            *(f"vs {p}" for p in peers), "regs", "smem", "blocks/SM"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for row in rows:
+        cells = [row.problem.key]
+        if row.median_ms is None:
+            cells += [row.note, "-", "-"]
+        else:
+            cells += [f"{1000 * row.median_ms:.1f} us", f"{row.tflops:.0f}", f"{row.error:.1e}"]
+        for p in peers:
+            peer = row.peers.get(p)
+            cells.append(f"{peer.tflops:.0f}" if peer and peer.tflops else "-")
+            if peer and peer.median_ms is None:
+                notes.append(f"{row.problem.key} {p}: - ({peer.note})")
+            elif peer and peer.tune_seconds is not None:
+                notes.append(f"{row.problem.key} {p}: {peer.note}, {peer.tune_seconds:.1f} s of autotuning")
+        cells += [ratio_text(row, p) for p in peers]
+        cells += [str(row.registers or "-"), str(row.smem_bytes or "-"), str(row.blocks_per_sm or "-")]
+        lines.append("| " + " | ".join(cells) + " |")
+    if any(row.check_ms for row in rows):
+        lines.append("ratios: peer time / ours, held events / triton.testing.do_bench; "
+                     f"! where the two differ by more than {AGREEMENT:.0%}")
+    return lines + notes

@@ -25,8 +25,9 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Launch, Problem
-from workers.driver import check_call, driver_api, gpu_count
+from workers.driver import check_call, driver_api
 from workers.errors import LaunchError, NoGPUError
+from workers.hold import StreamHold, compile_hold
 from workers.nvml import NvmlClocks
 from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
@@ -126,10 +127,11 @@ class GpuBench:
         self.pinned = PinnedBuffers()  # the host inputs of the current problem, the check counts
         self.residents = ResidentBuffers(self)
         self._checks: DeviceChecks | None = None
-        capability = (self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
-                      self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
-        # the check kernels compile (nvcc, a second or two) while the study asks its first configs
-        self._checks_compiled = threading.Thread(target=_compile_quietly, args=(capability,), daemon=True)
+        self._hold: StreamHold | None = None
+        self._capability = (self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                            self._attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+        # the check and hold kernels compile (a second or two) while the study asks its first configs
+        self._checks_compiled = threading.Thread(target=_compile_quietly, args=(self._capability,), daemon=True)
         self._checks_compiled.start()
 
     def resident(self, family: KernelFamily, problem: Problem, seed: int) -> Resident:
@@ -144,6 +146,15 @@ class GpuBench:
             self._checks_compiled.join()
             self._checks = DeviceChecks(self)
         return self._checks
+
+    @property
+    def hold(self) -> StreamHold:
+        """The spin kernel that holds this bench's stream while timed repetitions are queued
+        (``workers.hold``; compiled on first use)."""
+        if self._hold is None:
+            self._checks_compiled.join()
+            self._hold = StreamHold(self.stream, self._capability)
+        return self._hold
 
     def event(self) -> Any:
         """A CUDA event to time with: a spare one, else a new one. A trial records about two
@@ -332,6 +343,8 @@ class GpuBench:
         self.residents.free()
         if self._checks is not None:
             self._checks.close()
+        if self._hold is not None:
+            self._hold.close()
         self.pinned.free()
         for event in self._spare_events:
             driver.cuEventDestroy(event)
@@ -343,11 +356,12 @@ class GpuBench:
 
 
 def _compile_quietly(capability: tuple[int, int]) -> None:
-    """Fill the compile cache with the check kernels; an error shows when they are used."""
-    try:
-        compile_checks(capability)
-    except Exception as exc:  # noqa: BLE001 - DeviceChecks compiles again and raises it there
-        logger.debug("the check kernels did not compile ahead: %s", exc)
+    """Fill the compile cache with the check and hold kernels; an error shows when they are used."""
+    for compile_ahead in (compile_checks, compile_hold):
+        try:
+            compile_ahead(capability)
+        except Exception as exc:  # noqa: BLE001 - their users compile again and raise it there
+            logger.debug("%s did not compile ahead: %s", compile_ahead.__name__, exc)
 
 
 def _host_failure(exc: Exception) -> Measurement:

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from templates.family import Launch, Problem
 from workers.compile import compile_cubin, default_cache_dir
 from workers.errors import CompileError
+from workers.hold import stream_handle
 from workers.results import CompileRequest, DeviceInfo, Measurement
 
 
@@ -36,6 +37,34 @@ class LocalBench:
         except CompileError as exc:
             return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
         return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
+
+    def do_bench(self, family: str, problem: Problem, source: str, launch: Launch,
+                 options: Sequence[str], *, seed: int = 0) -> float | None:
+        """The same kernel timed a second way: ``triton.testing.do_bench``'s median (its own L2
+        clearing and events, on torch's current stream), on the inputs ``measure`` used. None
+        where torch or Triton is missing, or the kernel does not pass its checks."""
+        try:
+            import torch
+        except ImportError:
+            return None
+        from workers.gpu import resolve_family
+        from workers.peers import do_bench_ms
+        from workers.trial import Trial
+
+        binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(options)), cache_dir=default_cache_dir())
+        trial = Trial(self._bench, binary, launch)
+        try:
+            failure = trial.load()
+            if failure is None:
+                trial.attach(resolve_family(family), problem, seed)
+                failure, _ = trial.verify(resolve_family(family), problem)
+            if failure is not None:
+                return None
+            stream = stream_handle(torch.cuda.current_stream().cuda_stream)
+            return do_bench_ms(lambda: trial.launch_on(stream))
+        finally:
+            torch.cuda.synchronize()
+            trial.release()
 
     def close(self) -> None:
         self._bench.close()

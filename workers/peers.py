@@ -2,12 +2,19 @@
 
     from workers.peers import time_peers
     results = time_peers("attention", problem, seed=0)   # {} when torch is not installed
-    results["flash"].median_ms, results["flash"].error
+    results["cudnn"].median_ms, results["cudnn"].check_ms, results["triton"].tune_seconds
 
-The attention peers are torch's SDPA backends (FlashAttention-2, cuDNN, memory-efficient). They
-run on the family's own inputs and are validated by the family's own reference, so their error
-is the same metric as ours. Timing: warm-up, then each repetition after the workers' L2 flush
-(a memset of ``l2_flush_bytes``), CUDA events around the call alone, median of the repetitions.
+The attention peers are torch's SDPA backends (FlashAttention-2, cuDNN, memory-efficient) and our
+FA2-style Triton kernel tuned by Triton's own autotuner (``templates.attention.triton_peer``).
+They run on the family's own inputs and are validated by the family's own reference, so their
+error is the same metric as ours.
+
+Timing (``HeldTimer``), as a trial times ours: warm-up, then batches of repetitions queued behind
+a hold of the stream (``workers.hold``): each repetition the workers' L2 flush (a memset of
+``l2_flush_bytes``), a start event, the call, an end event; the GPU starts on a batch only once
+the host has queued all of it, so a call's host dispatch is never timed. The median of the
+repetitions. ``check_ms`` is a second method's median, ``triton.testing.do_bench`` (its own L2
+clearing, its own events), where Triton is installed.
 """
 
 from __future__ import annotations
@@ -15,27 +22,68 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from templates.family import Problem, check_outputs
+from workers.driver import check_call, driver_api
 from workers.gpu import l2_flush_bytes, resolve_family
+from workers.hold import HOLD_BATCH, StreamHold
+from workers.trial import late_note
 
 logger = logging.getLogger(__name__)
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
+WARMUP_CALLS = 10
 
 
 @dataclass(frozen=True)
 class PeerResult:
     name: str
-    median_ms: float | None  # None when the backend refused the problem
+    median_ms: float | None  # None when the peer refused the problem or cannot run here
     error: float | None
-    note: str = ""
+    note: str = ""  # why there is no time, or what to know about it
+    check_ms: float | None = None  # triton.testing.do_bench's median: the second method
+    tune_seconds: float | None = None  # the peer's own autotuning before it was timed (Triton)
 
 
-def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int = 100) -> dict[str, PeerResult]:
+class HeldTimer:
+    """Times calls that queue GPU work on torch's current stream: the same hold, flush and
+    events around the call alone as a trial's repetitions (``Trial._repeat``)."""
+
+    def __init__(self, torch: Any, hold: Any, flush: Callable[[int], None]) -> None:
+        self._torch, self.hold, self._flush = torch, hold, flush
+
+    def time(self, run: Callable[[], Any], reps: int) -> tuple[list[float], int]:
+        """Milliseconds of each of ``reps`` calls of ``run``, and the holds that timed out."""
+        cuda = self._torch.cuda
+        late = self.hold.timeouts
+        pairs = []
+        for first in range(0, reps, HOLD_BATCH):
+            with self.hold:
+                for index in range(first, min(first + HOLD_BATCH, reps)):
+                    start, stop = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+                    self._flush(index)
+                    start.record()
+                    run()
+                    stop.record()
+                    pairs.append((start, stop))
+        cuda.synchronize()
+        return [start.elapsed_time(stop) for start, stop in pairs], self.hold.timeouts - late
+
+
+def do_bench_ms(run: Callable[[], Any]) -> float | None:
+    """``triton.testing.do_bench``'s median of ``run`` in milliseconds; None without Triton."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return None
+    return float(do_bench(run, warmup=25, rep=100, return_mode="median"))
+
+
+def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int = 100,
+               cross_check: bool = True) -> dict[str, PeerResult]:
     """The peers of ``family_name`` on ``problem``; empty when none apply or torch is missing."""
     if family_name != "attention":
         return {}
@@ -46,46 +94,73 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         return {}
     if not torch.cuda.is_available():
         return {}
-    return _time_sdpa(torch, resolve_family(family_name), problem, seed, reps)
+    timer = _held_timer(torch)
+    try:
+        return _time_attention(torch, timer, resolve_family(family_name), problem, seed, reps, cross_check)
+    finally:
+        torch.cuda.synchronize()
+        timer.hold.close()
 
 
-def _time_sdpa(torch: Any, family: Any, problem: Problem, seed: int, reps: int) -> dict[str, PeerResult]:
+def _held_timer(torch: Any) -> HeldTimer:
+    d = driver_api()
+    stream = torch.cuda.current_stream()
+    flush = torch.empty(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),
+                        dtype=torch.int8, device="cuda")
+    hold = StreamHold(stream.cuda_stream, torch.cuda.get_device_capability())
+
+    def flush_l2(index: int) -> None:  # the workers' flush: the buffer's words set to the index
+        check_call("cuMemsetD32Async", d.cuMemsetD32Async(
+            flush.data_ptr(), index, flush.numel() // 4, hold.stream))
+
+    return HeldTimer(torch, hold, flush_l2)
+
+
+def _time_attention(torch: Any, timer: HeldTimer, family: Any, problem: Problem, seed: int, reps: int,
+                    cross_check: bool) -> dict[str, PeerResult]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from templates.attention import triton_peer
 
     dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
     host = family.inputs(problem, seed)
     q, k, v = (torch.from_numpy(host[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(l2_flush_bytes(l2), dtype=torch.int8, device="cuda")
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     results = {}
     for name in SDPA_BACKENDS:
-        def run() -> Any:
+        def sdpa() -> Any:
             return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal)
 
         try:
             with sdpa_kernel(backends[name]):
-                out = run()
-                torch.cuda.synchronize()
-                bits = out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
-                check = check_outputs(family, problem, host, {"o": bits})
-                for _ in range(10):
-                    run()
-                samples = []
-                for _ in range(reps):
-                    flush.zero_()
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    run()
-                    end.record()
-                    end.synchronize()
-                    samples.append(start.elapsed_time(end))
+                results[name] = _time_one(torch, timer, name, sdpa, family, problem, host, reps, cross_check)
         except RuntimeError as exc:  # the backend does not support this problem
             results[name] = PeerResult(name, None, None, str(exc).splitlines()[0][:120])
-            continue
-        results[name] = PeerResult(name, statistics.median(samples), check.error,
-                                   "" if check.ok else (check.reason or "wrong"))
+    if not triton_peer.available():
+        results["triton"] = PeerResult("triton", None, None, "Triton is not installed")
+        return results
+    tuned = triton_peer.tune(q, k, v, problem.causal)
+    result = _time_one(torch, timer, "triton", lambda: triton_peer.attention(q, k, v, problem.causal),
+                       family, problem, host, reps, cross_check)
+    note = "; ".join(filter(None, [result.note, f"autotuned to {tuned.config}"]))
+    results["triton"] = PeerResult("triton", result.median_ms, result.error, note, result.check_ms,
+                                   tuned.seconds)
     return results
+
+
+def _time_one(torch: Any, timer: HeldTimer, name: str, run: Callable[[], Any], family: Any,
+              problem: Problem, host: dict[str, np.ndarray], reps: int, cross_check: bool) -> PeerResult:
+    """Check ``run``'s output against the family's reference, then time it both ways."""
+    out = run()
+    torch.cuda.synchronize()
+    bits = out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+    check = check_outputs(family, problem, host, {"o": bits})
+    if not check.ok:
+        return PeerResult(name, None, check.error, f"wrong: {check.reason}")
+    for _ in range(WARMUP_CALLS):
+        run()
+    samples, late = timer.time(run, reps)
+    check_ms = do_bench_ms(run) if cross_check else None
+    return PeerResult(name, statistics.median(samples), check.error, late_note(late) if late else "", check_ms)

@@ -7,7 +7,8 @@ study runs (clocks, temperature, a neighbour's load) falls on every kernel alike
 Every kernel is loaded; they launch on the bench's buffers for the problem; each kernel is
 checked as in a trial (``Trial.verify``), then warmed up. Then the rounds: in
 each, every kernel is launched once, the L2 flushed before it and CUDA events around the launch
-alone. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take longer than
+alone, the rounds queued behind holds of the stream (``workers.hold``) as a trial's repetitions
+are. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take longer than
 ``max_seconds``. A kernel that fails is failed alone; a dead context fails every kernel left.
 """
 
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from templates.family import KernelFamily, Problem, Validation
 from workers.driver import check_call, driver_api
 from workers.errors import LaunchError
+from workers.hold import HOLD_BATCH
 from workers.results import Measurement, timing_of
-from workers.trial import Trial
+from workers.trial import Trial, late_note
 
 if TYPE_CHECKING:
     from workers.gpu import GpuBench
@@ -84,13 +86,23 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
     count = round_count(rounds, max_seconds, sum(estimates.get(i, 0.0) for i in order)) if order else 0
     pairs: dict[int, list] = {i: [] for i in order}
     launches = 0
-    for _ in range(count):
-        for i in order:
-            step(i, lambda trial, i=i, n=launches: pairs[i].append(trial.timed_launch(n, flush_l2)))
-            launches += 1
+    per_hold = max(1, HOLD_BATCH // max(1, len(order)))  # rounds queued behind one hold
+    late = bench.hold.timeouts if order else 0
+    for first in range(0, count, per_hold):
+        if not racing() or bench.dead:
+            break
+        try:
+            with trials[racing()[0]].held():  # any live trial's events serve for the hold's mark
+                for _ in range(first, min(count, first + per_hold)):
+                    for i in order:
+                        step(i, lambda trial, i=i, n=launches: pairs[i].append(trial.timed_launch(n, flush_l2)))
+                        launches += 1
+        except LaunchError as exc:  # the hold itself could not be queued
+            settle_rest(bench.classify(exc, "timing"))
     if racing() and not bench.dead:
         try:
             check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(bench.stream))
+            late = bench.hold.timeouts - late
         except LaunchError as exc:
             settle_rest(bench.classify(exc, "timing"))
     if not bench.dead:  # whether or not a kernel is left: later trials need intact inputs
@@ -101,12 +113,13 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
         if changed is not None:  # which kernel did is unknown here (each passed this in its trial)
             settle_rest(Measurement.failed("wrong", f"a kernel wrote into the input {changed!r}"))
     for i in racing():
-        step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count))
+        step(i, lambda trial, i=i: _timed(trial, pairs[i], checked[i], len(order), count, late))
     return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count
 
 
-def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int) -> Measurement:
+def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int,
+           late: int) -> Measurement:
     others = f"with {kernels - 1} other kernel{'s' if kernels != 2 else ''}"
+    detail = f"re-timed interleaved {others} over {rounds} rounds" + (f"; {late_note(late)}" if late else "")
     return Measurement(ok=True, timing=timing_of(trial.elapsed(pairs)),
-                       error=validation.error, max_abs_error=validation.max_abs_error,
-                       detail=f"re-timed interleaved {others} over {rounds} rounds")
+                       error=validation.error, max_abs_error=validation.max_abs_error, detail=detail)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import ctypes
 import math
 import statistics
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
 from workers.device_checks import pack_params
 from workers.driver import check_call, driver_api
+from workers.hold import HOLD_BATCH
 from workers.resident import Resident
 from workers.results import Binary, Measurement, timing_of
 
@@ -45,6 +47,7 @@ class Trial:
         self.flush_ms = 0.0  # the GPU's time before its timed launches: the L2 flushes (and any gap)
         self._flushes: list[tuple[Any, Any]] = []  # (the stream's previous event, a timed start)
         self._warming: tuple[Any, Any] | None = None  # the warm-up's events, until elapsed() reads them
+        self.late_batches = 0  # holds of the stream that timed out before the host released them
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
@@ -67,6 +70,8 @@ class Trial:
 
         detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "
                   f"{abort_above_ms:.4g} ms" if self.stopped_early else "")
+        if self.late_batches:
+            detail = "; ".join(filter(None, [detail, late_note(self.late_batches)]))
         return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,
                            max_abs_error=validation.max_abs_error)
 
@@ -152,16 +157,27 @@ class Trial:
                 values.append(ctypes.c_uint64(int(buffers[arg.value][0])))
             elif arg.kind == "i32":
                 values.append(ctypes.c_int32(int(arg.value)))
+            elif arg.kind == "tensormap":  # encoded over its buffer; kept alive in ``values``
+                from workers.tensormap import encode
+
+                if arg.value.buffer not in buffers:
+                    raise ValueError(f"tensor map over an unknown buffer {arg.value.buffer!r}")
+                values.append(encode(arg.value, int(buffers[arg.value.buffer][0])))
             else:  # f32
                 values.append(ctypes.c_float(float(arg.value)))
         return pack_params(values), values
 
-    def _launch(self, which: str = "first") -> None:
+    def _launch(self, which: str = "first", stream: Any = None) -> None:
         launch, d = self.launch, self._d
         self.stage = "launch"
         self._check("cuLaunchKernel", d.cuLaunchKernel(
-            self.function, *launch.grid, *launch.block, launch.smem_bytes, self.bench.stream,
-            ctypes.addressof(self._params[which][0]), 0))
+            self.function, *launch.grid, *launch.block, launch.smem_bytes,
+            self.bench.stream if stream is None else stream, ctypes.addressof(self._params[which][0]), 0))
+
+    def launch_on(self, stream: Any) -> None:
+        """Queue one launch on ``stream`` (a CUstream of the bench's context, e.g. torch's), on the
+        verified buffers: for timing the same kernel another way (``triton.testing.do_bench``)."""
+        self._launch("first", stream)
 
     def _poison(self, buffers: Mapping[str, tuple[Any, int]]) -> None:
         """Fill the outputs among ``buffers`` with their poison (queued on the stream)."""
@@ -229,11 +245,29 @@ class Trial:
         return first + self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
 
     def _repeat(self, count: int, flush_l2: bool, offset: int) -> list[float]:
-        """``count`` timed launches, one after another, then their times."""
-        pairs = [self.timed_launch(i, flush_l2) for i in range(offset, offset + count)]
+        """``count`` timed launches, queued behind holds of the stream (HOLD_BATCH at a time),
+        then their times."""
+        pairs: list[tuple[Any, Any]] = []
+        late = self.bench.hold.timeouts
+        for first in range(offset, offset + count, HOLD_BATCH):
+            with self.held():
+                pairs += [self.timed_launch(i, flush_l2)
+                          for i in range(first, min(first + HOLD_BATCH, offset + count))]
         self.stage = "timing"
         self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench.stream))
+        self.late_batches += self.bench.hold.timeouts - late
         return self.elapsed(pairs)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Queue behind a hold of the bench's stream (``workers.hold``): the GPU starts on what
+        the block queued only when it ends, so no host time falls between a start event and
+        its launch. An event recorded after the hold starts the count of the first flush."""
+        with self.bench.hold:
+            mark = self._event()
+            self._check("cuEventRecord", self._d.cuEventRecord(mark, self.bench.stream))
+            self.bench.last_event = mark
+            yield
 
     def timed_launch(self, index: int, flush_l2: bool) -> tuple[Any, Any]:
         """Queue one timed repetition: the L2 flushed first (the flush buffer is filled with
@@ -296,6 +330,13 @@ def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, pa
         trial.release()
         raise ValueError(f"{dict(params)}: {failure.failure}: {failure.reason}")
     return trial
+
+
+def late_note(batches: int) -> str:
+    """What a measurement says when some of its holds timed out: those batches' times may hold
+    host time (the host queued them slower than the hold's time-out)."""
+    return (f"{batches} batch{'es' if batches != 1 else ''} of repetitions started before the host "
+            f"had queued them (the stream's hold timed out): their times may include host time")
 
 
 def wrong(validation: Validation) -> Measurement:

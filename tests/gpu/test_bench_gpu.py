@@ -22,4 +22,7 @@ def test_bench_times_the_winner_beside_sdpa(tmp_path):
     assert row.registers and row.smem_bytes and row.blocks_per_sm >= 1
     flash = row.peers["flash"]
     assert flash.median_ms > 0 and flash.error < 3e-2 and row.ratio("flash") > 0
-    assert set(row.peers) == {"flash", "cudnn", "efficient"}
+    assert set(row.peers) == {"flash", "cudnn", "efficient", "triton"}
+    assert row.check_ms > 0 and row.check_ratio("flash") > 0  # the second method, beside the first
+    triton = row.peers["triton"]
+    assert triton.median_ms > 0 and triton.error < 3e-2 and triton.tune_seconds > 0

@@ -8,7 +8,8 @@ import pytest
 
 import tuner
 from templates import get_family
-from tuner.bench import _bench_rows, blocks_per_sm
+from tuner.bench import BenchRow, PeerTiming, _bench_rows, blocks_per_sm
+from tuner.cli_text import bench_table
 from tuner_doubles import PROBLEM, latency_ms, run_cli
 from workers.driver import gpu_count
 from workers.peers import time_peers
@@ -31,6 +32,9 @@ class _LocalDouble:
         return Measurement(ok=True, timing=Timing(median, median, median, 0.0, 20), error=1e-4,
                            resources=Resources(96, 0, 0, 0, 0))
 
+    def do_bench(self, family, problem, source, launch, options, *, seed=0):
+        return 1.5  # the second method's median, whatever the kernel
+
 
 def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
     problem = toy.parse_problem(*PROBLEM)
@@ -43,6 +47,7 @@ def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
     assert rows[0].tflops == pytest.approx(toy.flops(problem) / rows[0].median_ms / 1e9)
     assert rows[0].registers == 96 and rows[0].blocks_per_sm >= 1
     assert rows[0].peers == {} and rows[0].ratio("flash") is None  # no peers for a toy family
+    assert rows[0].check_ms == 1.5  # and the second method's time, beside the first
     assert local.asked[0][2] == toy.render(winner.params, problem)
     assert rows[1].params is None and "not tuned on NVIDIA H100" in rows[1].note
     assert len(local.asked) == 1
@@ -85,3 +90,27 @@ def test_cli_bench_without_a_gpu_says_so_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         "tuner: error: no GPU is visible: `tuner bench` times kernels on this machine's GPU"]
+
+
+def test_ratios_by_both_methods_and_their_disagreement_are_shown():
+    problem = get_family("attention").parse_problem("1,8,512,64", "fp16")
+    peers = {
+        "flash": PeerTiming("flash", 0.020, 50.0, 3e-4, check_ms=0.0205),
+        "cudnn": PeerTiming("cudnn", 0.010, 99.0, 3e-4, check_ms=0.0130),
+        "efficient": PeerTiming("efficient", None, None, None, "No available kernel. Aborting execution."),
+        "triton": PeerTiming("triton", 0.011, 90.0, 3e-4, "autotuned to BLOCK_M=64", 0.011, 12.34),
+    }
+    row = BenchRow(problem, {"BLOCK_M": 64}, 0.010, 99.0, 2e-4, 128, 1024, 2, peers=peers, check_ms=0.0100)
+    assert row.ratio("flash") == pytest.approx(2.0) and row.check_ratio("flash") == pytest.approx(2.05)
+    assert not row.disagrees("flash")  # 2.5% apart
+    assert row.disagrees("cudnn")  # 1.00x against 1.30x
+    assert row.ratio("efficient") is None and not row.disagrees("efficient")
+    assert BenchRow(problem, None, 0.01, 1.0, 0.0, 1, 1, 1, peers=peers).check_ratio("flash") is None
+    lines = bench_table([row])
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[head.index("vs flash")] == "2.00x/2.05x"
+    assert cells[head.index("vs cudnn")] == "1.00x/1.30x !"
+    assert cells[head.index("vs efficient")] == "-" and cells[head.index("efficient TFLOPS")] == "-"
+    assert "1x8x512x64-fp16 efficient: - (No available kernel. Aborting execution.)" in lines
+    assert "1x8x512x64-fp16 triton: autotuned to BLOCK_M=64, 12.3 s of autotuning" in lines

@@ -3,6 +3,7 @@ round-robin, a kernel that fails leaves the race alone, a dead context ends it f
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import workers.retime
 from templates.family import Validation
 from workers.errors import LaunchError
+from workers.hold import HOLD_BATCH
 from workers.gpu import GpuBench
 from workers.retime import MIN_ROUNDS, interleave, round_count
 from workers.trial import wrong
@@ -47,6 +49,15 @@ class FakeTrial:
         self.log.append(self.name)
         return index, self.name
 
+    @contextmanager
+    def held(self):
+        """A hold of the stream: ( and ) in the log around what is queued behind it."""
+        self.log.append("(")
+        yield
+        self.log.append(")")
+        if self.fail == "late":
+            self.hold.timeouts += 1  # this hold timed out before the host released it
+
     def elapsed(self, pairs):
         return [self.ms * (1 + k / 100) for k in range(len(pairs))]
 
@@ -55,7 +66,8 @@ class FakeTrial:
 def bench(monkeypatch):
     synchronize = SimpleNamespace(cuStreamSynchronize=lambda stream: (0,))
     monkeypatch.setattr(workers.retime, "driver_api", lambda: synchronize)
-    fake = SimpleNamespace(dead=False, stream=None, residents=SimpleNamespace(changed=lambda: None))
+    fake = SimpleNamespace(dead=False, stream=None, residents=SimpleNamespace(changed=lambda: None),
+                           hold=SimpleNamespace(timeouts=0))
     fake.classify = lambda exc, stage: GpuBench.classify(fake, exc, stage)
     return fake
 
@@ -73,7 +85,7 @@ def test_kernels_are_timed_round_robin_and_fail_alone(bench):
     a, b, c, d, e = results
     assert rounds == 6 and not bench.dead
     assert log[:4] == ["attach A", "attach C", "attach D", "attach E"]  # B did not load
-    assert "".join(log[4:]) == "ADE" * 2 + "AE" * 4  # D left the race at its 3rd launch
+    assert launched(log[4:]) == "ADE" * 2 + "AE" * 4  # D left the race at its 3rd launch
     assert b.failure == "compile" and c.failure == "wrong" and c.error == 0.5
     assert d.failure == "resources" and "launch" in d.reason
     assert a.ok and e.ok and a.timing.repetitions == e.timing.repetitions == 6
@@ -81,11 +93,41 @@ def test_kernels_are_timed_round_robin_and_fail_alone(bench):
     assert a.error == 1e-4 and a.detail == "re-timed interleaved with 2 other kernels over 6 rounds"
 
 
+def launched(log: list[str]) -> str:
+    """The trials' launches in order, without the holds."""
+    return "".join(entry for entry in log if entry not in "()")
+
+
+def test_every_launch_is_queued_behind_a_hold_of_at_most_a_batch(bench):
+    log: list[str] = []
+    trials = [FakeTrial(name, log) for name in "ABC"]
+    for trial in trials:
+        trial.hold = bench.hold
+    results, rounds = _run(bench, trials, rounds=30)
+    assert rounds == 30 and all(m.ok for m in results)
+    batches = "".join(log[3:]).split(")")
+    assert batches[-1] == "" and all(b.startswith("(") and ")" not in b for b in batches[:-1])
+    sizes = [len(b) - 1 for b in batches[:-1]]
+    assert sum(sizes) == 90 and max(sizes) <= HOLD_BATCH and all(size % 3 == 0 for size in sizes)
+    assert len(sizes) == 3  # 10 rounds of 3 kernels behind each hold of at most 32 launches
+    assert "started before the host" not in results[0].detail
+
+
+def test_a_hold_that_timed_out_is_said(bench):
+    log: list[str] = []
+    trial = FakeTrial("A", log, "late")
+    trial.hold = bench.hold
+    (result,), rounds = _run(bench, [trial], rounds=40)
+    assert result.ok and rounds == 40 and bench.hold.timeouts == 2  # two holds: 32 + 8 launches
+    assert result.detail.endswith("2 batches of repetitions started before the host had queued them "
+                                  "(the stream's hold timed out): their times may include host time")
+
+
 def test_a_dead_context_fails_every_kernel_left(bench):
     log: list[str] = []
     trials = [FakeTrial("A", log), FakeTrial("B", log, "crash"), FakeTrial("C", log, "wrong")]
     results, _ = _run(bench, trials)
-    assert bench.dead and "".join(log[3:]) == "ABAB" + "A"
+    assert bench.dead and launched(log[3:]) == "ABAB" + "A"
     assert [m.failure for m in results] == ["crash", "crash", "wrong"]
     assert results[0].reason == "the CUDA context died during the re-timing"
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in results[1].reason

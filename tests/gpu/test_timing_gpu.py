@@ -1,0 +1,96 @@
+"""The timing method on a real GPU: a held stream runs nothing until released, a hold the host
+never releases ends by itself, and on a ~10 us kernel the held events and
+``triton.testing.do_bench`` agree within 5%, for ours and for a peer.
+
+Run on the GPU machine: ``pytest -m gpu``. Skipped where no GPU is visible.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from templates import get_family
+from workers.driver import check_call, driver_api
+
+pytestmark = pytest.mark.gpu
+
+FAMILY = get_family("attention")
+PROBLEM = FAMILY.parse_problem("1,8,512,64", "fp16", False)  # 10-15 us kernels
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from workers.gpu import GpuBench
+
+    gpu = GpuBench(0)
+    yield gpu
+    gpu.close()
+
+
+def test_a_held_stream_runs_nothing_until_released(bench):
+    d = driver_api()
+    event = bench.event()
+    before = bench.hold.timeouts
+    with bench.hold:
+        check_call("cuEventRecord", d.cuEventRecord(event, bench.stream))
+        time.sleep(0.05)
+        assert d.cuEventQuery(event)[0] == d.CUresult.CUDA_ERROR_NOT_READY
+    check_call("cuStreamSynchronize", d.cuStreamSynchronize(bench.stream))
+    assert d.cuEventQuery(event)[0] == d.CUresult.CUDA_SUCCESS
+    assert bench.hold.timeouts == before
+    bench.spare([event])
+
+
+def test_a_hold_never_released_times_out(bench):
+    from workers.hold import TIMEOUT_NS
+
+    d = driver_api()
+    before = bench.hold.timeouts
+    bench.hold.__enter__()
+    try:
+        time.sleep(TIMEOUT_NS / 1e9 + 0.2)
+        check_call("cuStreamSynchronize", d.cuStreamSynchronize(bench.stream))
+    finally:
+        bench.hold.__exit__(None, None, None)
+    assert bench.hold.timeouts == before + 1
+
+
+def _agree(first: float, second: float) -> float:
+    return abs(first / second - 1)
+
+
+def test_held_events_and_do_bench_agree_on_a_10us_kernel_of_ours():
+    pytest.importorskip("triton")
+    from workers.local import LocalBench
+
+    params = FAMILY.starting_points(PROBLEM, _limits())[0]
+    kernel = ("attention", PROBLEM, FAMILY.render(params, PROBLEM), FAMILY.launch(params, PROBLEM),
+              FAMILY.compile_options(params, PROBLEM))
+    with LocalBench() as local:
+        held = local.measure(*kernel)
+        second = local.do_bench(*kernel)
+    assert held.ok and held.timing.median_ms < 0.030 and second is not None
+    assert _agree(held.timing.median_ms, second) < 0.05, (held.timing.median_ms, second)
+
+
+def test_held_events_and_do_bench_agree_on_a_10us_peer():
+    pytest.importorskip("triton")
+    from workers.peers import time_peers
+
+    found = time_peers("attention", PROBLEM)
+    for name in ("flash", "cudnn"):
+        peer = found[name]
+        assert peer.median_ms is not None and peer.median_ms < 0.030 and peer.check_ms is not None, peer
+        assert _agree(peer.median_ms, peer.check_ms) < 0.05, peer
+
+
+def _limits():
+    from workers.gpu import GpuBench
+
+    gpu = GpuBench(0)
+    try:
+        return gpu.device_info().limits
+    finally:
+        gpu.close()

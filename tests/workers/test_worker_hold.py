@@ -1,0 +1,132 @@
+"""Timed work is queued behind a hold of the stream before the GPU may start on it: a trial's
+repetitions and a peer's calls alike (no GPU here: recording doubles of the driver, torch and
+the hold; tests/gpu/test_timing_gpu.py holds a real stream)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+import workers.trial
+from templates.family import Launch
+from workers.device_checks import pack_params
+from workers.hold import HOLD_BATCH, KERNEL, compile_hold
+from workers.peers import HeldTimer
+from workers.trial import Trial
+
+
+class RecordingHold:
+    """StreamHold's interface: "hold" when the spin kernel is queued, "release" when let go."""
+
+    def __init__(self, log: list[str], late: bool = False) -> None:
+        self.log, self.late, self.timeouts, self.stream = log, late, 0, "stream"
+
+    def __enter__(self) -> "RecordingHold":
+        self.log.append("hold")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.log.append("release")
+        self.timeouts += self.late
+
+
+def batches(log: list[str]) -> list[list[str]]:
+    """What was queued behind each hold, in order; asserts nothing was queued outside one."""
+    out, current = [], None
+    for entry in log:
+        if entry == "hold":
+            assert current is None, "a hold inside a hold"
+            current = []
+        elif entry == "release":
+            out.append(current)
+            current = None
+        elif current is not None:
+            current.append(entry)
+    return out
+
+
+def test_peer_calls_are_queued_whole_behind_a_hold_then_read():
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            log.append("event")
+
+        def elapsed_time(self, other: "Event") -> float:
+            log.append("read")
+            return 0.25
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: log.append("sync")))
+    timer = HeldTimer(torch, RecordingHold(log), lambda index: log.append(f"flush {index}"))
+    samples, late = timer.time(lambda: log.append("call"), reps=HOLD_BATCH + 8)
+    assert samples == [0.25] * (HOLD_BATCH + 8) and late == 0
+    queued = batches(log)
+    assert [len(b) for b in queued] == [4 * HOLD_BATCH, 4 * 8]
+    # each repetition: the flush, then the start event, the call and the end event, in that order
+    expected = [[f"flush {i}", "event", "call", "event"] for i in range(HOLD_BATCH + 8)]
+    assert queued[0] + queued[1] == list(itertools.chain(*expected))
+    last_release = len(log) - 1 - log[::-1].index("release")
+    assert log[last_release + 1] == "sync" and set(log[last_release + 2:]) == {"read"}  # read after
+
+
+def test_a_peer_timed_while_its_hold_timed_out_says_so():
+    torch = SimpleNamespace(cuda=SimpleNamespace(
+        Event=lambda enable_timing: SimpleNamespace(record=lambda: None, elapsed_time=lambda other: 1.0),
+        synchronize=lambda: None))
+    timer = HeldTimer(torch, RecordingHold([], late=True), lambda index: None)
+    _, late = timer.time(lambda: None, reps=2 * HOLD_BATCH + 1)
+    assert late == 3
+
+
+@pytest.fixture
+def trial(monkeypatch):
+    """A Trial on a recording driver and a bench double: what it queues, in order, in ``log``."""
+    log: list[str] = []
+    driver = SimpleNamespace(
+        cuEventRecord=lambda event, stream: (log.append("event"), (0,))[1],
+        cuLaunchKernel=lambda *args: (log.append("launch"), (0,))[1],
+        cuStreamSynchronize=lambda stream: (log.append("sync"), (0,))[1],
+        cuEventElapsedTime=lambda start, stop: (log.append("read"), (0, 0.5))[1],
+    )
+    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    bench = SimpleNamespace(stream="stream", hold=RecordingHold(log), last_event=None,
+                            event=lambda: object(), flush_l2=lambda index: log.append(f"flush {index}"))
+    launch = Launch("k", (1, 1, 1), (32, 1, 1), 0, ())
+    trial = Trial(bench, None, launch)
+    trial.function, trial._params = "function", {"first": (pack_params([]), [])}
+    return trial, log
+
+
+def test_a_trials_repetitions_are_queued_behind_holds_and_read_after(trial):
+    trial, log = trial
+    times = trial._repeat(HOLD_BATCH + 3, True, 0)
+    assert times == [0.5] * (HOLD_BATCH + 3)
+    queued = batches(log)
+    # each batch: an event marking the hold's end, then per repetition flush, event, launch, event
+    assert [b[0] for b in queued] == ["event", "event"]
+    assert queued[0][1:] == list(itertools.chain(*([f"flush {i}", "event", "launch", "event"]
+                                                   for i in range(HOLD_BATCH))))
+    assert len(queued[1]) == 1 + 4 * 3
+    assert log[log.index("sync") - 1] == "release" and "read" not in log[:log.index("sync")]
+    # every flush is counted from the event before it, the first of a batch from the hold's mark
+    assert trial.flush_ms == pytest.approx(0.5 * (HOLD_BATCH + 3)) and trial.late_batches == 0
+
+
+def test_a_trial_counts_holds_that_timed_out(trial):
+    trial, log = trial
+    trial.bench.hold.late = True
+    trial._repeat(5, True, 0)
+    assert trial.late_batches == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_hold_kernel_compiles(tmp_path):
+    binary = compile_hold((9, 0), cache_dir=tmp_path)
+    assert KERNEL.encode() in binary.cubin
+    assert binary.resources is not None and binary.resources.stack_bytes == 0
