@@ -97,15 +97,75 @@ H100_LIMITS = DeviceLimits(
 
 
 @dataclass(frozen=True)
-class KernelArg:
-    """One kernel argument: a named device buffer, or a 32-bit scalar."""
+class TensorMap:
+    """A TMA tensor map over one buffer, as ``cuTensorMapEncodeTiled`` takes it: what a
+    ``const __grid_constant__ CUtensorMap`` kernel parameter is made from on the host.
 
-    kind: str  # "buffer" | "i32" | "f32"
+    ``dims`` run innermost first; ``strides`` are the byte strides of ``dims[1:]``; ``box`` is
+    the tile one copy moves (elements per dimension). Elements outside ``dims`` read as zeros
+    and are not written by stores. ``swizzle`` is 0, 32, 64 or 128 (bytes), ``l2_promotion``
+    0, 64, 128 or 256 (bytes). Plain data: ``workers.tensormap`` encodes it over a pointer.
+    """
+
+    buffer: str
+    element_bytes: int  # 1, 2, 4 or 8
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+    l2_promotion: int = 128
+
+    def __post_init__(self) -> None:
+        rank = len(self.dims)
+        if not 1 <= rank <= 5 or len(self.strides) != rank - 1 or len(self.box) != rank:
+            raise TemplateError(f"tensor map over {self.buffer!r}: {rank} dims need {rank - 1} "
+                                f"strides and {rank} box sizes")
+        if self.element_bytes not in (1, 2, 4, 8):
+            raise TemplateError(f"tensor map over {self.buffer!r}: {self.element_bytes}-byte elements")
+        if any(not 1 <= d <= 2**32 for d in self.dims) or any(s % 16 or s <= 0 for s in self.strides):
+            raise TemplateError(f"tensor map over {self.buffer!r}: dims {self.dims} or byte strides "
+                                f"{self.strides} out of range (strides must be multiples of 16)")
+        if any(not 1 <= b <= 256 for b in self.box) or self.box[0] * self.element_bytes % 16:
+            raise TemplateError(f"tensor map over {self.buffer!r}: box {self.box} out of range")
+        if self.swizzle not in (0, 32, 64, 128) or self.l2_promotion not in (0, 64, 128, 256):
+            raise TemplateError(f"tensor map over {self.buffer!r}: swizzle {self.swizzle} or L2 "
+                                f"promotion {self.l2_promotion} not one of the encodable sizes")
+        if self.swizzle and self.box[0] * self.element_bytes > self.swizzle:
+            raise TemplateError(f"tensor map over {self.buffer!r}: a {self.swizzle}-byte swizzle "
+                                f"takes at most {self.swizzle} bytes of the inner dimension per box")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"buffer": self.buffer, "element_bytes": self.element_bytes, "dims": list(self.dims),
+                "strides": list(self.strides), "box": list(self.box), "swizzle": self.swizzle,
+                "l2_promotion": self.l2_promotion}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TensorMap":
+        return cls(str(data["buffer"]), int(data["element_bytes"]), tuple(int(d) for d in data["dims"]),
+                   tuple(int(s) for s in data["strides"]), tuple(int(b) for b in data["box"]),
+                   int(data.get("swizzle", 128)), int(data.get("l2_promotion", 128)))
+
+
+ARG_KINDS = ("buffer", "i32", "f32", "tensormap")
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One kernel argument: a named device buffer, a 32-bit scalar, or a TMA tensor map over a
+    named buffer (``value`` a :class:`TensorMap`; passed by value, 128 bytes)."""
+
+    kind: str  # one of ARG_KINDS
     value: Any
 
     def __post_init__(self) -> None:
-        if self.kind not in ("buffer", "i32", "f32"):
+        if self.kind not in ARG_KINDS:
             raise TemplateError(f"unknown kernel argument kind {self.kind!r}")
+        if self.kind == "tensormap" and not isinstance(self.value, TensorMap):
+            object.__setattr__(self, "value", TensorMap.from_json(self.value))
+
+    def to_json(self) -> dict[str, Any]:
+        value = self.value.to_json() if isinstance(self.value, TensorMap) else self.value
+        return {"kind": self.kind, "value": value}
 
 
 @dataclass(frozen=True)
@@ -124,7 +184,7 @@ class Launch:
             "grid": list(self.grid),
             "block": list(self.block),
             "dynamic_smem_bytes": self.smem_bytes,
-            "args": [{"kind": a.kind, "value": a.value} for a in self.args],
+            "args": [a.to_json() for a in self.args],
         }
 
 
@@ -238,6 +298,25 @@ class KernelFamily(abc.ABC):
         names = [p.name for p in self.params]
         for values in itertools.product(*(p.choices for p in self.params)):
             yield dict(zip(names, values))
+
+    def complete(self, params: Params) -> dict[str, Any]:
+        """``params`` of an older version of the space (a landscape or a stored winner recorded
+        before parameters were added) with each missing parameter at its first choice: a new
+        parameter's first choice is what the kernels did before it existed. Unknown names stay
+        (``validate_params`` refuses them)."""
+        return {**{p.name: p.choices[0] for p in self.params if p.name not in params}, **params}
+
+    def recorded_space(self, configs: Sequence[Params]) -> tuple[Param, ...]:
+        """The space that ``configs`` (completed) span: each parameter with the choices they use, in
+        the space's order. A replayed landscape, recorded before the space grew, is searched in
+        it, so that every config the search proposes was recorded."""
+        used: dict[str, set[str]] = {p.name: set() for p in self.params}
+        for config in configs:
+            for name, value in self.complete(config).items():
+                if name in used:
+                    used[name].add(repr(value))
+        return tuple(Param(p.name, tuple(c for c in p.choices if repr(c) in used[p.name]) or p.choices[:1], p.doc)
+                     for p in self.params)
 
     def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         return [c for c in self.configs() if self.check(c, problem, device) is None]

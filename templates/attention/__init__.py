@@ -45,9 +45,10 @@ class AttentionFamily(KernelFamily):
     dtypes = _problem.DTYPES
     suite = tuple((shape, dtype, causal) for shape in SUITE_SHAPES for dtype in _problem.DTYPES
                   for causal in (False, True))
-    # What renders and launches the kernels; inputs and reference (problem.py), starting points
-    # (starts.py) and this file may change without a new template version.
-    kernel_files = ("kernel.cu.j2", "render.py", "space.py")
+    # What renders and launches the kernels (hopper.cu.j2: the TMA path); inputs and reference
+    # (problem.py), starting points (starts.py) and this file may change without a new template
+    # version.
+    kernel_files = ("kernel.cu.j2", "hopper.cu.j2", "render.py", "space.py")
 
     def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
         dims = _problem.parse_shape(shape if isinstance(shape, str) else tuple(shape))

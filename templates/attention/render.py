@@ -1,5 +1,6 @@
-"""The CUDA source and the launch of one attention config. With ``kernel.cu.j2`` and
-``space.py`` this is what the template hash covers (``AttentionFamily.kernel_files``)."""
+"""The CUDA source and the launch of one attention config: ``kernel.cu.j2`` for the cp.async
+paths, ``hopper.cu.j2`` for the TMA path (LOADS=tma). With those and ``space.py`` this is what
+the template hash covers (``AttentionFamily.kernel_files``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 import jinja2
 
 from templates.attention import space as _space
-from templates.family import KernelArg, Launch, Params, Problem, TemplateError
+from templates.family import KernelArg, Launch, Params, Problem, TemplateError, TensorMap
 
 KERNEL_NAME = "attention_fwd"
 COMPILE_OPTIONS = ("-O3", "-std=c++17")
 
-_TEMPLATE = jinja2.Environment(
+_ENVIRONMENT = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
@@ -22,7 +23,10 @@ _TEMPLATE = jinja2.Environment(
     block_end_string="%*/",
     comment_start_string="/*#",
     comment_end_string="#*/",
-).get_template("kernel.cu.j2")
+)
+_TEMPLATES = {"cp.async": _ENVIRONMENT.get_template("kernel.cu.j2"), "tma": _ENVIRONMENT.get_template("hopper.cu.j2")}
+# Rows of one TMA store box of O (one consumer warpgroup's).
+STORE_ROWS = 64
 
 
 def source(params: Params, problem: Problem) -> str:
@@ -35,7 +39,7 @@ def source(params: Params, problem: Problem) -> str:
     # What the source depends on, and no more: B, H and S are arguments, so problems that share
     # D, dtype and causal share each config's source, and so its compiled cubin (cache key).
     for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.causal else ''}, any B, H, S"
-    return _TEMPLATE.render(
+    return _TEMPLATES[params["LOADS"]].render(
         **params,
         config_comment=f"{for_problems}; {comment}",
         kernel_name=KERNEL_NAME,
@@ -46,6 +50,8 @@ def source(params: Params, problem: Problem) -> str:
         swizzle=params["SMEM_LAYOUT"] == "swizzle",
         threads=_space.threads(params),
         ptx_type="f16" if problem.dtype == "fp16" else "bf16",
+        consumers=_space.consumers(params),
+        consumer_regs=_space.consumer_registers(params) if _space.tma(params) else 0,
         wgmma=params["MMA"] == "wgmma",
         # name, N, A from registers, B N-major (transposed)
         wgmma_ops=(("wgmma_s_ss", params["BLOCK_N"], False, 0), ("wgmma_s_rs", params["BLOCK_N"], True, 0),
@@ -58,15 +64,28 @@ def source(params: Params, problem: Problem) -> str:
 def launch(params: Params, problem: Problem) -> Launch:
     b, h, s, d = problem.shape
     grid = ((s + params["BLOCK_M"] - 1) // params["BLOCK_M"], h, b)
-    args = (
-        KernelArg("buffer", "q"),
-        KernelArg("buffer", "k"),
-        KernelArg("buffer", "v"),
-        KernelArg("buffer", "o"),
-        KernelArg("i32", s),
-        KernelArg("f32", _space.scale_log2(d)),
-    )
+    if _space.tma(params):
+        maps = tuple(KernelArg("tensormap", tensor_map(name, rows, problem))
+                     for name, rows in (("q", params["BLOCK_M"]), ("k", params["BLOCK_N"]),
+                                        ("v", params["BLOCK_N"]), ("o", STORE_ROWS)))
+        args = maps + (KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("f32", _space.scale_log2(d)))
+    else:
+        args = (
+            KernelArg("buffer", "q"),
+            KernelArg("buffer", "k"),
+            KernelArg("buffer", "v"),
+            KernelArg("buffer", "o"),
+            KernelArg("i32", s),
+            KernelArg("f32", _space.scale_log2(d)),
+        )
     return Launch(KERNEL_NAME, grid, (_space.threads(params), 1, 1), _space.smem_bytes(params, d), args)
+
+
+def tensor_map(buffer: str, rows: int, problem: Problem) -> TensorMap:
+    """A (B, H, S, D) tensor as the 3-D map {D, S, B*H}: a box is 64 columns of ``rows`` rows of
+    one head, 128-byte swizzled; rows past S read as zeros and are never written."""
+    b, h, s, d = problem.shape
+    return TensorMap(buffer, 2, (d, s, b * h), (2 * d, 2 * d * s), (64, rows, 1), swizzle=128)
 
 
 def _ptx_regs(first: int, count: int) -> str:

@@ -8,15 +8,44 @@ from typing import Any, Mapping
 from templates.family import DeviceLimits, Param, Problem
 
 PARAMS: tuple[Param, ...] = (
-    Param("BLOCK_M", (64, 128, 32), "query rows per thread block (32: more blocks for small problems)"),
-    Param("BLOCK_N", (32, 64, 128), "keys per step of the K/V loop"),
-    Param("NUM_WARPS", (4, 8, 2), "warps that compute (16 or 32 rows each)"),
-    Param("STAGES", (1, 2, 3), "cp.async K/V stages in shared memory (1: no overlap)"),
+    Param("BLOCK_M", (64, 128, 32, 192), "query rows per thread block (32: more blocks for small problems; "
+          "192: three consumer warpgroups, TMA path)"),
+    Param("BLOCK_N", (32, 64, 128, 96, 160, 176, 192), "keys per step of the K/V loop (96 and up from 160: TMA path)"),
+    Param("NUM_WARPS", (4, 8, 2, 12), "warps that compute (16 or 32 rows each; 12: TMA path)"),
+    Param("STAGES", (1, 2, 3, 4), "K/V stages in shared memory (1: no overlap; 4: TMA path)"),
     Param("SMEM_LAYOUT", ("pad8", "swizzle", "pad0", "pad16"), "row padding in halves, or XOR swizzle"),
-    Param("WARP_SPECIALIZED", (0, 1), "one producer warp loads K/V, the compute warps only compute"),
+    Param("WARP_SPECIALIZED", (0, 1), "the compute warps only compute: a producer warp (cp.async) or "
+          "warpgroup (TMA) loads"),
     Param("Q_IN_REGS", (1, 0), "keep Q's mma fragments in registers across the K/V loop"),
     Param("MMA", ("sync", "wgmma"), "tensor-core path: warp mma.sync, or warpgroup wgmma (sm_90a)"),
+    # The Hopper pipeline (hopper.cu.j2). Each new parameter's first choice is what the kernels
+    # before it did, so older configs keep their meaning with these at their first choice.
+    Param("LOADS", ("cp.async", "tma"), "how tiles arrive: cp.async from the compute warps or a producer "
+          "warp, or TMA (cp.async.bulk.tensor) issued by one thread of a producer warpgroup into "
+          "mbarrier-tracked stages"),
+    Param("PRODUCER_REGS", (0, 24, 40, 56), "TMA path: setmaxnreg gives the producer warpgroup this many "
+          "registers a thread and the consumers the rest (0: no setmaxnreg)"),
+    Param("INTRA_OVERLAP", (0, 1), "TMA path: issue S(j+1) = Q K(j+1)^T and O += P(j) V(j) together, "
+          "the softmax of S(j+1) under O's product"),
+    Param("PINGPONG", (0, 1), "TMA path, two consumer warpgroups: they take turns issuing their "
+          "products (named barriers), one's softmax under the other's products"),
+    Param("EPILOGUE", ("st16", "tma"), "O staged in shared memory, then 16-byte stores with a row check, "
+          "or a TMA store (TMA path)"),
 )
+
+HOPPER_ONLY = {"BLOCK_M": (192,), "BLOCK_N": (96, 160, 176, 192), "NUM_WARPS": (12,), "STAGES": (4,)}
+HOPPER_PARAMS = ("PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE")
+# Registers of a thread that the launch bound (one block an SM) leaves each warpgroup count.
+REGISTER_FILE = 65536
+MAX_CONSUMER_REGS = 240
+# TMA path: registers a consumer thread keeps free beside its fragments (fragment_registers).
+# ptxas' reports of 1,570 configs (D 64 and 128, causal bf16, every setmaxnreg, overlap,
+# ping-pong and epilogue choice): at 224-255 registers none spilled with its fragments within
+# the budget, at 128-168 some did with up to 16 registers to spare, none with 24; ping-pong
+# without the overlap (two turns a step) spilled with up to 24 to spare, never with 32.
+TIGHT_BUDGET = 224
+TIGHT_RESERVE = 24
+PINGPONG_RESERVE = 32
 
 REGISTER_LIMIT = 255
 # Fragment registers a compute thread may hold before the compiler must spill; the rest of the
@@ -34,8 +63,34 @@ def row_stride(params: Mapping[str, Any], head_dim: int) -> int:
     return head_dim + (int(layout[3:]) if layout.startswith("pad") else 0)
 
 
+def tma(params: Mapping[str, Any]) -> bool:
+    return params["LOADS"] == "tma"
+
+
+def consumers(params: Mapping[str, Any]) -> int:
+    """TMA path: consumer warpgroups (64 query rows each)."""
+    return params["NUM_WARPS"] // 4
+
+
 def threads(params: Mapping[str, Any]) -> int:
+    if tma(params):  # a producer warpgroup beside the consumers
+        return 32 * params["NUM_WARPS"] + 128
     return 32 * (params["NUM_WARPS"] + params["WARP_SPECIALIZED"])
+
+
+def launch_registers(params: Mapping[str, Any]) -> int:
+    """The register cap a thread gets from __launch_bounds__(threads, 1)."""
+    return min(255, REGISTER_FILE // threads(params) // 8 * 8)
+
+
+def consumer_registers(params: Mapping[str, Any]) -> int:
+    """TMA path: the registers a consumer thread may use (after setmaxnreg, when it is on): what
+    the producer gives up, shared among the consumer warpgroups, at most MAX_CONSUMER_REGS."""
+    cap = launch_registers(params)
+    if not params["PRODUCER_REGS"]:
+        return cap
+    pool = (1 + consumers(params)) * min(256, (cap + 7) // 8 * 8)
+    return min(MAX_CONSUMER_REGS, (pool - params["PRODUCER_REGS"]) // consumers(params) // 8 * 8)
 
 
 def scale_log2(head_dim: int) -> float:
@@ -44,6 +99,9 @@ def scale_log2(head_dim: int) -> float:
 
 
 def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
+    if tma(params):  # Q, K/V stages, 1024 bytes to align the base, the mbarriers (8 bytes each)
+        return 2 * head_dim * (params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
+            8 * (1 + 4 * params["STAGES"])
     rows = params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
     # wgmma's swizzle atoms must start on 1024-byte boundaries: room to align the base.
     slack = 1024 if params["MMA"] == "wgmma" else 0
@@ -60,12 +118,19 @@ def fragment_registers(params: Mapping[str, Any], head_dim: int) -> int:
         per_tile += head_dim // 4
     if params["MMA"] == "wgmma":
         per_tile += params["BLOCK_N"] // 4
+    if tma(params) and params["INTRA_OVERLAP"]:
+        per_tile += params["BLOCK_N"] // 4  # P(j) in flight while S(j+1) becomes P(j+1)
     return tiles * per_tile
 
 
 def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
     """None when the config can run; otherwise the first reason it cannot."""
     head_dim = problem.shape[3]
+    reason = _path_check(params)
+    if reason:
+        return reason
+    if tma(params):
+        return _hopper_check(params, problem, device)
     tiles = m_tiles(params)
     if tiles != int(tiles) or tiles < 1:
         return (
@@ -100,4 +165,57 @@ def _wgmma_check(params: Mapping[str, Any], device: DeviceLimits) -> str | None:
         return "divisibility: wgmma computes 64 rows per warpgroup (NUM_WARPS a multiple of 4, BLOCK_M = 16*NUM_WARPS)"
     if params["SMEM_LAYOUT"] != "swizzle":
         return "layout: wgmma reads 128-byte-swizzled tiles (SMEM_LAYOUT=swizzle)"
+    return None
+
+
+def _path_check(params: Mapping[str, Any]) -> str | None:
+    """Each parameter's choices that belong to one path only: elsewhere the first choice, so no
+    two configs render the same kernel."""
+    if tma(params):
+        return None
+    for name, values in HOPPER_ONLY.items():
+        if params[name] in values:
+            return f"path: {name}={params[name]} only on the TMA path (LOADS=tma)"
+    for name in HOPPER_PARAMS:
+        if params[name] != _first(name):
+            return f"irrelevant: {name} applies to the TMA path only (LOADS=tma)"
+    return None
+
+
+def _first(name: str) -> Any:
+    return next(p.choices[0] for p in PARAMS if p.name == name)
+
+
+def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
+    head_dim = problem.shape[3]
+    if device.compute_capability != (9, 0):
+        return f"arch: TMA and wgmma need sm_90a, {device.name} is sm_{''.join(map(str, device.compute_capability))}"
+    if params["MMA"] != "wgmma" or params["SMEM_LAYOUT"] != "swizzle" or params["WARP_SPECIALIZED"] != 1:
+        return "irrelevant: the TMA path is wgmma on swizzled tiles with a producer warpgroup " \
+               "(MMA=wgmma, SMEM_LAYOUT=swizzle, WARP_SPECIALIZED=1)"
+    if params["Q_IN_REGS"]:
+        # Q as wgmma's A from registers gave wrong outputs on the H200 in two configs without the
+        # overlap (later K/V steps multiplied by a stale Q); FA3 reads Q from shared memory too.
+        return "irrelevant: the TMA path reads Q from shared memory (Q_IN_REGS=0)"
+    if params["BLOCK_M"] not in (64, 128, 192) or params["BLOCK_M"] != 16 * params["NUM_WARPS"]:
+        return "divisibility: the TMA path has one consumer warpgroup per 64 rows (BLOCK_M 64, 128 " \
+               "or 192 = 16*NUM_WARPS)"
+    if params["BLOCK_N"] < 64:
+        return "tile: the TMA path takes BLOCK_N of 64 and more"
+    if params["STAGES"] < 2:
+        return "stages: the TMA path keeps two K/V stages or more"
+    if params["PINGPONG"] and consumers(params) != 2:
+        return "irrelevant: ping-pong takes turns between two consumer warpgroups (BLOCK_M=128)"
+    if params["EPILOGUE"] == "tma" and head_dim % 64:
+        return "layout: the TMA store moves 64-column boxes"
+    smem = smem_bytes(params, head_dim)
+    if smem > device.max_smem_per_block_optin:
+        return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    regs = fragment_registers(params, head_dim)
+    budget = consumer_registers(params)
+    reserve = TIGHT_RESERVE if budget < TIGHT_BUDGET else 0
+    if params["PINGPONG"] and not params["INTRA_OVERLAP"]:
+        reserve = PINGPONG_RESERVE
+    if regs + reserve > budget:
+        return f"registers: {regs} fragment registers (+{reserve} kept free) per consumer thread > {budget}"
     return None

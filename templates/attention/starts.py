@@ -21,6 +21,22 @@ FIRST_AT_D128 = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOU
                      WARP_SPECIALIZED=0, Q_IN_REGS=1, MMA="wgmma")
 
 
+# The TMA path (LOADS=tma) first: two stages, setmaxnreg 24/240, S(j+1) issued before the
+# softmax of S(j), and the two consumer warpgroups taking turns (ping-pong), the fastest of the
+# path's candidates on the H200 (docs/scripts/hopper_check.py, 2026-11-23): at D=128 128 rows with
+# 160 or 176 keys (530-570 TFLOPS, 0.93-0.98x cuDNN, without the causal mask), 128 keys with the
+# TMA store under the causal mask; at D=64 128 x 128 and FA3's 192 x 128 (375 TFLOPS both).
+TMA = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, Q_IN_REGS=0,
+           MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1, PINGPONG=1, EPILOGUE="st16")
+TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
+    128: (dict(TMA, BLOCK_N=160), dict(TMA, BLOCK_N=176), dict(TMA, EPILOGUE="tma"), dict(TMA),
+          dict(TMA, PINGPONG=0, BLOCK_N=160)),
+    64: (dict(TMA), dict(TMA, BLOCK_M=192, NUM_WARPS=12, INTRA_OVERLAP=0, PINGPONG=0),
+         dict(TMA, BLOCK_N=192), dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=96, PINGPONG=0)),
+}
+
+
 def starting_points(head_dim: int) -> list[dict[str, Any]]:
-    """In the order they are measured."""
-    return ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON]
+    """In the order they are measured (the family keeps those its constraints accept)."""
+    return ([dict(p) for p in TMA_POINTS.get(head_dim, ())] + ([dict(FIRST_AT_D128)] if head_dim == 128 else [])
+            + [dict(p) for p in COMMON])

@@ -37,15 +37,17 @@ def bench():
 
 @pytest.fixture(scope="module")
 def sample(bench, tmp_path_factory):
-    """Two random valid configs and two wgmma configs per problem, compiled in parallel on the CPUs."""
+    """Two random configs of the cp.async paths and two of their wgmma path per problem, compiled in
+    parallel on the CPUs (the TMA path has its own sample, ``tma_sample``)."""
     rng = random.Random(2026)
     limits = _limits(bench)
     jobs = []
     for problem in PROBLEMS:
         valid = FAMILY.valid_configs(problem, limits)
-        jobs += [(problem, params) for params in rng.sample(valid, 2)]
+        jobs += [(problem, params) for params in rng.sample([c for c in valid if c["LOADS"] == "cp.async"], 2)]
         # and two of the wgmma path, whatever the draw gave
-        jobs += [(problem, params) for params in rng.sample([c for c in valid if c["MMA"] == "wgmma"], 2)]
+        jobs += [(problem, params) for params in rng.sample([c for c in valid if c["MMA"] == "wgmma"
+                                                             and c["LOADS"] == "cp.async"], 2)]
     cache = tmp_path_factory.mktemp("cubins")
 
     def build(job):
@@ -55,6 +57,48 @@ def sample(bench, tmp_path_factory):
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(build, jobs))
+
+
+TMA_PROBLEMS = [
+    FAMILY.parse_problem(f"{'1,3' if seq > 2048 else '2,3'},{seq},{d}", dtype, causal)
+    for seq in (1, 65, 1000, 4097)
+    for d in (64, 128)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def tma_sample(bench, tmp_path_factory):
+    """Per problem, two random configs of the TMA path (LOADS=tma) and its starting points."""
+    rng = random.Random(14)
+    limits = _limits(bench)
+    jobs = []
+    for problem in TMA_PROBLEMS:
+        valid = [c for c in FAMILY.valid_configs(problem, limits) if c["LOADS"] == "tma"]
+        starts = [c for c in FAMILY.starting_points(problem, limits) if c["LOADS"] == "tma"]
+        jobs += [(problem, params) for params in rng.sample(valid, 2) + starts]
+    cache = tmp_path_factory.mktemp("tma_cubins")
+
+    def build(job):
+        problem, params = job
+        request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
+        return problem, params, compile_cubin(request, cache_dir=cache)
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(build, jobs))
+
+
+def test_tma_path_configs_match_the_reference_on_every_tail(bench, tma_sample):
+    """S = 1, 65, 1000 and 4097: tails of every tile size, a single row, the causal corner."""
+    failures = []
+    for problem, params, binary in tma_sample:
+        assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
+        result = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=13, min_reps=3,
+                               max_reps=5, target_ms=10)
+        if not result.ok:
+            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+    assert not failures, "\n".join(failures)
 
 
 def _limits(bench):

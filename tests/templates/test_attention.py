@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -12,7 +13,15 @@ import pytest
 from templates import get_family
 from templates.attention import problem as attn
 from templates.attention import space
-from templates.family import H100_LIMITS, DeviceLimits, TemplateError, check_outputs, summarize_space
+from templates.family import (
+    H100_LIMITS,
+    DeviceLimits,
+    KernelArg,
+    TemplateError,
+    TensorMap,
+    check_outputs,
+    summarize_space,
+)
 
 FAMILY = get_family("attention")
 PROBLEMS = [
@@ -23,27 +32,85 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
+REASONS = {"divisibility", "shared memory", "registers", "layout", "threads", "arch", "path", "irrelevant", "tile",
+           "stages"}
+
+
+@pytest.mark.parametrize("problem", PROBLEMS[1::3], ids=lambda p: p.key)  # D=64 fp16 causal, D=128 bf16
 def test_every_config_renders_or_is_rejected_with_a_reason(problem):
-    rendered = 0
+    rendered = tma = 0
     for config in FAMILY.configs():
         reason = FAMILY.check(config, problem, H100_LIMITS)
         if reason is not None:
-            assert reason.split(":")[0] in {"divisibility", "shared memory", "registers", "layout", "threads", "arch"}
+            assert reason.split(":")[0] in REASONS, reason
             continue
         source = FAMILY.render(config, problem)
         assert "attention_fwd" in source and "{{" not in source and "/*%" not in source
         assert f"#define BLOCK_M {config['BLOCK_M']}" in source
         assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
         assert f"#define CAUSAL {int(problem.causal)}" in source
+        assert ("cp.async.bulk.tensor" in source) == (config["LOADS"] == "tma")
         rendered += 1
-    assert rendered > 100
+        tma += config["LOADS"] == "tma"
+    assert rendered > 100 and tma > 100
+
+
+def test_the_default_config_is_the_one_before_the_tma_path():
+    default = FAMILY.default_params()
+    assert default == dict(BLOCK_M=64, BLOCK_N=32, NUM_WARPS=4, STAGES=1, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=0,
+                           Q_IN_REGS=1, MMA="sync", LOADS="cp.async", PRODUCER_REGS=0, INTRA_OVERLAP=0, PINGPONG=0,
+                           EPILOGUE="st16")
+
+
+def test_tma_path_parameters_take_their_first_value_elsewhere():
+    """No two configs render the same kernel: the TMA path's parameters are fixed off it, and the
+    cp.async paths' are fixed on it."""
+    problem = PROBLEMS[3]  # D=64 bf16 causal
+    old = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8)
+    assert FAMILY.check(old, problem, H100_LIMITS) is None
+    for name, value in (("PRODUCER_REGS", 24), ("INTRA_OVERLAP", 1), ("PINGPONG", 1), ("EPILOGUE", "tma")):
+        assert FAMILY.check(dict(old, **{name: value}), problem, H100_LIMITS).startswith("irrelevant")
+    for name, value in (("BLOCK_N", 96), ("STAGES", 4)):
+        assert FAMILY.check(dict(old, **{name: value}), problem, H100_LIMITS).startswith("path")
+    tma = dict(old, MMA="wgmma", SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, LOADS="tma", STAGES=2, BLOCK_N=128,
+               Q_IN_REGS=0)
+    assert FAMILY.check(tma, problem, H100_LIMITS) is None
+    for name, value in (("MMA", "sync"), ("SMEM_LAYOUT", "pad8"), ("WARP_SPECIALIZED", 0)):
+        assert FAMILY.check(dict(tma, **{name: value}), problem, H100_LIMITS).startswith("irrelevant")
+    assert FAMILY.check(dict(tma, BLOCK_M=64, NUM_WARPS=4, PINGPONG=1), problem, H100_LIMITS).startswith("irrelevant")
+    assert FAMILY.check(dict(tma, STAGES=1), problem, H100_LIMITS).startswith("stages")
+    assert FAMILY.check(dict(tma, BLOCK_N=32), problem, H100_LIMITS).startswith("tile")
+    assert FAMILY.check(dict(tma, Q_IN_REGS=1), problem, H100_LIMITS).startswith("irrelevant")
+    sources = {}
+    for config in FAMILY.valid_configs(problem, H100_LIMITS):
+        if config["LOADS"] == "tma":
+            body = FAMILY.render(config, problem).split("\n", 2)[2]  # without the comment naming the config
+            assert body not in sources, (config, sources.get(body))
+            sources[body] = config
+    assert len(sources) > 300
+
+
+def test_tma_path_registers_follow_setmaxnreg():
+    tma = dict(FAMILY.default_params(), MMA="wgmma", SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, LOADS="tma", STAGES=2,
+               BLOCK_N=128, Q_IN_REGS=0)
+    for warps, producer, consumer in ((4, 24, 240), (4, 56, 240), (8, 24, 240), (8, 40, 232), (8, 56, 224),
+                                      (12, 24, 160), (12, 56, 152), (8, 0, 168), (12, 0, 128)):
+        params = dict(tma, BLOCK_M=16 * warps, NUM_WARPS=warps, PRODUCER_REGS=producer)
+        assert space.consumer_registers(params) == consumer
+        regs = space.launch_registers(params)
+        if producer:  # what the producer gives up covers what the consumers take
+            assert producer + warps // 4 * consumer <= (1 + warps // 4) * min(256, regs + 7 & ~7)
+    problem = FAMILY.parse_problem("1,1,4096,128", "fp16")
+    big = dict(tma, BLOCK_M=128, NUM_WARPS=8, BLOCK_N=192, INTRA_OVERLAP=1)
+    assert FAMILY.check(dict(big, PRODUCER_REGS=24), problem, H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(big, BLOCK_N=128, PRODUCER_REGS=24), problem, H100_LIMITS) is None
+    assert FAMILY.check(dict(big, BLOCK_N=128, PRODUCER_REGS=0), problem, H100_LIMITS).startswith("registers")
 
 
 def test_constraints_reject_what_cannot_fit():
     problem = FAMILY.parse_problem("1,1,4096,128", "fp16")
-    big = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOUT="pad16", WARP_SPECIALIZED=0, Q_IN_REGS=0,
-               MMA="sync")
+    big = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOUT="pad16",
+               WARP_SPECIALIZED=0, Q_IN_REGS=0, MMA="sync")
     assert FAMILY.check(big, problem, H100_LIMITS).startswith("shared memory")
     assert space.smem_bytes(big, 128) > H100_LIMITS.max_smem_per_block_optin
     indivisible = dict(big, BLOCK_M=64, NUM_WARPS=8, STAGES=1)
@@ -96,6 +163,39 @@ def test_launch_geometry_covers_every_row():
     assert launch.smem_bytes == space.smem_bytes(params, 64)
     assert [a.kind for a in launch.args] == ["buffer"] * 4 + ["i32", "f32"]
     assert launch.args[5].value == pytest.approx(math.log2(math.e) / 8)
+
+
+def test_tma_launch_carries_tensor_maps_as_plain_json():
+    problem = FAMILY.parse_problem("3,5,4097,128", "bf16", causal=True)
+    params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=176, STAGES=2, SMEM_LAYOUT="swizzle",
+                  WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
+    launch = FAMILY.launch(params, problem)
+    assert launch.grid == (math.ceil(4097 / 128), 5, 3) and launch.block == (3 * 128, 1, 1)
+    assert launch.smem_bytes == space.smem_bytes(params, 128) == 2 * 128 * (128 + 4 * 176) + 1024 + 8 * 9
+    assert [a.kind for a in launch.args] == ["tensormap"] * 4 + ["buffer", "i32", "f32"]
+    maps = [a.value for a in launch.args[:4]]
+    assert [m.buffer for m in maps] == ["q", "k", "v", "o"]
+    assert [m.box for m in maps] == [(64, 128, 1), (64, 176, 1), (64, 176, 1), (64, 64, 1)]
+    for m in maps:
+        assert m.dims == (128, 4097, 15) and m.strides == (256, 256 * 4097) and m.swizzle == 128
+        assert m.element_bytes == 2
+    document = json.loads(json.dumps(launch.to_json()))  # plain JSON all the way down
+    assert document["args"][0] == {"kind": "tensormap", "value": {
+        "buffer": "q", "element_bytes": 2, "dims": [128, 4097, 15], "strides": [256, 256 * 4097],
+        "box": [64, 128, 1], "swizzle": 128, "l2_promotion": 128}}
+    again = tuple(KernelArg(a["kind"], a["value"]) for a in document["args"])  # as an exported launch is read
+    assert again == launch.args
+
+
+def test_tensor_maps_refuse_what_the_driver_cannot_encode():
+    good = dict(buffer="q", element_bytes=2, dims=(64, 10, 2), strides=(128, 1280), box=(64, 64, 1))
+    assert TensorMap(**good).to_json()["dims"] == [64, 10, 2]
+    for bad in (dict(strides=(128,)), dict(strides=(100, 1280)), dict(box=(64, 512, 1)), dict(swizzle=96),
+                dict(box=(128, 64, 1)), dict(element_bytes=3), dict(dims=(64, 0, 2))):
+        with pytest.raises(TemplateError, match="tensor map over 'q'"):
+            TensorMap(**dict(good, **bad))
+    with pytest.raises(TemplateError, match="unknown kernel argument kind"):
+        KernelArg("pointer", "q")
 
 
 def test_problems_that_share_d_dtype_and_causal_share_each_configs_source():
@@ -186,9 +286,12 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
         problem = FAMILY.parse_problem(shape, dtype, causal)
         points = FAMILY.starting_points(problem, H100_LIMITS)
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
-        assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
-        first = (points[0]["STAGES"], points[0]["Q_IN_REGS"])
-        assert first == ((3, 1) if problem.shape[3] == 128 else (2, 0))  # D=128 leads with its own
+        assert points[0]["LOADS"] == "tma" and any(p["MMA"] == "sync" for p in points)
+        first = (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["INTRA_OVERLAP"], points[0]["PINGPONG"])
+        assert first == ((128, 160, 1, 1) if problem.shape[3] == 128 else (128, 128, 1, 1))  # the H200's fastest
+        cp_async = [p for p in points if p["LOADS"] == "cp.async"]  # then the recorded landscapes' winners
+        assert cp_async and (cp_async[0]["STAGES"], cp_async[0]["Q_IN_REGS"]) == (
+            (3, 1) if problem.shape[3] == 128 else (2, 0))
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(PROBLEMS[0], older))
@@ -205,3 +308,20 @@ def test_inputs_are_the_same_whatever_the_threads(monkeypatch):
     assert not np.array_equal(many["q"], many["k"])
     values = attn.from_bits(many["v"], "bf16")
     assert abs(values.mean()) < 0.02 and abs(values.std() - 1) < 0.02
+
+
+def test_older_configs_complete_to_the_kernels_they_were():
+    """A landscape recorded before the TMA path: its configs complete to the cp.async paths' own,
+    and the space they span holds none of the TMA path's choices."""
+    older = [dict(BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=0,
+                  Q_IN_REGS=0, MMA="wgmma"),
+             dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, STAGES=3, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=1,
+                  Q_IN_REGS=1, MMA="sync")]
+    problem = PROBLEMS[0]
+    for config in older:
+        full = FAMILY.complete(config)
+        assert full == dict(config, LOADS="cp.async", PRODUCER_REGS=0, INTRA_OVERLAP=0, PINGPONG=0, EPILOGUE="st16")
+        assert FAMILY.check(full, problem, H100_LIMITS) is None
+    recorded = {p.name: p.choices for p in FAMILY.recorded_space(older)}
+    assert recorded["LOADS"] == ("cp.async",) and recorded["EPILOGUE"] == ("st16",)
+    assert recorded["BLOCK_M"] == (64, 128) and recorded["STAGES"] == (2, 3) and recorded["MMA"] == ("sync", "wgmma")

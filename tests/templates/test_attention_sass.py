@@ -1,8 +1,9 @@
 """What the compiled attention kernels are made of: the SASS, read with cuobjdump.
 
 The space's claims (tensor cores through ldmatrix + mma.sync or through wgmma, exp2 on the
-multi-function unit, 16-byte cp.async loads, registers that do not spill) are checked in the
-machine code, not assumed. Needs nvcc and cuobjdump (with nvdisasm); skipped where either is missing.
+multi-function unit, 16-byte cp.async loads, or TMA copies completing on mbarriers with
+setmaxnreg moving registers, registers that do not spill) are checked in the machine code, not
+assumed. Needs nvcc and cuobjdump (with nvdisasm); skipped where either is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import pytest
 
 from templates import get_family
+from templates.family import H100_LIMITS
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
 
@@ -25,8 +27,10 @@ pytestmark = pytest.mark.skipif(
 
 FAMILY = get_family("attention")
 PROBLEM = FAMILY.parse_problem("4,16,4096,128", "fp16", causal=True)
-BASE = dict(BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=0,
-            Q_IN_REGS=0)
+BASE = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle",
+            WARP_SPECIALIZED=0, Q_IN_REGS=0)
+# The TMA path (hopper.cu.j2): FA3's D=128 tile, setmaxnreg 24/240, S(j+1) before the softmax of S(j).
+TMA = dict(BASE, BLOCK_N=128, MMA="wgmma", WARP_SPECIALIZED=1, LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
 _OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
@@ -81,3 +85,25 @@ def test_q_fragments_stay_live_across_the_kv_loop(tmp_path):
         a_regs["pv" if match.group(2) else "s"].add(match.group(1))
     assert len(a_regs["s"]) == 8 and len(a_regs["pv"]) == 8
     assert not a_regs["s"] & a_regs["pv"]
+
+
+def test_tma_path_loads_by_tma_waits_on_mbarriers_and_moves_registers(tmp_path):
+    ops = opcodes(TMA, tmp_path)
+    assert ops["UTMALDG"] > 0 and ops["LDGSTS"] == 0  # Q, K and V by the copy engine alone
+    assert sum(n for op, n in ops.items() if op.startswith("SYNCS") and "." not in op) > 0  # mbarrier waits
+    assert ops["USETMAXREG"] == 2  # the producer gives registers up, the consumers take them
+    # per 128-key step: D/16 = 8 for S = Q K^T and BLOCK_N/16 = 8 for O += P V (the loop body
+    # once, its first S and last P V outside it)
+    assert ops["HGMMA"] == 32
+    assert ops["UTMASTG"] == 0 and ops["LDL"] == ops["STL"] == 0
+
+
+def test_tma_path_variants_keep_out_of_local_memory(tmp_path):
+    for variant in (dict(TMA, PINGPONG=1, EPILOGUE="tma"), dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0),
+                    dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4),
+                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56)):
+        assert FAMILY.check(variant, PROBLEM, H100_LIMITS) is None, variant
+        ops = opcodes(variant, tmp_path)
+        assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0, variant
+        assert ops["UTMALDG"] > 0 and (ops["UTMASTG"] > 0) == (variant["EPILOGUE"] == "tma"), variant
+        assert (ops["USETMAXREG"] > 0) == (variant["PRODUCER_REGS"] > 0), variant
