@@ -26,6 +26,14 @@ def register(family: KernelFamily) -> KernelFamily:
 
 
 def get_family(name: str) -> KernelFamily:
+    """A family by name: a built-in or registered one (``"attention"``), or ``"package.module:ATTR"``
+    for one that lives elsewhere, imported in whatever process asks for it (a GPU worker too)."""
+    if ":" in name and name not in _REGISTRY:
+        module, attr = name.split(":", 1)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise TemplateError(f"cannot load kernel family {name!r}: {exc}") from None
     if name not in _REGISTRY and name in _BUILTIN:
         register(importlib.import_module(f"templates.{name}").FAMILY)
     if name not in _REGISTRY:

@@ -109,15 +109,15 @@ def tune(
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
-    space = search.SearchSpace(fam.params)
-    if trials is None and time_budget is None:
-        trials = space.size if sampler == "grid" else DEFAULT_TRIALS
     url = _url(db)
     with _repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
         writer = study_writer.beside_ray(url)  # its process starts while the GPU actors start
         try:
             with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
                             measure_timeout_s=measure_timeout_s) as pool:
+                space = _space(fam, pool)
+                if trials is None and time_budget is None:
+                    trials = space.size if sampler == "grid" else DEFAULT_TRIALS
                 name, outcome, warm = _run_study(
                     fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
                     trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
@@ -170,6 +170,7 @@ def _run_study(
         template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
     if warm_start:
         picks += warmstart.family_points(fam, problem, pool.limits, picks)
+    picks = [p for p in picks if space.contains(p.params)]  # a replay answers only what it recorded
     record = _storage_call(lambda: repo.open_study(
         name, family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
@@ -181,9 +182,10 @@ def _run_study(
                   "replay_file": str(replay) if replay is not None else None},
     ))
     picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []]
-    points = fam.valid_configs(problem, pool.limits) if sampler == "grid" else None
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
+
+    points = [c for c in space.configs() if valid(c)] if sampler == "grid" else None
 
     study = search.open_study(name, url, search.make_sampler(sampler, space, seed, points, valid))
     if study.get_trials(deepcopy=False):
@@ -193,7 +195,7 @@ def _run_study(
 
             measured = _storage_call(lambda: repo.measured(record.id))
             for point in warmstart.family_points(fam, problem, pool.limits, picks):
-                if params_key(point.params) not in measured:
+                if params_key(point.params) not in measured and space.contains(point.params):
                     logger.info("starting point of the family: %s", point.params)
                     study.enqueue_trial(space.encode(point.params))
     else:
@@ -316,6 +318,13 @@ def _repository(url: str) -> Iterator[Any]:
         yield repo
     finally:
         repo.close()
+
+
+def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
+    """The family's space, or for a replay the part of it its landscape recorded, so that every
+    config a replayed study proposes has an answer (landscapes recorded before the space grew)."""
+    recorded = getattr(pool, "recorded", None)
+    return search.SearchSpace(fam.params if recorded is None else fam.recorded_space(recorded))
 
 
 @contextmanager

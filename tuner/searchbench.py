@@ -46,6 +46,7 @@ class _Landscape:
     best: float
     winner: dict[str, Any]
     limits: DeviceLimits
+    space: search.SearchSpace  # the part of the family's space the landscape recorded
 
 
 @dataclass
@@ -106,8 +107,9 @@ def load(path: str | Path) -> _Landscape:
               if family.check(p, recorded.problem, limits) is None}
     best_key = min(values, key=values.get)
     winner = next(dict(p) for p, _ in recorded.entries if params_key(p) == best_key)
+    space = search.SearchSpace(family.recorded_space([p for p, _ in recorded.entries]))
     return _Landscape(Path(path).name, family, recorded.problem, values, len(values),
-                      values[best_key], winner, limits)
+                      values[best_key], winner, limits, space)
 
 
 def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
@@ -115,7 +117,7 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
     """Measured trials to come within 5% and 2% of the best, and the best-so-far curve."""
     from storage import params_key
 
-    space = search.SearchSpace(land.family.params)
+    space = land.space
     study = optuna.create_study(direction="minimize", sampler=sampler)
     for params in warm:
         study.enqueue_trial(space.encode(params))
@@ -171,7 +173,8 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
                                                                      limits=land.limits)],
             "tpe-start": land.family.starting_points(land.problem, land.limits),
         }
-        space = search.SearchSpace(land.family.params)
+        space = land.space
+        first = {name: [p for p in points if space.contains(p)] for name, points in first.items()}
         for name, result in results.items():
             if name == "tpe-warm" and not first[name]:
                 continue

@@ -14,7 +14,6 @@ itself ``dead`` and the pool replaces its process.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import traceback
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from templates import get_family
 from templates.family import KernelFamily, Launch, Problem
 from workers.driver import check_call, driver_api
 from workers.errors import LaunchError, NoGPUError
@@ -59,18 +59,6 @@ RESOURCE_ERRORS = frozenset({
     "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_OUT_OF_MEMORY",
 })
 _STATIC_SMEM_LIMIT = 48 * 1024
-
-
-def resolve_family(name: str) -> KernelFamily:
-    """``"attention"`` through templates.get_family, or ``"package.module:ATTR"`` for a family
-    that lives elsewhere (tests); the latter is imported in whatever process asks for it."""
-    import templates
-
-    if ":" in name:
-        module, attr = name.split(":", 1)
-        family = getattr(importlib.import_module(module), attr)
-        return family
-    return templates.get_family(name)
 
 
 _NVML: dict[str, NvmlClocks | None] = {}
@@ -214,7 +202,7 @@ class GpuBench:
         of the first trial (1.9 s for an 8x16x2048x128 problem). Never raises: what fails here
         fails the first measurement again, with its reason."""
         try:
-            self.resident(resolve_family(family_name), problem, seed)
+            self.resident(get_family(family_name), problem, seed)
         except Exception as exc:  # noqa: BLE001 - reported by the first measurement
             logger.debug("preparing %s failed: %s", problem.key, exc)
 
@@ -243,7 +231,7 @@ class GpuBench:
         start = time.perf_counter()
         trial = Trial(self, binary, launch)
         try:
-            family = resolve_family(family_name)
+            family = get_family(family_name)
             result = trial.run(family, problem, seed=seed, warmup_ms=warmup_ms, rep=rep,
                                min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
                                flush_l2=flush_l2, abort_above_ms=abort_above_ms)
@@ -283,7 +271,7 @@ class GpuBench:
         before = self._clocks()
         trials = [Trial(self, binary, launch) for binary, launch in kernels]
         try:
-            family = resolve_family(family_name)
+            family = get_family(family_name)
             results, count = interleave(
                 self, trials, family, problem, seed=seed, rounds=rounds, max_seconds=max_seconds,
                 warmup_ms=warmup_ms, flush_l2=flush_l2)
@@ -370,4 +358,4 @@ def _host_failure(exc: Exception) -> Measurement:
     return Measurement.failed("worker", f"{type(exc).__name__}: {exc}".splitlines()[0], detail=tail)
 
 
-__all__ = ["GpuBench", "read_clocks", "resolve_family"]
+__all__ = ["GpuBench", "read_clocks"]

@@ -47,17 +47,18 @@ class LocalBench:
             import torch
         except ImportError:
             return None
-        from workers.gpu import resolve_family
+        from templates import get_family
         from workers.peers import do_bench_ms
         from workers.trial import Trial
 
         binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(options)), cache_dir=default_cache_dir())
+        fam = get_family(family)
         trial = Trial(self._bench, binary, launch)
         try:
             failure = trial.load()
             if failure is None:
-                trial.attach(resolve_family(family), problem, seed)
-                failure, _ = trial.verify(resolve_family(family), problem)
+                trial.attach(fam, problem, seed)
+                failure, _ = trial.verify(fam, problem)
             if failure is not None:
                 return None
             stream = stream_handle(torch.cuda.current_stream().cuda_stream)

@@ -26,9 +26,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from templates import get_family
 from templates.family import Problem, check_outputs
 from workers.driver import check_call, driver_api
-from workers.gpu import l2_flush_bytes, resolve_family
+from workers.gpu import l2_flush_bytes
 from workers.hold import HOLD_BATCH, StreamHold
 from workers.trial import late_note
 
@@ -96,7 +97,7 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         return {}
     timer = _held_timer(torch)
     try:
-        return _time_attention(torch, timer, resolve_family(family_name), problem, seed, reps, cross_check)
+        return _time_attention(torch, timer, get_family(family_name), problem, seed, reps, cross_check)
     finally:
         torch.cuda.synchronize()
         timer.hold.close()

@@ -97,6 +97,7 @@ class WorkerPool:
     ) -> None:
         self.family, self.problem = family, problem
         self._replay = replay is not None
+        self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
         self._measure_timeout_s = measure_timeout_s
         self._compile_timeout_s = compile_timeout_s
         self._cache_dir = str(cache_dir if cache_dir is not None else default_cache_dir())
@@ -142,6 +143,7 @@ class WorkerPool:
                 raise WorkerError(
                     f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
                     f"not {self.family} {self.problem.key}")
+            self.recorded = tuple(params for params, _ in landscape.entries)
             cls, args, options = worker_cls or ReplayBench, (str(replay),), {"num_gpus": 0}
         else:
             from workers.gpu import GpuBench

@@ -7,6 +7,8 @@ A landscape lets the search run and be tested without a GPU::
     with WorkerPool("attention", problem, replay="attn.json") as pool:
         ...                                   # answers come from the file, replayed=True
 
+Configs recorded before the family's space grew are completed on load (``KernelFamily.complete``).
+
 The file: ``{"format": 1, "device": {...}, "family": "...", "problem": {...},
 "template_hash": "...", "entries": [{"params": {...}, "measurement": {...}}, ...]}``.
 """
@@ -98,17 +100,31 @@ def load_landscape(path: str | Path) -> Landscape:
         raise WorkerError(f"landscape {path}: unknown format {data.get('format')!r}, expected {FORMAT}"
                           if isinstance(data, dict) else f"landscape {path}: not an object")
     try:
+        complete = _completion(str(data["family"]))
         return Landscape(
             device=DeviceInfo.from_json(data["device"]),
             family=str(data["family"]),
             problem=Problem.from_json(data["problem"]),
             template_hash=str(data.get("template_hash", "")),
             entries=tuple(
-                (dict(e["params"]), measurement_from_json(e["measurement"])) for e in data["entries"]
+                (complete(dict(e["params"])), measurement_from_json(e["measurement"])) for e in data["entries"]
             ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise WorkerError(f"landscape {path} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _completion(family: str) -> Any:
+    """How to bring a recorded config up to the family's space today: parameters added since it
+    was recorded take their first choice, which is what the kernels did before they existed
+    (``KernelFamily.complete``). A family this process cannot load leaves configs as recorded."""
+    from templates import get_family
+    from templates.family import TemplateError
+
+    try:
+        return get_family(family).complete
+    except TemplateError:
+        return dict
 
 
 class ReplayBench:
@@ -119,6 +135,7 @@ class ReplayBench:
     def __init__(self, landscape: Landscape | str | Path) -> None:
         self._landscape = landscape if isinstance(landscape, Landscape) else load_landscape(landscape)
         self._lookup = self._landscape.lookup()
+        self._complete = _completion(self._landscape.family)  # asked as the entries were loaded
 
     def device_info(self) -> DeviceInfo:
         return self._landscape.device
@@ -133,7 +150,7 @@ class ReplayBench:
         params: Mapping[str, Any] | None = None,
         **_timing: Any,
     ) -> Measurement:
-        recorded = self._lookup.get(params_key(params or {}))
+        recorded = self._lookup.get(params_key(self._complete(dict(params or {}))))
         if recorded is None:
             return Measurement.failed("invalid", NOT_RECORDED, replayed=True)
         return replace(recorded, replayed=True)

@@ -48,8 +48,11 @@ def sample(bench, tmp_path_factory):
         # and two of the wgmma path, whatever the draw gave
         jobs += [(problem, params) for params in rng.sample([c for c in valid if c["MMA"] == "wgmma"
                                                              and c["LOADS"] == "cp.async"], 2)]
-    cache = tmp_path_factory.mktemp("cubins")
+    return _compiled(jobs, tmp_path_factory.mktemp("cubins"))
 
+
+def _compiled(jobs, cache):
+    """(problem, params, binary) of each (problem, params) job, compiled in parallel on the CPUs."""
     def build(job):
         problem, params = job
         request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
@@ -78,15 +81,7 @@ def tma_sample(bench, tmp_path_factory):
         valid = [c for c in FAMILY.valid_configs(problem, limits) if c["LOADS"] == "tma"]
         starts = [c for c in FAMILY.starting_points(problem, limits) if c["LOADS"] == "tma"]
         jobs += [(problem, params) for params in rng.sample(valid, 2) + starts]
-    cache = tmp_path_factory.mktemp("tma_cubins")
-
-    def build(job):
-        problem, params = job
-        request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
-        return problem, params, compile_cubin(request, cache_dir=cache)
-
-    with ThreadPoolExecutor(8) as pool:
-        return list(pool.map(build, jobs))
+    return _compiled(jobs, tmp_path_factory.mktemp("tma_cubins"))
 
 
 def test_tma_path_configs_match_the_reference_on_every_tail(bench, tma_sample):

@@ -61,11 +61,11 @@ def _agree(first: float, second: float) -> float:
     return abs(first / second - 1)
 
 
-def test_held_events_and_do_bench_agree_on_a_10us_kernel_of_ours():
+def test_held_events_and_do_bench_agree_on_a_10us_kernel_of_ours(bench):
     pytest.importorskip("triton")
     from workers.local import LocalBench
 
-    params = FAMILY.starting_points(PROBLEM, _limits())[0]
+    params = FAMILY.starting_points(PROBLEM, bench.device_info().limits)[0]
     kernel = ("attention", PROBLEM, FAMILY.render(params, PROBLEM), FAMILY.launch(params, PROBLEM),
               FAMILY.compile_options(params, PROBLEM))
     with LocalBench() as local:
@@ -85,12 +85,3 @@ def test_held_events_and_do_bench_agree_on_a_10us_peer():
         assert peer.median_ms is not None and peer.median_ms < 0.030 and peer.check_ms is not None, peer
         assert _agree(peer.median_ms, peer.check_ms) < 0.05, peer
 
-
-def _limits():
-    from workers.gpu import GpuBench
-
-    gpu = GpuBench(0)
-    try:
-        return gpu.device_info().limits
-    finally:
-        gpu.close()

@@ -68,3 +68,11 @@ def test_buffer_spec_element_is_checked():
         BufferSpec("o", (4,), np.dtype(np.uint16), 0x7E00, element="fp8")
     with pytest.raises(TemplateError, match="fp32 elements are 4 bytes"):
         BufferSpec("o", (4,), np.dtype(np.uint16), 0x7E00, element="fp32")
+
+
+def test_a_family_that_lives_elsewhere_is_found_by_module_and_name():
+    assert get_family("templates.attention:FAMILY") is ATTENTION
+    with pytest.raises(TemplateError, match="cannot load kernel family 'no_such_module:FAMILY'"):
+        get_family("no_such_module:FAMILY")
+    with pytest.raises(TemplateError, match="cannot load kernel family 'templates.attention:NOPE'"):
+        get_family("templates.attention:NOPE")

@@ -133,3 +133,14 @@ def test_tpe_told_the_constraints_proposes_few_invalid_configs():
     assert isinstance(search.make_sampler("tpe", space, valid=valid), optuna.samplers.TPESampler)
     assert told <= search.N_STARTUP_TRIALS  # only the random start-up trials can miss
     assert plain > 2 * told
+
+
+def test_a_parameter_with_one_choice_is_no_dimension_of_the_search():
+    space = search.SearchSpace((Param("TILE", (64, 128)), Param("LOADS", ("cp.async",)), Param("K", (1, 2))))
+    assert set(space.distributions) == {"TILE", "K"} and space.fixed == {"LOADS": "cp.async"}
+    assert space.size == 4 and len(list(space.configs())) == 4
+    assert space.decode({"TILE": 128, "K": 2}) == {"TILE": 128, "LOADS": "cp.async", "K": 2}
+    assert space.encode({"TILE": 128, "LOADS": "cp.async", "K": 2}) == {"TILE": 128, "K": 2}
+    assert space.contains({"TILE": 64, "LOADS": "cp.async", "K": 1})
+    assert not space.contains({"TILE": 64, "LOADS": "tma", "K": 1})  # a choice it does not hold
+    assert not space.contains({"TILE": 64, "K": 1})  # a parameter missing

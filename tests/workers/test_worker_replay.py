@@ -48,3 +48,22 @@ def test_malformed_landscape_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(WorkerError, match="cannot read"):
         load_landscape(tmp_path / "absent.json")
+
+
+def test_configs_recorded_before_the_space_grew_are_completed(tmp_path):
+    from templates import get_family
+
+    family = get_family("attention")
+    old = {k: v for k, v in family.default_params().items() if k in ("BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES",
+                                                                      "SMEM_LAYOUT", "WARP_SPECIALIZED", "Q_IN_REGS", "MMA")}
+    assert len(old) < len(family.params)  # the space has grown since such a landscape was recorded
+    ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
+    path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
+                          template_hash="old", entries=[(old, ok)])
+    (params, _), = load_landscape(path).entries
+    assert params == family.default_params()  # each new parameter at its first choice
+    bench = ReplayBench(path)
+    assert bench.measure(None, None, "attention", PROBLEM, params=family.default_params()).ok
+    assert bench.measure(None, None, "attention", PROBLEM, params=old).ok
+    tma = dict(family.default_params(), LOADS="tma")
+    assert bench.measure(None, None, "attention", PROBLEM, params=tma).reason == "not in the recorded landscape"
