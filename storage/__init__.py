@@ -7,34 +7,35 @@ best configuration of each problem, in SQLite or PostgreSQL (next to Optuna's ow
     for summary in repo.studies():
         print(summary.name, summary.n_ok, summary.best_median_ms)
 
-This package uses nothing else of the project; it takes and returns plain values.
+This package uses nothing else of the project; it takes and returns plain values. Each name
+below is imported from its module when first used (PEP 562): the records, ``params_key`` and
+``StorageError`` come without SQLAlchemy, which ``open_repository`` and ``Repository`` import.
 """
 
-from storage.engine import default_url, open_repository
-from storage.errors import StorageError
-from storage.records import (
-    BestRecord,
-    DeviceRecord,
-    RetimeEntry,
-    RetimeRecord,
-    StudyRecord,
-    StudySummary,
-    TrialRecord,
-    params_key,
-)
-from storage.repository import Repository
+from __future__ import annotations
 
-__all__ = [
-    "BestRecord",
-    "DeviceRecord",
-    "Repository",
-    "RetimeEntry",
-    "RetimeRecord",
-    "StorageError",
-    "StudyRecord",
-    "StudySummary",
-    "TrialRecord",
-    "default_url",
-    "open_repository",
-    "params_key",
-]
+import importlib
+from typing import Any
+
+_MODULES = {
+    "storage.engine": ("default_url", "open_repository"),
+    "storage.errors": ("StorageError",),
+    "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "StudyRecord",
+                        "StudySummary", "TrialRecord", "params_key"),
+    "storage.repository": ("Repository",),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

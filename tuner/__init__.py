@@ -7,11 +7,20 @@
     tuner.export("attention", "4,16,4096,128", "fp16", causal=True, out_dir="out/")
 
 The same from a shell: ``tuner tune attention --shape 4,16,4096,128 --dtype fp16 --causal``.
+
+``import tuner`` is quick and imports neither Ray nor SQLAlchemy (nor Optuna): the names of
+``tuner.api`` and ``tuner.landscape`` are imported when first used (PEP 562), and Ray and the
+database only when a call needs them.
 """
 
-from tuner.api import StudyDetail, TuneResult, best, export, show, studies, tune
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported now: ``tuner.bench`` is both a module and the function it defines, and the function
+# must be what ``tuner.bench`` names whatever is imported later (``tuner.bench`` is light).
 from tuner.bench import BenchRow, bench
-from tuner.landscape import record_landscape
 from tuner.errors import (
     DatabaseError,
     NoGPU,
@@ -21,6 +30,12 @@ from tuner.errors import (
     UsageError,
     WorkerFailure,
 )
+
+_MODULES = {
+    "tuner.api": ("StudyDetail", "TuneResult", "best", "export", "show", "studies", "tune"),
+    "tuner.landscape": ("record_landscape",),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "BenchRow",
@@ -41,3 +56,15 @@ __all__ = [
     "studies",
     "tune",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

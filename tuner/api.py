@@ -22,10 +22,10 @@ from typing import Any, Iterator, Sequence
 
 import optuna
 
-from templates.family import KernelFamily, Problem, TemplateError
+from templates.family import KernelFamily, Problem
 from tuner import retime as retiming
-from tuner import search, study_writer, warmstart
-from tuner.errors import DatabaseError, NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure
+from tuner import database, lookup, search, study_writer, warmstart
+from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
 
@@ -99,8 +99,8 @@ def tune(
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
     call again resumes the study.
     """
-    fam = _family(family)
-    problem = _problem(fam, shape, dtype, causal)
+    fam = lookup.family(family)
+    problem = lookup.problem(fam, shape, dtype, causal)
     if sampler not in search.SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
     if trials is not None and trials < 1:
@@ -109,8 +109,8 @@ def tune(
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
-    url = _url(db)
-    with _repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
+    url = database.url(db)
+    with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
         writer = study_writer.beside_ray(url)  # its process starts while the GPU actors start
         try:
             with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
@@ -130,7 +130,7 @@ def tune(
         finally:
             if writer is not None:
                 writer.close()
-        winner = _storage_call(lambda: repo.best(
+        winner = database.call(lambda: repo.best(
             fam.name, problem.shape, problem.dtype, problem.causal,
             device_name=device, template_hash=fam.template_hash,
         ))
@@ -165,13 +165,13 @@ def _run_study(
     device = pool.device
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
-    picks = warmstart.nearest_winners(fam, problem, _storage_call(lambda: repo.bests(
+    picks = warmstart.nearest_winners(fam, problem, database.call(lambda: repo.bests(
         fam.name, dtype=problem.dtype, causal=problem.causal, device_name=device.name,
         template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
     if warm_start:
         picks += warmstart.family_points(fam, problem, pool.limits, picks)
     picks = [p for p in picks if space.contains(p.params)]  # a replay answers only what it recorded
-    record = _storage_call(lambda: repo.open_study(
+    record = database.call(lambda: repo.open_study(
         name, family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
         shape=list(problem.shape), dtype=problem.dtype, causal=problem.causal,
@@ -193,7 +193,7 @@ def _run_study(
         if warm_start:  # a study begun before the family named its starting points still gets them
             from storage import params_key
 
-            measured = _storage_call(lambda: repo.measured(record.id))
+            measured = database.call(lambda: repo.measured(record.id))
             for point in warmstart.family_points(fam, problem, pool.limits, picks):
                 if params_key(point.params) not in measured and space.contains(point.params):
                     logger.info("starting point of the family: %s", point.params)
@@ -209,9 +209,9 @@ def _run_study(
         fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
         trials=trials, time_budget=time_budget, writer=writer, **loop_options,
     )
-    outcome = _storage_call(coordinator.run)
-    summary = _storage_call(lambda: repo.study(name))
-    measured = _storage_call(lambda: repo.measured(record.id))
+    outcome = database.call(coordinator.run)
+    summary = database.call(lambda: repo.study(name))
+    measured = database.call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
 
 
@@ -229,9 +229,9 @@ def best(
     Results of the current template version win; an older version's winner is returned only
     when the current one has none. ``device`` filters by GPU name.
     """
-    fam = _family(family)
-    problem = _problem(fam, shape, dtype, causal)
-    with _repository(_url(db)) as repo:
+    fam = lookup.family(family)
+    problem = lookup.problem(fam, shape, dtype, causal)
+    with database.repository(database.url(db)) as repo:
         return _best(repo, fam, problem, device)
 
 
@@ -251,9 +251,9 @@ def export(
     Returns the ``.cu`` path. Refuses (:class:`TemplateMismatch`) when the winner was measured
     with another version of the template than the current one.
     """
-    fam = _family(family)
-    problem = _problem(fam, shape, dtype, causal)
-    with _repository(_url(db)) as repo:
+    fam = lookup.family(family)
+    problem = lookup.problem(fam, shape, dtype, causal)
+    with database.repository(database.url(db)) as repo:
         winner = _best(repo, fam, problem, device)
         if winner.template_hash != fam.template_hash:
             raise TemplateMismatch(
@@ -269,57 +269,21 @@ def export(
 
 def studies(db: str | None = None) -> list[Any]:
     """Every stored study with its counts and best (``storage.StudySummary``), oldest first."""
-    with _repository(_url(db)) as repo:
-        return _storage_call(repo.studies)
+    with database.repository(database.url(db)) as repo:
+        return database.call(repo.studies)
 
 
 def show(name: str, db: str | None = None) -> StudyDetail:
     """One study, all its trials and its latest re-timing."""
-    with _repository(_url(db)) as repo:
-        found = [s for s in _storage_call(repo.studies) if s.name == name]
+    with database.repository(database.url(db)) as repo:
+        found = [s for s in database.call(repo.studies) if s.name == name]
         if not found:
             raise NotFound(f"no study named {name!r} (see `tuner studies`)")
-        return StudyDetail(found[0], _storage_call(lambda: repo.trials(found[0].id)),
-                           _storage_call(lambda: repo.retimes(found[0].id)))
+        return StudyDetail(found[0], database.call(lambda: repo.trials(found[0].id)),
+                           database.call(lambda: repo.retimes(found[0].id)))
 
 
-# -- seams: the other packages come in here (tests replace _open_pool) -------------------------------
-def _family(name: str) -> KernelFamily:
-    from templates import get_family
-
-    try:
-        return get_family(name)
-    except (TemplateError, LookupError) as error:
-        raise UsageError(_one_line(error)) from None
-
-
-def _problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str, causal: bool) -> Problem:
-    try:
-        return fam.parse_problem(shape, dtype, bool(causal))
-    except (TemplateError, ValueError, TypeError) as error:
-        raise UsageError(_one_line(error)) from None
-
-
-def _url(db: str | None) -> str:
-    from storage import default_url
-
-    return db or default_url()
-
-
-@contextmanager
-def _repository(url: str) -> Iterator[Any]:
-    from storage import StorageError, open_repository
-
-    try:
-        repo = open_repository(url)
-    except StorageError as error:
-        raise DatabaseError(_one_line(error)) from None
-    try:
-        yield repo
-    finally:
-        repo.close()
-
-
+# -- seams: Ray and the workers come in here (tests replace _open_pool and _ray) ------------------
 def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
     """The family's space, or for a replay the part of it its landscape recorded, so that every
     config a replayed study proposes has an answer (landscapes recorded before the space grew)."""
@@ -339,7 +303,7 @@ def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except ConnectionError as error:
-        raise WorkerFailure(f"cannot start the workers: {_one_line(error)}") from None
+        raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
     try:
         yield
     finally:
@@ -357,17 +321,17 @@ def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except (WorkerError, ConnectionError) as error:
-        raise WorkerFailure(f"cannot start the workers: {_one_line(error)}") from None
+        raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
     with pool:
         yield pool
 
 
 def _best(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Any:
     query = dict(device_name=device)
-    winner = _storage_call(lambda: repo.best(
+    winner = database.call(lambda: repo.best(
         fam.name, problem.shape, problem.dtype, problem.causal,
         template_hash=fam.template_hash, **query,
-    )) or _storage_call(lambda: repo.best(
+    )) or database.call(lambda: repo.best(
         fam.name, problem.shape, problem.dtype, problem.causal, **query,
     ))
     if winner is None:
@@ -376,16 +340,6 @@ def _best(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) ->
             f"no validated result stored for {fam.name} {problem.key}{on}; run `tuner tune` first"
         )
     return winner
-
-
-def _storage_call(call: Any) -> Any:
-    """Run ``call``; a StorageError becomes a one-line DatabaseError."""
-    from storage import StorageError
-
-    try:
-        return call()
-    except StorageError as error:
-        raise DatabaseError(_one_line(error)) from None
 
 
 @contextmanager
@@ -398,7 +352,3 @@ def _quiet_optuna() -> Iterator[None]:
     finally:
         optuna.logging.set_verbosity(level)
 
-
-def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__

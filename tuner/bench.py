@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from templates.family import KernelFamily, Problem
+from tuner import database, lookup
 from workers.compile_task import block_registers
 
 logger = logging.getLogger("tuner")
@@ -79,9 +80,7 @@ class BenchRow:
 
 def suite_of(family: str) -> list[tuple[Any, str, bool]]:
     """The family's benchmark problems (shape, dtype, causal)."""
-    from tuner.api import _family
-
-    return list(_family(family).suite)
+    return list(lookup.family(family).suite)
 
 
 def blocks_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
@@ -105,15 +104,16 @@ def bench(
     With ``tune_trials``, each problem is first tuned to that many trials (a study that has
     them already measures nothing more).
     """
-    from tuner.api import _family, _problem, tune
+    from tuner.api import tune
     from tuner.errors import NoGPU
 
     from workers import NoGPUError
     from workers.local import LocalBench
     from workers.ray_session import shared_ray
 
-    fam = _family(family)
-    wanted = [_problem(fam, shape, dtype, causal) for shape, dtype, causal in (problems or fam.suite)]
+    fam = lookup.family(family)
+    wanted = [lookup.problem(fam, shape, dtype, causal)
+              for shape, dtype, causal in (problems or fam.suite)]
     try:
         local = LocalBench()
     except NoGPUError:
@@ -129,14 +129,13 @@ def bench(
 
 def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str | None, seed: int,
                 peers: bool) -> list[BenchRow]:
-    from tuner.api import _repository, _storage_call, _url
     from workers.peers import time_peers
 
     rows = []
-    with _repository(_url(db)) as repo:
+    with database.repository(database.url(db)) as repo:
         device = local.device.name
         for problem in wanted:
-            winner = _storage_call(lambda: repo.best(
+            winner = database.call(lambda: repo.best(
                 fam.name, problem.shape, problem.dtype, problem.causal,
                 device_name=device, template_hash=fam.template_hash))
             row = _ours(fam, problem, winner, local, seed, device, cross_check=peers)

@@ -39,5 +39,12 @@ class TemplateMismatch(TunerError):
     """The stored winner was measured with another version of the family's template."""
 
 
+def one_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s text (its type's name when it has none): what
+    another package raised, told as a TunerError's message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 __all__ = ["DatabaseError", "NoGPU", "NotFound", "TemplateMismatch", "TunerError", "UsageError",
-           "WorkerFailure"]
+           "WorkerFailure", "one_line"]

@@ -34,7 +34,6 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from storage.engine import use_sqlite_pragmas
 from templates.family import Param, Problem
 from tuner.errors import DatabaseError, UsageError
 
@@ -232,7 +231,9 @@ def _point_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def optuna_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's storage at ``url``; on SQLite its connections get our pragmas (WAL, synced at
-    checkpoints: ``storage.engine.sqlite_pragmas``)."""
+    checkpoints: ``storage.engine.use_sqlite_pragmas``)."""
+    from storage.engine import use_sqlite_pragmas  # SQLAlchemy: imported when a database opens
+
     storage = optuna.storages.RDBStorage(url)
     use_sqlite_pragmas(storage.engine)  # the connections Optuna opened for its tables: made anew
     return storage

@@ -1,0 +1,51 @@
+"""The results database as the tuner's calls use it: its URL, a repository opened for one call,
+and storage errors turned into one-line :class:`tuner.DatabaseError` s.
+
+    from tuner import database
+
+    with database.repository(database.url(db)) as repo:
+        winner = database.call(lambda: repo.best(...))
+
+``storage`` (and with it SQLAlchemy) is imported when a call opens the database, not before.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+from tuner.errors import DatabaseError, one_line
+
+T = TypeVar("T")
+
+
+def url(db: str | None) -> str:
+    """``db``, or when None the default: ``$TUNER_DB``, else ``./tuner.db``."""
+    from storage import default_url
+
+    return db or default_url()
+
+
+@contextmanager
+def repository(url: str) -> Iterator[Any]:
+    """A ``storage.Repository`` at ``url``, closed on the way out."""
+    from storage import StorageError, open_repository
+
+    try:
+        repo = open_repository(url)
+    except StorageError as error:
+        raise DatabaseError(one_line(error)) from None
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
+def call(fn: Callable[[], T]) -> T:
+    """Run ``fn``; a ``storage.StorageError`` becomes a one-line DatabaseError."""
+    from storage import StorageError
+
+    try:
+        return fn()
+    except StorageError as error:
+        raise DatabaseError(one_line(error)) from None

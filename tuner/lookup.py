@@ -1,0 +1,34 @@
+"""A family and a problem as a caller names them, found or refused in one line.
+
+    from tuner import lookup
+
+    fam = lookup.family("attention")
+    problem = lookup.problem(fam, "4,16,4096,128", "fp16", causal=True)
+
+Every refusal is a :class:`tuner.UsageError` whose text is one line.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from templates.family import KernelFamily, Problem, TemplateError
+from tuner.errors import UsageError, one_line
+
+
+def family(name: str) -> KernelFamily:
+    """The family called ``name`` (built in, registered, or ``module:ATTR``)."""
+    from templates import get_family
+
+    try:
+        return get_family(name)
+    except (TemplateError, LookupError) as error:
+        raise UsageError(one_line(error)) from None
+
+
+def problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str, causal: bool) -> Problem:
+    """``fam``'s problem of that shape (text or numbers), dtype and masking."""
+    try:
+        return fam.parse_problem(shape, dtype, bool(causal))
+    except (TemplateError, ValueError, TypeError) as error:
+        raise UsageError(one_line(error)) from None
