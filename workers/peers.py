@@ -95,7 +95,7 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         return {}
     if not torch.cuda.is_available():
         return {}
-    timer = _held_timer(torch)
+    timer = held_timer(torch)
     try:
         return _time_attention(torch, timer, get_family(family_name), problem, seed, reps, cross_check)
     finally:
@@ -103,7 +103,8 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         timer.hold.close()
 
 
-def _held_timer(torch: Any) -> HeldTimer:
+def held_timer(torch: Any) -> HeldTimer:
+    """A HeldTimer on torch's current stream, with the workers' flush (close ``timer.hold`` after)."""
     d = driver_api()
     stream = torch.cuda.current_stream()
     flush = torch.empty(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),

@@ -21,7 +21,7 @@ from templates import get_family
 from workers.driver import check_call, driver_api
 from workers.gpu import GpuBench, l2_flush_bytes
 from workers.hold import stream_handle
-from workers.peers import _held_timer, do_bench_ms
+from workers.peers import held_timer, do_bench_ms
 from workers.trial import verified_trial
 
 REPS = 200
@@ -59,7 +59,7 @@ def ours(bench, problem):
 
 def main(shapes: str, dtype: str) -> None:
     bench = GpuBench(0)
-    timer = _held_timer(torch)
+    timer = held_timer(torch)
     flush = torch.empty(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),
                         dtype=torch.int8, device="cuda")
     rows = []
