@@ -13,7 +13,7 @@ from templates.family import Launch, Problem
 from workers.compile import compile_cubin, default_cache_dir
 from workers.errors import CompileError
 from workers.hold import stream_handle
-from workers.results import CompileRequest, DeviceInfo, Measurement
+from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
 
 
 class LocalBench:
@@ -32,8 +32,7 @@ class LocalBench:
     def measure(self, family: str, problem: Problem, source: str, launch: Launch,
                 options: Sequence[str], *, seed: int = 0) -> Measurement:
         try:
-            binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(options)),
-                                   cache_dir=default_cache_dir())
+            binary = _compiled(source, launch, options)
         except CompileError as exc:
             return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
         return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
@@ -49,18 +48,14 @@ class LocalBench:
             return None
         from templates import get_family
         from workers.peers import do_bench_ms
-        from workers.trial import Trial
+        from workers.trial import verified
 
-        binary = compile_cubin(CompileRequest(source, launch.kernel, tuple(options)), cache_dir=default_cache_dir())
-        fam = get_family(family)
-        trial = Trial(self._bench, binary, launch)
         try:
-            failure = trial.load()
-            if failure is None:
-                trial.attach(fam, problem, seed)
-                failure, _ = trial.verify(fam, problem)
-            if failure is not None:
-                return None
+            trial = verified(self._bench, _compiled(source, launch, options), launch, get_family(family),
+                             problem, seed=seed)
+        except (CompileError, ValueError):
+            return None
+        try:
             stream = stream_handle(torch.cuda.current_stream().cuda_stream)
             return do_bench_ms(lambda: trial.launch_on(stream))
         finally:
@@ -75,3 +70,8 @@ class LocalBench:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _compiled(source: str, launch: Launch, options: Sequence[str]) -> Binary:
+    """The cubin of ``source`` (the workers' compile cache)."""
+    return compile_cubin(CompileRequest(source, launch.kernel, tuple(options)), cache_dir=default_cache_dir())

@@ -321,6 +321,17 @@ def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, pa
     launch = family.launch(params, problem)
     binary = compile_cubin(CompileRequest(family.render(params, problem), launch.kernel,
                                           tuple(family.compile_options(params, problem))))
+    try:
+        return verified(bench, binary, launch, family, problem, seed=seed)
+    except ValueError as exc:
+        raise ValueError(f"{dict(params)}: {exc}") from None
+
+
+def verified(bench: "GpuBench", binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
+             *, seed: int = 0) -> Trial:
+    """``binary`` loaded on ``bench`` and verified on its buffers of (problem, seed), as a trial
+    verifies it. Raises ValueError (the failure and its reason) when it fails, having released
+    what it took; release the trial when done."""
     trial = Trial(bench, binary, launch)
     failure = trial.load()
     if failure is None:
@@ -328,7 +339,7 @@ def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, pa
         failure, _ = trial.verify(family, problem)
     if failure is not None:
         trial.release()
-        raise ValueError(f"{dict(params)}: {failure.failure}: {failure.reason}")
+        raise ValueError(f"{failure.failure}: {failure.reason}")
     return trial
 
 
