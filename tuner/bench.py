@@ -129,8 +129,10 @@ def bench(
 
 def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str | None, seed: int,
                 peers: bool) -> list[BenchRow]:
-    from workers.peers import time_peers
+    from workers.peers import prepare_peers, time_peers
 
+    if peers:
+        prepare_peers(fam.name, wanted)
     rows = []
     with database.repository(database.url(db)) as repo:
         device = local.device.name

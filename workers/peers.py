@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -81,6 +82,23 @@ def do_bench_ms(run: Callable[[], Any]) -> float | None:
     except ImportError:
         return None
     return float(do_bench(run, warmup=25, rep=100, return_mode="median"))
+
+
+def prepare_peers(family_name: str, problems: list[Problem]) -> None:
+    """What the peers would do once per problem on first use, done for all of them at once: the
+    Triton peer's configs compiled on every core (its autotuner compiles one at a time), so that
+    its autotuning of each problem later only times them."""
+    if family_name != "attention" or not problems:
+        return
+    from templates.attention import triton_peer
+
+    if not triton_peer.available():
+        return
+    start = time.perf_counter()
+    compiled = triton_peer.precompile([(p.shape[0] * p.shape[1], p.shape[2], p.shape[3], p.causal, p.dtype)
+                                       for p in problems])
+    logger.info("Triton peer: %d kernels of %d problems compiled in %.0f s", compiled, len(problems),
+                time.perf_counter() - start)
 
 
 def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int = 100,

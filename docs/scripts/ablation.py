@@ -5,9 +5,11 @@ workers' held method (and cuDNN beside them, the same way).
     python3 docs/scripts/ablation.py "4,16,4096,128;1,32,8192,128;8,16,2048,128;16,16,2048,64" fp16 [--causal]
 
 Variants: TMA -> cp.async (the cp.async wgmma path's best starting point: the loads of the compute
-warps, no producer warpgroup), no setmaxnreg (PRODUCER_REGS=0), no ping-pong, no intra-warpgroup
-overlap. Where the winner's tile does not fit with a technique off (without setmaxnreg the
-consumers have fewer registers), the largest BLOCK_N that does is timed, and the row says so.
+warps, no producer warpgroup), then each technique toggled on its own: setmaxnreg (PRODUCER_REGS
+0 or 24), ping-pong, intra-warpgroup overlap: turned off where the winner uses it, on where it
+does not. Where the winner's tile does not fit with the
+change (without setmaxnreg the consumers have fewer registers), the largest BLOCK_N that does is
+timed, and the row says so.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from workers.local import LocalBench
 from workers.peers import time_peers
 
 FAMILY = get_family("attention")
-OFF = (("no setmaxnreg", {"PRODUCER_REGS": 0}), ("no ping-pong", {"PINGPONG": 0}),
-       ("no intra-warpgroup overlap", {"INTRA_OVERLAP": 0}))
+# (technique, parameter, its value when off, a value when on)
+TOGGLES = (("setmaxnreg", "PRODUCER_REGS", 0, 24), ("ping-pong", "PINGPONG", 0, 1),
+           ("intra-warpgroup overlap", "INTRA_OVERLAP", 0, 1))
+
+
+def short(params) -> str:
+    """128x176 s2 r24 ov1 pp1 st16 (the TMA path), or 128x128 s3 wgmma cp.async."""
+    if params["LOADS"] != "tma":
+        return "{BLOCK_M}x{BLOCK_N} s{STAGES} {MMA} cp.async".format(**params)
+    return "{BLOCK_M}x{BLOCK_N} s{STAGES} r{PRODUCER_REGS} ov{INTRA_OVERLAP} pp{PINGPONG} {EPILOGUE}".format(**params)
 
 
 def measure(local: LocalBench, problem, params):
@@ -56,7 +66,9 @@ def main(shapes: str, dtype: str, causal: bool) -> None:
             if cpasync:
                 p, m = min(cpasync, key=lambda pm: pm[1].timing.median_ms)
                 variants.append(("TMA -> cp.async", p, m))
-            for name, change in OFF:
+            for technique, param, off, on in TOGGLES:
+                value = off if best[param] != off else on
+                name, change = f"{'no' if value == off else 'with'} {technique} ({param}={value})", {param: value}
                 params = nearest_valid(dict(best, **change), problem, limits)
                 if params is None:
                     variants.append((name, dict(best, **change), "no BLOCK_N passes the constraints"))
@@ -67,21 +79,21 @@ def main(shapes: str, dtype: str, causal: bool) -> None:
             cudnn = time_peers("attention", problem, cross_check=False).get("cudnn")
             for name, params, m in variants:
                 if isinstance(m, str):
-                    rows.append((problem.key, name, None, m))
+                    rows.append((problem.key, name, short(params), None, m))
                 elif not m.ok:
-                    rows.append((problem.key, name, None, f"{m.failure}: {m.reason}"))
+                    rows.append((problem.key, name, short(params), None, f"{m.failure}: {m.reason}"))
                 else:
-                    rows.append((problem.key, name, FAMILY.tflops(problem, m.timing.median_ms), ""))
+                    rows.append((problem.key, name, short(params), FAMILY.tflops(problem, m.timing.median_ms), ""))
             if cudnn and cudnn.median_ms:
-                rows.append((problem.key, "cuDNN", FAMILY.tflops(problem, cudnn.median_ms), ""))
+                rows.append((problem.key, "cuDNN", "", FAMILY.tflops(problem, cudnn.median_ms), ""))
             print(f"{problem.key}: winner {best}", flush=True)
-    print("| problem | variant | TFLOPS | vs winner | note |")
-    print("|---|---|---|---|---|")
+    print("| problem | variant | config | TFLOPS | vs winner | note |")
+    print("|---|---|---|---|---|---|")
     top = {}
-    for key, name, tflops, note in rows:
+    for key, name, config, tflops, note in rows:
         top.setdefault(key, tflops)
         share = f"{tflops / top[key]:.2f}x" if tflops and top[key] else "-"
-        print(f"| {key} | {name} | {f'{tflops:.0f}' if tflops else '-'} | {share} | {note} |")
+        print(f"| {key} | {name} | {config} | {f'{tflops:.0f}' if tflops else '-'} | {share} | {note} |")
 
 
 if __name__ == "__main__":

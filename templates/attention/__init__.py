@@ -66,6 +66,10 @@ class AttentionFamily(KernelFamily):
         self.validate_params(params)
         return _space.check(params, problem, device)
 
+    def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
+        """What ``check`` accepts, checked among ``space.candidates`` rather than the whole product."""
+        return [c for c in _space.candidates() if _space.check(c, problem, device) is None]
+
     def render(self, params: Params, problem: Problem) -> str:
         self.validate_params(params)
         return _render.source(params, problem)

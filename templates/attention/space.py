@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from templates.family import DeviceLimits, Param, Problem
 
@@ -180,6 +181,28 @@ def _path_check(params: Mapping[str, Any]) -> str | None:
         if params[name] != _first(name):
             return f"irrelevant: {name} applies to the TMA path only (LOADS=tma)"
     return None
+
+
+def candidates() -> Iterator[dict[str, Any]]:
+    """The configs that the path rules of ``check`` leave, the valid ones among them: about a
+    hundredth of the space's product (every config is a million; enumerating and checking them
+    took a study 10 s before its first trial). On the cp.async paths none of the TMA path's
+    choices; on the TMA path wgmma on swizzled tiles with a producer warpgroup, Q from shared
+    memory, one consumer warpgroup per 64 rows, 64 keys or more, two stages or more."""
+    names = [p.name for p in PARAMS]
+    choices = {p.name: p.choices for p in PARAMS}
+    cp_async = dict(choices, LOADS=("cp.async",), **{n: choices[n][:1] for n in HOPPER_PARAMS},
+                    **{n: tuple(v for v in choices[n] if v not in HOPPER_ONLY[n]) for n in HOPPER_ONLY})
+    hopper = dict(choices, LOADS=("tma",), MMA=("wgmma",), SMEM_LAYOUT=("swizzle",), WARP_SPECIALIZED=(1,),
+                  Q_IN_REGS=(0,), NUM_WARPS=(None,), BLOCK_M=tuple(m for m in choices["BLOCK_M"] if m % 64 == 0),
+                  BLOCK_N=tuple(n for n in choices["BLOCK_N"] if n >= 64),
+                  STAGES=tuple(s for s in choices["STAGES"] if s >= 2))
+    for values in itertools.product(*(cp_async[n] for n in names)):
+        yield dict(zip(names, values))
+    for values in itertools.product(*(hopper[n] for n in names)):
+        config = dict(zip(names, values))
+        config["NUM_WARPS"] = config["BLOCK_M"] // 16
+        yield config
 
 
 def _first(name: str) -> Any:

@@ -122,16 +122,20 @@ def prune_configs(configs, named_args, **kwargs):
     """Triton's ``early_config_prune``: the configs that ``fits`` keeps for this call's S and D;
     where it keeps none (a space without small tiles, a tiny S), the one of least shared memory."""
     args = {**named_args, **kwargs}
-    seq_len, head_dim = int(args["S"]), int(args["HEAD_DIM"])
-    kept = [c for c in configs if fits(*_config_tuple(c)[:3], head_dim, seq_len)]
+    kept = set(_pruned([_config_tuple(c) for c in configs], int(args["S"]), int(args["HEAD_DIM"])))
+    return [c for c in configs if _config_tuple(c) in kept]
+
+
+def _pruned(space, seq_len: int, head_dim: int) -> list[tuple[int, int, int, int]]:
+    kept = [c for c in space if fits(*c[:3], head_dim, seq_len)]
     if kept:
         return kept
 
     def footprint(config):
-        block_m, block_n, stages, warps = _config_tuple(config)
+        block_m, block_n, stages, warps = config
         return (shared_memory_bytes(block_m, block_n, stages, head_dim), block_n, block_m, warps)
 
-    return [min(configs, key=footprint)]
+    return [min(space, key=footprint)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +372,41 @@ def tune(q, k, v, causal: bool = False) -> TunedPeer:
     Returns the seconds its tuning took, the chosen config, and whether it was already tuned."""
     _, record = _run(q, k, v, causal, None)
     return record
+
+
+def autotuned_configs(seq_len: int, head_dim: int) -> list[tuple[int, int, int, int]]:
+    """The configs of CONFIG_SPACE the autotuner times for (S, D): what ``prune_configs`` keeps."""
+    return _pruned([tuple(int(x) for x in c) for c in CONFIG_SPACE], seq_len, head_dim)
+
+
+def precompile(keys, processes: int | None = None) -> int:
+    """Compile, in parallel processes, every config the autotuner will time for each key
+    (B*H, S, D, causal, "fp16" or "bf16") into Triton's on-disk cache, so that tuning those keys
+    later only times them (Triton compiles one config at a time: 25-40 s a key from a cold cache).
+    Launches nothing. Returns the number of kernels compiled or found in the cache."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    _require()
+    jobs = sorted({(int(bh), int(s), int(d), bool(causal), str(dtype), config)
+                   for bh, s, d, causal, dtype in keys for config in autotuned_configs(int(s), int(d))})
+    if not jobs:
+        return 0
+    workers = max(1, min(len(jobs), processes or os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return sum(pool.map(_compile_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
+def _compile_one(job) -> int:
+    """One (B*H, S, D, causal, dtype, config) through JITFunction.warmup: the autotuner's
+    specialisation (the integers' values, 16-byte-aligned pointers), compiled, not launched."""
+    torch = _require()
+    bh, s, d, causal, dtype, (block_m, block_n, stages, warps) = job
+    element = torch.float16 if dtype == "fp16" else torch.bfloat16
+    _attn_fwd.warmup(element, element, element, element, bh, s, math.log2(math.e) / math.sqrt(d), d, causal,
+                     BLOCK_M=block_m, BLOCK_N=block_n, num_stages=stages, num_warps=warps, grid=(1,))
+    return 1
 
 
 def _launch(q, k, v, causal: bool, config: tuple, *, out=None):

@@ -17,6 +17,7 @@ from templates.family import (
     H100_LIMITS,
     DeviceLimits,
     KernelArg,
+    KernelFamily,
     TemplateError,
     TensorMap,
     check_outputs,
@@ -325,3 +326,16 @@ def test_older_configs_complete_to_the_kernels_they_were():
     recorded = {p.name: p.choices for p in FAMILY.recorded_space(older)}
     assert recorded["LOADS"] == ("cp.async",) and recorded["EPILOGUE"] == ("st16",)
     assert recorded["BLOCK_M"] == (64, 128) and recorded["STAGES"] == (2, 3) and recorded["MMA"] == ("sync", "wgmma")
+
+
+@pytest.mark.parametrize("index", [0, 3, 6])
+def test_valid_configs_are_those_of_the_whole_product(index):
+    """The family enumerates its valid configs among the path rules' candidates: the same set as
+    checking every config of the product (which cost a study 10 s before its first trial)."""
+    problem = PROBLEMS[index]
+    everything = KernelFamily.valid_configs(FAMILY, problem, H100_LIMITS)
+    fast = FAMILY.valid_configs(problem, H100_LIMITS)
+    key = lambda c: tuple(sorted(c.items()))  # noqa: E731
+    assert len(fast) == len({key(c) for c in fast})
+    assert {key(c) for c in fast} == {key(c) for c in everything}
+    assert any(c["LOADS"] == "tma" for c in fast) and any(c["LOADS"] == "cp.async" for c in fast)

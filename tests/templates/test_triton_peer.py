@@ -100,3 +100,18 @@ def test_tuned_peer_is_frozen():
     tuned = peer.TunedPeer(1.5, "BLOCK_M=64 BLOCK_N=32 stages=2 warps=4", already_tuned=False)
     with pytest.raises(AttributeError):
         tuned.seconds = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("seq_len", "head_dim"), [(1, 64), (65, 128), (1000, 64), (4097, 128), (8, 128)])
+def test_precompile_compiles_what_the_autotuner_will_time(seq_len, head_dim, monkeypatch):
+    configs = [_config(*c) for c in peer.CONFIG_SPACE]
+    pruned = [peer._config_tuple(c) for c in peer.prune_configs(configs, {"S": seq_len, "HEAD_DIM": head_dim})]
+    assert peer.autotuned_configs(seq_len, head_dim) == pruned
+    monkeypatch.setattr(peer, "CONFIG_SPACE", ((128, 128, 4, 8), (128, 64, 4, 4)))
+    assert peer.autotuned_configs(8, 128) == [(128, 64, 4, 4)]  # the least shared memory, as prune_configs
+
+
+@pytest.mark.skipif(HAS_TORCH_AND_TRITON, reason="torch and triton are installed here")
+def test_precompile_needs_triton():
+    with pytest.raises(peer.PeerUnavailable):
+        peer.precompile([(16, 1000, 64, False, "fp16")])
