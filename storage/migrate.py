@@ -52,15 +52,30 @@ def upgrade(engine: Engine) -> None:
         RuntimeError: the database was written by a newer version (a revision we do not know).
     """
     with engine.connect().execution_options(sqlite_begin="BEGIN IMMEDIATE") as connection:
-        with connection.begin():
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
-            current = current_revision(connection)
-            script = ScriptDirectory.from_config(alembic_config())
-            if current is not None and current not in {s.revision for s in script.walk_revisions()}:
-                raise RuntimeError(
-                    f"the database's tuner schema is at revision {current}, newer than this "
-                    f"version of the tuner knows (head {head_revision()})"
-                )
-            if current != head_revision():
-                command.upgrade(alembic_config(connection), "head")
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:  # SQLite's way to rebuild a table others refer to: foreign keys off, checked after
+            _sqlite_foreign_keys(connection, False)
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
+                current = current_revision(connection)
+                script = ScriptDirectory.from_config(alembic_config())
+                if current is not None and current not in {s.revision for s in script.walk_revisions()}:
+                    raise RuntimeError(
+                        f"the database's tuner schema is at revision {current}, newer than this "
+                        f"version of the tuner knows (head {head_revision()})"
+                    )
+                if current != head_revision():
+                    command.upgrade(alembic_config(connection), "head")
+                    if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
+                        raise RuntimeError("the migration left rows whose foreign keys point nowhere")
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(connection, True)
+
+
+def _sqlite_foreign_keys(connection: Connection, on: bool) -> None:
+    """PRAGMA foreign_keys, outside any transaction (inside one SQLite ignores it): through the
+    driver's connection, which runs in autocommit (storage.engine)."""
+    connection.connection.driver_connection.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")

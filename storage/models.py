@@ -117,13 +117,15 @@ class TemplateVersion(Base):
 
 class Problem(Base):
     __tablename__ = "tuner_problems"
-    __table_args__ = (UniqueConstraint("family_id", "shape", "dtype", "causal"),)
+    # A problem is its family's spec: shape, element type and the family's own flags (what they
+    # mean is the family's business, not the storage's).
+    __table_args__ = (UniqueConstraint("family_id", "shape", "dtype", "flags"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     family_id: Mapped[int] = mapped_column(ForeignKey("tuner_families.id"))
     shape: Mapped[list[int]] = mapped_column(CanonicalJSON)
     dtype: Mapped[str] = mapped_column(String)
-    causal: Mapped[bool] = mapped_column(Boolean)
+    flags: Mapped[dict[str, Any]] = mapped_column(CanonicalJSON)
 
     family: Mapped[Family] = relationship(lazy="raise")
 

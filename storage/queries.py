@@ -79,13 +79,13 @@ def template_version(
 
 
 def problem(
-    session: Session, family: Family, shape: Sequence[int], dtype: str, causal: bool
+    session: Session, family: Family, shape: Sequence[int], dtype: str, flags: Mapping[str, Any]
 ) -> Problem:
     key = {
         "family_id": family.id,
         "shape": [int(d) for d in shape],
         "dtype": dtype,
-        "causal": bool(causal),
+        "flags": plain_json("flags", dict(flags)),
     }
     return get_or_create(session, Problem, key)
 
@@ -167,7 +167,7 @@ def _set(best: Best, values: Mapping[str, Any]) -> None:
 def bests_statement(
     family: str,
     dtype: str | None,
-    causal: bool | None,
+    flags: Mapping[str, Any] | None,
     device_name: str | None,
     template_hash: str | None,
 ) -> Select[Any]:
@@ -190,8 +190,8 @@ def bests_statement(
     )
     if dtype is not None:
         stmt = stmt.where(Problem.dtype == dtype)
-    if causal is not None:
-        stmt = stmt.where(Problem.causal == bool(causal))
+    if flags is not None:
+        stmt = stmt.where(Problem.flags == plain_json("flags", dict(flags)))
     if device_name is not None:
         stmt = stmt.where(Device.name == device_name)
     if template_hash is not None:
@@ -203,12 +203,12 @@ def best_statement(
     family: str,
     shape: Sequence[int],
     dtype: str,
-    causal: bool,
+    flags: Mapping[str, Any],
     device_name: str | None,
     template_hash: str | None,
 ) -> Select[Any]:
     """The fastest best row of one problem matching the filters."""
-    stmt = bests_statement(family, dtype, causal, device_name, template_hash)
+    stmt = bests_statement(family, dtype, flags, device_name, template_hash)
     return stmt.where(Problem.shape == [int(d) for d in shape]).limit(1)
 
 

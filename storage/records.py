@@ -49,7 +49,7 @@ class StudyRecord:
     space: dict[str, Any]
     shape: tuple[int, ...]
     dtype: str
-    causal: bool
+    flags: dict[str, Any]  # the family's problem flags
     device: DeviceRecord
     sampler: str
     status: str  # one of STUDY_STATUSES
@@ -156,7 +156,7 @@ class BestRecord:
     family: str
     shape: tuple[int, ...]
     dtype: str
-    causal: bool
+    flags: dict[str, Any]  # the family's problem flags
     template_hash: str
     device: DeviceRecord
     study: str  # the study's name
@@ -194,7 +194,7 @@ class StudySummary:
     template_hash: str
     shape: tuple[int, ...]
     dtype: str
-    causal: bool
+    flags: dict[str, Any]  # the family's problem flags
     device_name: str
     sampler: str
     status: str

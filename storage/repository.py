@@ -3,7 +3,7 @@
     repo = open_repository("sqlite:///tuner.db")
     study = repo.open_study(
         "attention-h100-tpe", family="attention", template_hash=family.template_hash,
-        space=space, shape=[4, 16, 4096, 128], dtype="fp16", causal=True,
+        space=space, shape=[4, 16, 4096, 128], dtype="fp16", flags={"causal": True},
         device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
     )
     repo.record_trial(study.id, trial.number, params, status="ok", median_ms=0.41, tflops=612.0)
@@ -122,11 +122,12 @@ class Repository:
             family_row = queries.family(session, family)
             return queries.template_version(session, family_row, template_hash, space).id
 
-    def ensure_problem(self, family: str, shape: Sequence[int], dtype: str, causal: bool) -> int:
-        """The id of this problem of a family, created on first use."""
+    def ensure_problem(self, family: str, shape: Sequence[int], dtype: str, flags: Mapping[str, Any]) -> int:
+        """The id of this problem of a family (its shape, dtype and the family's flags), created
+        on first use."""
         with self._session(f"cannot store problem {family} {list(shape)}", write=True) as session:
             return queries.problem(
-                session, queries.family(session, family), shape, dtype, causal
+                session, queries.family(session, family), shape, dtype, flags
             ).id
 
     # -- studies ----------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class Repository:
         space: Mapping[str, Any],
         shape: Sequence[int],
         dtype: str,
-        causal: bool,
+        flags: Mapping[str, Any],
         device: Mapping[str, Any],
         sampler: str,
         replay: bool,
@@ -156,7 +157,7 @@ class Repository:
         with self._session(f"cannot open study {name!r}", write=True) as session:
             family_row = queries.family(session, family)
             version = queries.template_version(session, family_row, template_hash, space)
-            problem = queries.problem(session, family_row, shape, dtype, causal)
+            problem = queries.problem(session, family_row, shape, dtype, flags)
             device_row = queries.device(session, device)
             identity = {
                 "template_version_id": version.id,
@@ -388,14 +389,14 @@ class Repository:
         family: str,
         shape: Sequence[int],
         dtype: str,
-        causal: bool,
+        flags: Mapping[str, Any],
         *,
         device_name: str | None = None,
         template_hash: str | None = None,
     ) -> BestRecord | None:
         """The fastest stored ok trial of a problem, across the devices and template versions
         that match the filters; None when nothing matches."""
-        stmt = queries.best_statement(family, shape, dtype, causal, device_name, template_hash)
+        stmt = queries.best_statement(family, shape, dtype, flags, device_name, template_hash)
         with self._session(f"cannot read the best of {family} {list(shape)}") as session:
             row = session.execute(stmt).one_or_none()
             return None if row is None else rows.best_record(*row)
@@ -405,12 +406,12 @@ class Repository:
         family: str,
         *,
         dtype: str | None = None,
-        causal: bool | None = None,
+        flags: Mapping[str, Any] | None = None,
         device_name: str | None = None,
         template_hash: str | None = None,
     ) -> list[BestRecord]:
         """The stored best of every problem of a family matching the filters, fastest first
         (one row per problem, device and template version)."""
-        stmt = queries.bests_statement(family, dtype, causal, device_name, template_hash)
+        stmt = queries.bests_statement(family, dtype, flags, device_name, template_hash)
         with self._session(f"cannot read the bests of {family}") as session:
             return [rows.best_record(*row) for row in session.execute(stmt)]

@@ -7,7 +7,7 @@ constraints, and a problem description (inputs, reference, FLOPs, launch geometr
     from templates.family import Problem, H100_LIMITS
 
     family = get_family("attention")
-    problem = family.parse_problem("4,16,4096,128", dtype="fp16", causal=True)
+    problem = family.parse_problem("4,16,4096,128", "fp16", {"causal": True})
     params = family.default_params()
     assert family.check(params, problem, H100_LIMITS) is None
     source = family.render(params, problem)          # CUDA C++ text
@@ -22,9 +22,10 @@ import abc
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -49,24 +50,75 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A switch or a choice of a family's problems beyond shape and element type (attention's
+    causal mask, a GEMM's layouts): its name, its values (the first is the default), what it does.
+    The command line offers each as ``--NAME`` (a switch: choices ``(False, True)``) or
+    ``--NAME VALUE``."""
+
+    name: str
+    choices: tuple[Any, ...] = (False, True)
+    doc: str = ""
+
+    @property
+    def switch(self) -> bool:
+        return self.choices == (False, True)
+
+
+def _switch(value: Any) -> Any:
+    """A switch's value as a bool where it plainly is one (True, 1, "yes", "false", ...)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        return value.lower() in ("1", "true", "yes", "on")
+    return value
+
+
+@dataclass(frozen=True)
 class Problem:
-    """What is computed: a shape, an element type and the causal flag. Hashable, a cache key."""
+    """What is computed: a shape, an element type and the family's flags (every declared flag,
+    sorted by name, defaults included). Hashable: a cache key. A family makes them
+    (``KernelFamily.parse_problem``); the rest of the service reads only ``key`` and ``spec``.
+    """
 
     shape: tuple[int, ...]
     dtype: str
-    causal: bool = False
+    flags: tuple[tuple[str, Any], ...] = ()
+
+    def flag(self, name: str) -> Any:
+        """A flag's value (KeyError for a flag the family does not declare)."""
+        for flag, value in self.flags:
+            if flag == name:
+                return value
+        raise KeyError(f"problem {self.key} has no flag {name!r}")
 
     @property
     def key(self) -> str:
+        """``4x16x4096x128-fp16-causal``: the dims, the type, then each switch that is on by name
+        and each other flag as ``name=value``."""
         dims = "x".join(str(d) for d in self.shape)
-        return f"{dims}-{self.dtype}" + ("-causal" if self.causal else "")
+        flags = "".join(f"-{name}" if value is True else f"-{name}={value}"
+                        for name, value in self.flags if value is not False)
+        return f"{dims}-{self.dtype}{flags}"
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The canonical description stored and exported: shape, dtype and flags."""
+        return {"shape": list(self.shape), "dtype": self.dtype, "flags": dict(self.flags)}
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype, "causal": self.causal}
+        return self.spec
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Problem":
-        return cls(tuple(int(d) for d in data["shape"]), str(data["dtype"]), bool(data["causal"]))
+        """From ``spec`` (or a file written before flags, whose one flag was attention's ``causal``
+        beside shape and dtype)."""
+        flags = data.get("flags")
+        if flags is None:
+            flags = {"causal": bool(data["causal"])} if "causal" in data else {}
+        return cls(tuple(int(d) for d in data["shape"]), str(data["dtype"]), tuple(sorted(dict(flags).items())))
 
 
 @dataclass(frozen=True)
@@ -189,6 +241,18 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class PeerCall:
+    """Another implementation of a family's problem, ready to time beside ours: ``run()`` queues
+    it on torch's current stream and returns its output tensor (the family's first output).
+    ``run`` None: it cannot run here, and ``note`` says why; otherwise ``note`` says what to know
+    of it (a tuned config) and ``tune_seconds`` what its own tuning took."""
+
+    run: Callable[[], Any] | None
+    note: str = ""
+    tune_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class Validation:
     """The outcome of comparing a kernel's outputs with the reference."""
 
@@ -261,8 +325,10 @@ class KernelFamily(abc.ABC):
     folder: Path
     params: tuple[Param, ...]
     dtypes: tuple[str, ...]
-    # (shape, dtype, causal) problems that `tuner bench FAMILY` compares against peers
-    suite: tuple[tuple[tuple[int, ...], str, bool], ...] = ()
+    # The problems' flags beyond shape and dtype (see Flag); a Problem carries each of them.
+    flags: tuple[Flag, ...] = ()
+    # (shape, dtype, flags) problems that `tuner bench FAMILY` compares against peers
+    suite: tuple[tuple[tuple[int, ...], str, Mapping[str, Any]], ...] = ()
     # The files of the folder that decide the kernels rendered and how they are launched: the
     # template hash covers them and the space. Empty: every file. Inputs, reference and
     # starting points may then change without making a new version of the kernels.
@@ -270,8 +336,48 @@ class KernelFamily(abc.ABC):
 
     # -- problems ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
-        """Validate a user's shape/dtype and return a Problem, or raise TemplateError."""
+    def parse_problem(self, shape: str | Sequence[int], dtype: str,
+                      flags: Mapping[str, Any] | None = None) -> Problem:
+        """Validate a user's shape, dtype and flags and return a Problem, or raise TemplateError
+        (``problem_flags`` checks the flags)."""
+
+    def problem_flags(self, flags: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+        """``flags`` checked against the declared ones, every declared flag present (its default
+        where not given), sorted by name: a Problem's ``flags``."""
+        given = dict(flags or {})
+        declared = {f.name: f for f in self.flags}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise TemplateError(f"{self.name}: unknown problem flag {unknown[0]!r} (flags: {known})")
+        values = {}
+        for name, flag in declared.items():
+            value = given.get(name, flag.choices[0])
+            if flag.switch:
+                value = _switch(value)
+            match = [c for c in flag.choices if c == value and type(c) is type(value)] or \
+                [c for c in flag.choices if not flag.switch and str(c) == str(value)]
+            if not match:
+                raise TemplateError(f"{self.name}: flag {name}={value!r} is not one of {list(flag.choices)}")
+            values[name] = match[0]
+        return tuple(sorted(values.items()))
+
+    def problem_from_spec(self, spec: Mapping[str, Any]) -> Problem:
+        """The Problem a stored or exported ``spec`` describes (checked like a user's)."""
+        old = Problem.from_json(spec)
+        return self.parse_problem(old.shape, old.dtype, dict(old.flags))
+
+    def distance(self, a: Problem, b: Problem) -> float:
+        """How far apart two problems are for warm start (the winner of the nearest is tried
+        first); inf where one's winners say nothing of the other's. By default: the same dtype,
+        flags and last dimension, then log2 distance in the second to last dimension plus in the
+        product of the others."""
+        if a.dtype != b.dtype or a.flags != b.flags or len(a.shape) != len(b.shape) or len(a.shape) < 2:
+            return math.inf
+        if a.shape[-1] != b.shape[-1]:
+            return math.inf
+        lead_a, lead_b = math.prod(a.shape[:-2]) or 1, math.prod(b.shape[:-2]) or 1
+        return abs(math.log2(a.shape[-2] / b.shape[-2])) + abs(math.log2(lead_a / lead_b))
 
     @abc.abstractmethod
     def flops(self, problem: Problem) -> float:
@@ -320,6 +426,15 @@ class KernelFamily(abc.ABC):
 
     def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         return [c for c in self.configs() if self.check(c, problem, device) is None]
+
+    def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
+        """Other implementations `tuner bench` times beside ours (a library's, a compiler's), on
+        torch tensors made from ``inputs`` (the family's own). None by default."""
+        return {}
+
+    def prepare_peers(self, problems: Sequence[Problem]) -> None:
+        """Work the peers would do on first use of each problem, done for all at once before
+        `tuner bench` times them (compiling, say). Nothing by default."""
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """Configs a kernel engineer would try first (a study measures them before the sampler's

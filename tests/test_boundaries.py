@@ -156,3 +156,48 @@ def test_the_private_name_check_finds_both_forms():
         "1: from tuner.api import _ray", "4: tuner.search._point_key", "5: tuner.loop._helper",
         "6: tuner.api.tune._x", "8: tuner.api._space", "10: tuner.bench._bench_rows"]
     assert private_uses("import tuner.bench\ntuner.bench._x\n", "tuner.bench", "tuner") == []
+
+
+# What would name a family in the service's own code: the built-in family and its one flag.
+FAMILY_WORDS = ("attention", "causal")
+
+
+def _family_mentions(path: Path) -> list[str]:
+    """Imports of a family's folder and string literals that name one, in code: docstrings (the
+    examples of usage) and argparse help texts are prose, and migrations record what the schema
+    was."""
+    tree = ast.parse(path.read_text())
+    prose = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            prose.add(id(body[0].value))
+        if isinstance(node, ast.keyword) and node.arg == "help":
+            prose.update(id(n) for n in ast.walk(node.value))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+            found += [f"{path}:{node.lineno}: import {n}" for n in names if n.startswith("templates.")
+                      and n.split(".")[1] not in ("family",)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            found += [f"{path}:{node.lineno}: {node.value[:60]!r}" for word in FAMILY_WORDS if word in node.value]
+    return found
+
+
+def test_the_service_names_no_family():
+    """tuner/, workers/ and storage/ work for any family: none imports a family's folder or
+    special-cases one by name or by its flags."""
+    paths = [p for package in ("tuner", "workers", "storage") for p in sorted((ROOT / package).rglob("*.py"))
+             if "migrations" not in p.parts]
+    found = [line for path in paths for line in _family_mentions(path)]
+    assert found == []
+
+
+def test_the_family_check_sees_what_it_looks_for(tmp_path):
+    code = tmp_path / "m.py"
+    code.write_text('"""About attention."""\nfrom templates.attention import peers\n'
+                    'x = f(help="e.g. attention")\nif name == "attention":\n    flags = {"causal": True}\n')
+    assert [line.split(": ", 1)[1] for line in _family_mentions(code)] == [
+        "import templates.attention", "'attention'", "'causal'"]

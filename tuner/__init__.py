@@ -2,9 +2,9 @@
 
     import tuner
 
-    result = tuner.tune("attention", "4,16,4096,128", "fp16", causal=True, trials=200)
+    result = tuner.tune("attention", "4,16,4096,128", "fp16", {"causal": True}, trials=200)
     print(result.best.median_ms, result.best.params)
-    tuner.export("attention", "4,16,4096,128", "fp16", causal=True, out_dir="out/")
+    tuner.export("attention", "4,16,4096,128", "fp16", {"causal": True}, out_dir="out/")
 
 The same from a shell: ``tuner tune attention --shape 4,16,4096,128 --dtype fp16 --causal``.
 

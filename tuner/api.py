@@ -2,10 +2,10 @@
 
     import tuner
 
-    result = tuner.tune("attention", "4,16,4096,128", "fp16", causal=True, trials=200)
-    winner = tuner.best("attention", "4,16,4096,128", "fp16", causal=True)
+    result = tuner.tune("attention", "4,16,4096,128", "fp16", {"causal": True}, trials=200)
+    winner = tuner.best("attention", "4,16,4096,128", "fp16", {"causal": True})
     print(winner.median_ms, winner.tflops, winner.params)
-    tuner.export("attention", "4,16,4096,128", "fp16", causal=True, out_dir="out/")
+    tuner.export("attention", "4,16,4096,128", "fp16", {"causal": True}, out_dir="out/")
 
 ``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); Optuna's study lives in the
 same database as our results. Every error a user can cause is a :class:`tuner.TunerError`
@@ -18,7 +18,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import optuna
 
@@ -71,7 +71,7 @@ def tune(
     family: str,
     shape: str | Sequence[int],
     dtype: str,
-    causal: bool = False,
+    flags: Mapping[str, Any] | None = None,
     *,
     trials: int | None = None,
     time_budget: float | None = None,
@@ -85,7 +85,8 @@ def tune(
     retime: int = retiming.DEFAULT_TOP,
     early_stop: bool = True,
 ) -> TuneResult:
-    """Search the family's space for ``shape``/``dtype`` on the visible GPU (or a replay file).
+    """Search the family's space for its problem (``shape``, ``dtype`` and the family's ``flags``:
+    attention's ``{"causal": True}``) on the visible GPU (or a replay file).
 
     A new study first measures the family's starting points and the winners of up to
     ``warm_start`` nearest problems already tuned on this GPU and template version (0: neither);
@@ -100,7 +101,7 @@ def tune(
     call again resumes the study.
     """
     fam = lookup.family(family)
-    problem = lookup.problem(fam, shape, dtype, causal)
+    problem = lookup.problem(fam, shape, dtype, flags)
     if sampler not in search.SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
     if trials is not None and trials < 1:
@@ -131,7 +132,7 @@ def tune(
             if writer is not None:
                 writer.close()
         winner = database.call(lambda: repo.best(
-            fam.name, problem.shape, problem.dtype, problem.causal,
+            fam.name, problem.shape, problem.dtype, dict(problem.flags),
             device_name=device, template_hash=fam.template_hash,
         ))
     return TuneResult(
@@ -166,7 +167,7 @@ def _run_study(
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
     picks = warmstart.nearest_winners(fam, problem, database.call(lambda: repo.bests(
-        fam.name, dtype=problem.dtype, causal=problem.causal, device_name=device.name,
+        fam.name, dtype=problem.dtype, device_name=device.name,
         template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
     if warm_start:
         picks += warmstart.family_points(fam, problem, pool.limits, picks)
@@ -174,7 +175,7 @@ def _run_study(
     record = database.call(lambda: repo.open_study(
         name, family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
-        shape=list(problem.shape), dtype=problem.dtype, causal=problem.causal,
+        shape=list(problem.shape), dtype=problem.dtype, flags=dict(problem.flags),
         device=device.to_json(), sampler=sampler, replay=replay is not None,
         settings={"trials": trials, "time_budget": time_budget, "seed": seed,
                   "device": device.to_json(),
@@ -219,7 +220,7 @@ def best(
     family: str,
     shape: str | Sequence[int],
     dtype: str,
-    causal: bool = False,
+    flags: Mapping[str, Any] | None = None,
     *,
     db: str | None = None,
     device: str | None = None,
@@ -230,7 +231,7 @@ def best(
     when the current one has none. ``device`` filters by GPU name.
     """
     fam = lookup.family(family)
-    problem = lookup.problem(fam, shape, dtype, causal)
+    problem = lookup.problem(fam, shape, dtype, flags)
     with database.repository(database.url(db)) as repo:
         return _best(repo, fam, problem, device)
 
@@ -239,7 +240,7 @@ def export(
     family: str,
     shape: str | Sequence[int],
     dtype: str,
-    causal: bool = False,
+    flags: Mapping[str, Any] | None = None,
     *,
     out_dir: str | Path,
     db: str | None = None,
@@ -252,7 +253,7 @@ def export(
     with another version of the template than the current one.
     """
     fam = lookup.family(family)
-    problem = lookup.problem(fam, shape, dtype, causal)
+    problem = lookup.problem(fam, shape, dtype, flags)
     with database.repository(database.url(db)) as repo:
         winner = _best(repo, fam, problem, device)
         if winner.template_hash != fam.template_hash:
@@ -329,10 +330,10 @@ def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[
 def _best(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Any:
     query = dict(device_name=device)
     winner = database.call(lambda: repo.best(
-        fam.name, problem.shape, problem.dtype, problem.causal,
+        fam.name, problem.shape, problem.dtype, dict(problem.flags),
         template_hash=fam.template_hash, **query,
     )) or database.call(lambda: repo.best(
-        fam.name, problem.shape, problem.dtype, problem.causal, **query,
+        fam.name, problem.shape, problem.dtype, dict(problem.flags), **query,
     ))
     if winner is None:
         on = f" on {device}" if device else ""

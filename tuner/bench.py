@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Problem
 from tuner import database, lookup
@@ -78,8 +78,8 @@ class BenchRow:
         return first is not None and second is not None and abs(first / second - 1) > AGREEMENT
 
 
-def suite_of(family: str) -> list[tuple[Any, str, bool]]:
-    """The family's benchmark problems (shape, dtype, causal)."""
+def suite_of(family: str) -> list[tuple[Any, str, Mapping[str, Any]]]:
+    """The family's benchmark problems (shape, dtype, flags)."""
     return list(lookup.family(family).suite)
 
 
@@ -92,7 +92,7 @@ def blocks_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
 
 def bench(
     family: str,
-    problems: Sequence[tuple[Any, str, bool]] | None = None,
+    problems: Sequence[tuple[Any, str, Mapping[str, Any] | None]] | None = None,
     *,
     db: str | None = None,
     tune_trials: int | None = None,
@@ -112,8 +112,8 @@ def bench(
     from workers.ray_session import shared_ray
 
     fam = lookup.family(family)
-    wanted = [lookup.problem(fam, shape, dtype, causal)
-              for shape, dtype, causal in (problems or fam.suite)]
+    wanted = [lookup.problem(fam, shape, dtype, flags)
+              for shape, dtype, flags in (problems or fam.suite)]
     try:
         local = LocalBench()
     except NoGPUError:
@@ -122,7 +122,7 @@ def bench(
         if tune_trials:
             with shared_ray():
                 for problem in wanted:
-                    tune(fam.name, problem.shape, problem.dtype, problem.causal, trials=tune_trials,
+                    tune(fam.name, problem.shape, problem.dtype, dict(problem.flags), trials=tune_trials,
                          db=db, seed=seed)
         return _bench_rows(fam, wanted, local, db=db, seed=seed, peers=peers)
 
@@ -138,7 +138,7 @@ def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str
         device = local.device.name
         for problem in wanted:
             winner = database.call(lambda: repo.best(
-                fam.name, problem.shape, problem.dtype, problem.causal,
+                fam.name, problem.shape, problem.dtype, dict(problem.flags),
                 device_name=device, template_hash=fam.template_hash))
             row = _ours(fam, problem, winner, local, seed, device, cross_check=peers)
             if peers:

@@ -82,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--db", metavar="URL", help="database URL (default: $TUNER_DB or ./tuner.db)")
     problem = _Parser(add_help=False)
     problem.add_argument("family", help="kernel family, e.g. attention")
-    problem.add_argument("--shape", required=True, help="problem shape, e.g. 4,16,4096,128 (B,H,N,D)")
+    problem.add_argument("--shape", required=True,
+                         help="problem shape, e.g. 4,16,4096,128 (B,H,N,D); then the family's own "
+                              "flags, e.g. --causal for attention")
     problem.add_argument("--dtype", required=True, help="element type, e.g. fp16 or bf16")
-    problem.add_argument("--causal", action="store_true", help="causal masking")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     tune = sub.add_parser("tune", parents=[problem, common], help="search for the fastest config")
@@ -123,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("family", help="kernel family, e.g. attention")
     bench.add_argument("--shape", help="one problem instead of the family's suite, e.g. 4,16,4096,128")
     bench.add_argument("--dtype", help="element type of --shape, or only the suite's problems of it")
-    bench.add_argument("--causal", action="store_true", help="causal masking (with --shape)")
     bench.add_argument("--tune", type=_positive_int, metavar="N",
                        help="first tune each problem to N trials (resumes what is stored)")
     bench.add_argument("--json", action="store_true", help="print JSON")
@@ -149,10 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FAMILY_COMMANDS = ("tune", "best", "export", "bench")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
     _setup_logging(args.verbose)
     try:
+        args.flags = _family_flags(args, rest) if args.command in FAMILY_COMMANDS else None
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _COMMANDS[args.command](args)
     except TunerError as error:
         print(f"tuner: error: {error}", file=sys.stderr)
@@ -162,10 +169,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _family_flags(args: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
+    """The problem flags the family declares, read off ``rest`` (what they leave stays there):
+    a switch as ``--name``, a choice as ``--name VALUE``."""
+    from tuner.lookup import family
+
+    declared = family(args.family).flags
+    flag_parser = _Parser(prog=f"tuner {args.command} {args.family}", add_help=False)
+    for flag in declared:
+        option = "--" + flag.name.replace("_", "-")
+        if flag.switch:
+            flag_parser.add_argument(option, dest=flag.name, action="store_true", default=None, help=flag.doc)
+        else:
+            flag_parser.add_argument(option, dest=flag.name, choices=[str(c) for c in flag.choices],
+                                     default=None, help=flag.doc)
+    given, left = flag_parser.parse_known_args(rest)
+    rest[:] = left
+    return {name: value for name, value in vars(given).items() if value is not None}
+
+
 # -- the commands: call the API, print what it returned -------------------------------------------
 def _tune(args: argparse.Namespace) -> int:
     result = api.tune(
-        args.family, args.shape, args.dtype, args.causal, trials=args.trials,
+        args.family, args.shape, args.dtype, args.flags, trials=args.trials,
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
         measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
@@ -189,7 +215,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _best(args: argparse.Namespace) -> int:
-    winner = api.best(args.family, args.shape, args.dtype, args.causal, db=args.db, device=args.device)
+    winner = api.best(args.family, args.shape, args.dtype, args.flags, db=args.db, device=args.device)
     if args.json:
         print(json.dumps(report.plain(winner), indent=2))
         return 0
@@ -211,7 +237,7 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    path = api.export(args.family, args.shape, args.dtype, args.causal, out_dir=args.out,
+    path = api.export(args.family, args.shape, args.dtype, args.flags, out_dir=args.out,
                       db=args.db, device=args.device)
     print(f"wrote {path} and {launch_path(path)}")
     return 0
@@ -254,8 +280,10 @@ def _show(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     if args.shape is not None and args.dtype is None:
         raise UsageError("--shape needs --dtype")
+    if args.shape is None and args.flags:
+        raise UsageError("problem flags need --shape")
     if args.shape is not None:
-        problems = [(args.shape, args.dtype, args.causal)]
+        problems = [(args.shape, args.dtype, args.flags)]
     else:  # the family's suite, or its problems of one dtype
         problems = [p for p in suite_of(args.family) if args.dtype in (None, p[1])] or None
     rows = run_bench(args.family, problems, db=args.db, tune_trials=args.tune)

@@ -1,7 +1,7 @@
 """A study's stored trials as a replay landscape (``workers.replay`` format).
 
     tuner.record_landscape("attention/2x8x1024x64-fp16-causal/NVIDIA-H200/69f0...", "land.json")
-    tuner.tune("attention", "2,8,1024,64", "fp16", causal=True, replay="land.json", trials=50)
+    tuner.tune("attention", "2,8,1024,64", "fp16", {"causal": True}, replay="land.json", trials=50)
 
 Record an exhaustive (grid) study on a GPU once; replay it anywhere to test or compare searches.
 """
@@ -48,6 +48,6 @@ def record_landscape(study: str, path: str | Path, *, db: str | None = None) -> 
     if not device:
         raise UsageError(f"study {study!r} did not store its device; tune it again to record it")
     entries = [(t.params, trial_measurement(t)) for t in detail.trials]
-    problem = Problem(tuple(summary.shape), summary.dtype, summary.causal)
+    problem = Problem(tuple(summary.shape), summary.dtype, tuple(sorted(summary.flags.items())))
     return save_landscape(path, device=DeviceInfo.from_json(device), family=summary.family,
                           problem=problem, template_hash=summary.template_hash, entries=entries)

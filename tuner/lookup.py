@@ -3,14 +3,14 @@
     from tuner import lookup
 
     fam = lookup.family("attention")
-    problem = lookup.problem(fam, "4,16,4096,128", "fp16", causal=True)
+    problem = lookup.problem(fam, "4,16,4096,128", "fp16", {"causal": True})
 
 Every refusal is a :class:`tuner.UsageError` whose text is one line.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner.errors import UsageError, one_line
@@ -26,9 +26,11 @@ def family(name: str) -> KernelFamily:
         raise UsageError(one_line(error)) from None
 
 
-def problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str, causal: bool) -> Problem:
-    """``fam``'s problem of that shape (text or numbers), dtype and masking."""
+def problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str,
+            flags: Mapping[str, Any] | None = None) -> Problem:
+    """``fam``'s problem of that shape (text or numbers), dtype and flags (the family's own:
+    attention's ``causal``)."""
     try:
-        return fam.parse_problem(shape, dtype, bool(causal))
+        return fam.parse_problem(shape, dtype, flags)
     except (TemplateError, ValueError, TypeError) as error:
         raise UsageError(one_line(error)) from None

@@ -156,8 +156,8 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
                  progress: Callable[[str], None] | None = None) -> SearchReport:
     """Run every sampler ``seeds`` times on every landscape; ``tpe-start`` starts each landscape
     from the family's starting points, ``tpe-warm`` from the winners of the nearest others that a
-    study would warm-start from (same element type, causal flag and head dimension: landscapes
-    with none are skipped, and so is ``tpe-warm`` with a single landscape)."""
+    study would warm-start from (at a finite family distance: for attention the same element type,
+    causal flag and head dimension; landscapes with none are skipped, and so is ``tpe-warm`` with a single landscape)."""
     unknown = [s for s in samplers if s not in SAMPLERS]
     if unknown:
         from tuner.errors import UsageError
@@ -198,7 +198,7 @@ class _Winner:
 
     def __init__(self, land: _Landscape) -> None:
         self.shape, self.params = land.problem.shape, land.winner
-        self.dtype, self.causal = land.problem.dtype, land.problem.causal
+        self.dtype, self.flags = land.problem.dtype, dict(land.problem.flags)
 
 
 def plot(report: SearchReport, path: str | Path) -> Path:

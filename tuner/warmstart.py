@@ -1,14 +1,15 @@
 """Warm start: a new study first tries the winners of the nearest problems already tuned.
 
-    picks = nearest_winners(family, problem, repo.bests("attention", dtype="fp16", causal=True,
-                                                        device_name=gpu, template_hash=h), limit=3)
+    picks = nearest_winners(family, problem, repo.bests(family.name, dtype="fp16", device_name=gpu,
+                                                        template_hash=h), limit=3)
     for pick in picks:
         study.enqueue_trial(space.encode(pick.params))
 
-"Nearest" keeps the family, element type, causal flag, GPU and template version, and the last
-dimension of the shape (the head dimension for attention), and ranks the others by distance in
-log2 of the sequence length (second to last) and of the product of the leading dimensions
-(B·H): the tiles that suit S = 4096 usually suit S = 8192, less often S = 512.
+"Nearest" is the family's ``distance`` between problems (same GPU and template version): by
+default the same element type, flags and last dimension (the head dimension for attention),
+ranked by distance in log2 of the second to last dimension (the sequence length) and of the
+product of the leading ones (B*H): the tiles that suit S = 4096 usually suit S = 8192, less
+often S = 512.
 """
 
 from __future__ import annotations
@@ -36,29 +37,19 @@ class WarmStart:
         return dict(self.__dict__)
 
 
-def distance(a: Sequence[int], b: Sequence[int]) -> float:
-    """log2 distance in sequence length (second to last dim) plus in the leading dims' product."""
-    if len(a) != len(b) or len(a) < 2:
-        return math.inf
-    lead_a, lead_b = math.prod(a[:-2]) or 1, math.prod(b[:-2]) or 1
-    return abs(math.log2(a[-2] / b[-2])) + abs(math.log2(lead_a / lead_b))
-
-
 def nearest_winners(
     family: KernelFamily, problem: Problem, bests: Sequence[Any], limit: int = DEFAULT_PICKS,
     limits: DeviceLimits | None = None,
 ) -> list[WarmStart]:
-    """Up to ``limit`` distinct winners of other problems with the same last dimension, nearest
-    first, that ``family.check`` accepts for ``problem`` (when ``limits`` is given)."""
+    """Up to ``limit`` distinct winners of other problems at a finite ``family.distance``,
+    nearest first, that ``family.check`` accepts for ``problem`` (when ``limits`` is given)."""
     candidates = []
     for best in bests:
-        shape = tuple(best.shape)
-        if shape == tuple(problem.shape) or shape[-1] != problem.shape[-1]:
+        other = Problem(tuple(best.shape), best.dtype, tuple(sorted(best.flags.items())))
+        away = family.distance(other, problem)
+        if other == problem or not math.isfinite(away):
             continue
-        if best.dtype != problem.dtype or bool(best.causal) != problem.causal:
-            continue
-        key = Problem(shape, best.dtype, bool(best.causal)).key
-        candidates.append(WarmStart(key, dict(best.params), distance(shape, problem.shape)))
+        candidates.append(WarmStart(other.key, dict(best.params), away))
     picks: list[WarmStart] = []
     for pick in sorted(candidates, key=lambda c: (c.distance, c.source)):
         if any(p.params == pick.params for p in picks):

@@ -4,10 +4,9 @@
     results = time_peers("attention", problem, seed=0)   # {} when torch is not installed
     results["cudnn"].median_ms, results["cudnn"].check_ms, results["triton"].tune_seconds
 
-The attention peers are torch's SDPA backends (FlashAttention-2, cuDNN, memory-efficient) and our
-FA2-style Triton kernel tuned by Triton's own autotuner (``templates.attention.triton_peer``).
-They run on the family's own inputs and are validated by the family's own reference, so their
-error is the same metric as ours.
+A family names its peers (``KernelFamily.peers``: attention's are torch's SDPA backends and an
+FA2-style Triton kernel tuned by Triton's own autotuner). They run on the family's own inputs and
+are validated by the family's own reference, so their error is the same metric as ours.
 
 Timing (``HeldTimer``), as a trial times ours: warm-up, then batches of repetitions queued behind
 a hold of the stream (``workers.hold``): each repetition the workers' L2 flush (a memset of
@@ -36,7 +35,6 @@ from workers.trial import late_note
 
 logger = logging.getLogger(__name__)
 
-SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 WARMUP_CALLS = 10
 
 
@@ -85,27 +83,21 @@ def do_bench_ms(run: Callable[[], Any]) -> float | None:
 
 
 def prepare_peers(family_name: str, problems: list[Problem]) -> None:
-    """What the peers would do once per problem on first use, done for all of them at once: the
-    Triton peer's configs compiled on every core (its autotuner compiles one at a time), so that
-    its autotuning of each problem later only times them."""
-    if family_name != "attention" or not problems:
-        return
-    from templates.attention import triton_peer
-
-    if not triton_peer.available():
+    """What the family's peers would do once per problem on first use, done for all of them at
+    once (``KernelFamily.prepare_peers``: the attention family compiles its Triton peer's configs
+    on every core, since Triton's autotuner compiles one at a time)."""
+    if not problems:
         return
     start = time.perf_counter()
-    compiled = triton_peer.precompile([(p.shape[0] * p.shape[1], p.shape[2], p.shape[3], p.causal, p.dtype)
-                                       for p in problems])
-    logger.info("Triton peer: %d kernels of %d problems compiled in %.0f s", compiled, len(problems),
+    get_family(family_name).prepare_peers(problems)
+    logger.info("peers of %s prepared for %d problems in %.0f s", family_name, len(problems),
                 time.perf_counter() - start)
 
 
 def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int = 100,
                cross_check: bool = True) -> dict[str, PeerResult]:
-    """The peers of ``family_name`` on ``problem``; empty when none apply or torch is missing."""
-    if family_name != "attention":
-        return {}
+    """The family's peers (``KernelFamily.peers``) on ``problem``, each checked against the
+    family's reference and timed; empty when it has none or torch is missing."""
     try:
         import torch
     except ImportError:
@@ -113,9 +105,27 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         return {}
     if not torch.cuda.is_available():
         return {}
+    family = get_family(family_name)
+    host = family.inputs(problem, seed)
+    calls = family.peers(problem, host)
+    if not calls:
+        return {}
     timer = held_timer(torch)
     try:
-        return _time_attention(torch, timer, get_family(family_name), problem, seed, reps, cross_check)
+        results = {}
+        for name, call in calls.items():
+            if call.run is None:
+                results[name] = PeerResult(name, None, None, call.note)
+                continue
+            try:
+                result = _time_one(torch, timer, name, call.run, family, problem, host, reps, cross_check)
+            except RuntimeError as exc:  # the peer does not support this problem
+                results[name] = PeerResult(name, None, None, str(exc).splitlines()[0][:120])
+                continue
+            note = "; ".join(filter(None, [result.note, call.note]))
+            results[name] = PeerResult(name, result.median_ms, result.error, note, result.check_ms,
+                                       call.tune_seconds)
+        return results
     finally:
         torch.cuda.synchronize()
         timer.hold.close()
@@ -136,47 +146,14 @@ def held_timer(torch: Any) -> HeldTimer:
     return HeldTimer(torch, hold, flush_l2)
 
 
-def _time_attention(torch: Any, timer: HeldTimer, family: Any, problem: Problem, seed: int, reps: int,
-                    cross_check: bool) -> dict[str, PeerResult]:
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from templates.attention import triton_peer
-
-    dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
-    host = family.inputs(problem, seed)
-    q, k, v = (torch.from_numpy(host[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    results = {}
-    for name in SDPA_BACKENDS:
-        def sdpa() -> Any:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal)
-
-        try:
-            with sdpa_kernel(backends[name]):
-                results[name] = _time_one(torch, timer, name, sdpa, family, problem, host, reps, cross_check)
-        except RuntimeError as exc:  # the backend does not support this problem
-            results[name] = PeerResult(name, None, None, str(exc).splitlines()[0][:120])
-    if not triton_peer.available():
-        results["triton"] = PeerResult("triton", None, None, "Triton is not installed")
-        return results
-    tuned = triton_peer.tune(q, k, v, problem.causal)
-    result = _time_one(torch, timer, "triton", lambda: triton_peer.attention(q, k, v, problem.causal),
-                       family, problem, host, reps, cross_check)
-    note = "; ".join(filter(None, [result.note, f"autotuned to {tuned.config}"]))
-    results["triton"] = PeerResult("triton", result.median_ms, result.error, note, result.check_ms,
-                                   tuned.seconds)
-    return results
-
-
 def _time_one(torch: Any, timer: HeldTimer, name: str, run: Callable[[], Any], family: Any,
               problem: Problem, host: dict[str, np.ndarray], reps: int, cross_check: bool) -> PeerResult:
     """Check ``run``'s output against the family's reference, then time it both ways."""
     out = run()
     torch.cuda.synchronize()
-    bits = out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
-    check = check_outputs(family, problem, host, {"o": bits})
+    spec = family.outputs(problem)[0]  # the raw elements, as the family's check reads ours
+    bits = out.contiguous().view(torch.uint8).cpu().numpy().view(spec.dtype).reshape(spec.shape)
+    check = check_outputs(family, problem, host, {spec.name: bits})
     if not check.ok:
         return PeerResult(name, None, check.error, f"wrong: {check.reason}")
     for _ in range(WARMUP_CALLS):

@@ -55,7 +55,7 @@ def main(shapes: str, dtype: str, causal: bool) -> None:
     with LocalBench() as local:
         limits = local.device.limits
         for shape in shapes.split(";"):
-            problem = FAMILY.parse_problem(shape, dtype, causal)
+            problem = FAMILY.parse_problem(shape, dtype, {"causal": causal})
             starts = FAMILY.starting_points(problem, limits)
             timed = [(p, measure(local, problem, p)) for p in starts]
             ok = [(p, m) for p, m in timed if m.ok]

@@ -41,7 +41,7 @@ def _sass(cubin: bytes) -> str:
 
 def main(shape: str, dtype: str, causal: str, count: str, processes: str | None = None) -> None:
     family = get_family("attention")
-    problem = family.parse_problem(shape, dtype, causal == "1")
+    problem = family.parse_problem(shape, dtype, {"causal": causal == "1"})
     configs = list(family.valid_configs(problem, HOPPER))
     step = max(1, len(configs) // int(count))
     picked = configs[::step][: int(count)]

@@ -31,7 +31,7 @@ def short(c):
 
 def main(shapes: str, dtypes: str, config_file: str) -> None:
     configs = [dict(FAMILY.default_params(), **c) for c in json.load(open(config_file))]
-    problems = [FAMILY.parse_problem(s, d, c) for s in shapes.split(";") for d in dtypes.split(",")
+    problems = [FAMILY.parse_problem(s, d, {"causal": c}) for s in shapes.split(";") for d in dtypes.split(",")
                 for c in (False, True)]
     bench = LocalBench(min_reps=10, max_reps=60, target_ms=150)
     info = bench.device

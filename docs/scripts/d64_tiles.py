@@ -24,7 +24,7 @@ CONFIGS = [TMA, dict(THREE, INTRA_OVERLAP=0)] + [dict(THREE, BLOCK_N=n, PRODUCER
 
 
 def main(shape: str, dtype: str) -> None:
-    problem = FAMILY.parse_problem(shape, dtype, False)
+    problem = FAMILY.parse_problem(shape, dtype, {"causal": False})
     rows = []
     with LocalBench() as local:
         for params in CONFIGS:

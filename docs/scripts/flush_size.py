@@ -44,7 +44,7 @@ def main(argv):
     print(json.dumps({"gpu": info.name, "l2_bytes": l2}), flush=True)
     limits = info.limits
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
-        problem = family.parse_problem(shape, dtype, causal == "1")
+        problem = family.parse_problem(shape, dtype, {"causal": causal == "1"})
         for params in family.starting_points(problem, limits)[:3]:
             trial = verified_trial(bench, family, problem, params)
             trial.warm_up(25.0)

@@ -59,7 +59,7 @@ def main(argv):
     info = bench.device_info()
     limits = info.limits
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
-        problem = family.parse_problem(shape, dtype, causal == "1")
+        problem = family.parse_problem(shape, dtype, {"causal": causal == "1"})
         for params in family.starting_points(problem, limits)[:3]:
             trial = verified_trial(bench, family, problem, params)
             sets = copies_for(bench, trial.resident, l2)

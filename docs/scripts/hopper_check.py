@@ -63,7 +63,7 @@ def short(c):
 
 def problem_of(d, dtype, causal, seq):
     b, h = (1, 3) if seq > 2048 else (2, 3)
-    return FAMILY.parse_problem(f"{b},{h},{seq},{d}", dtype, causal)
+    return FAMILY.parse_problem(f"{b},{h},{seq},{d}", dtype, {"causal": causal})
 
 
 def covering(d, rng):
@@ -115,7 +115,7 @@ def validate_child(jobs_file, done_file):
     bench = GpuBench(0)
     with open(done_file, "a") as out:
         for shape, dtype, causal, params in jobs:
-            problem = FAMILY.parse_problem(shape, dtype, causal)
+            problem = FAMILY.parse_problem(shape, dtype, {"causal": causal})
             k = key(problem, params)
             if k in done:
                 continue
@@ -151,7 +151,7 @@ def validate_child(jobs_file, done_file):
 
 def validate_all(jobs, log):
     jobs_file, done_file = OUT / "jobs.json", OUT / "validate.jsonl"
-    jobs_file.write_text(json.dumps([[p.shape, p.dtype, p.causal, c] for p, c in jobs]))
+    jobs_file.write_text(json.dumps([[p.shape, p.dtype, p.flag("causal"), c] for p, c in jobs]))
     for attempt in range(12):
         child = subprocess.Popen([sys.executable, __file__, "validate", str(jobs_file), str(done_file)])
         last, size, hung = time.time(), -1, False
@@ -219,7 +219,7 @@ def time_child(candidates_file, out_file):
     for shape, causal in TIMED:
         dims = [int(x) for x in shape.split(",")]
         dtype = "fp16"
-        problem = FAMILY.parse_problem(shape, dtype, causal)
+        problem = FAMILY.parse_problem(shape, dtype, {"causal": causal})
         torch.manual_seed(0)
         q, k, v = (torch.randn(*dims, dtype=torch.float16, device="cuda") for _ in range(3))
         o = torch.empty_like(q)
@@ -295,7 +295,7 @@ def main():
     builds = {}
     unique = {}
     for p, c in jobs:
-        unique.setdefault((p.shape[3], p.dtype, p.causal, json.dumps(c, sort_keys=True)), (p, c))
+        unique.setdefault((p.shape[3], p.dtype, p.flag("causal"), json.dumps(c, sort_keys=True)), (p, c))
     start = time.time()
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         for (dd, dt, ca, ck), result in zip(unique, pool.map(_compile, unique.values())):
@@ -363,11 +363,11 @@ def main():
         rows = json.loads(timing_file.read_text())
         log("\nproblem                         best config                                TFLOPS  cudnn  flash  vs cudnn  vs flash")
         for shape, causal in TIMED:
-            mine = [r for r in rows if r["problem"] == FAMILY.parse_problem(shape, "fp16", causal).key]
+            mine = [r for r in rows if r["problem"] == FAMILY.parse_problem(shape, "fp16", {"causal": causal}).key]
             if not mine:
                 continue
             b = min(mine, key=lambda r: r["ms"])
-            p = FAMILY.parse_problem(shape, "fp16", causal)
+            p = FAMILY.parse_problem(shape, "fp16", {"causal": causal})
             cud = FAMILY.tflops(p, b["cudnn_ms"]) if b["cudnn_ms"] else 0
             fla = FAMILY.tflops(p, b["flash_ms"]) if b["flash_ms"] else 0
             log(f"{b['problem']:31s} {b['config']:42s} {b['tflops']:6.0f} {cud:6.0f} {fla:6.0f}  "

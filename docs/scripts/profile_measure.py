@@ -32,7 +32,7 @@ def _compile(args):
 
 
 def main(shape: str, dtype: str, causal: str, count: int) -> None:
-    problem = FAMILY.parse_problem(shape, dtype, causal == "1")
+    problem = FAMILY.parse_problem(shape, dtype, {"causal": causal == "1"})
     bench = GpuBench(0)
     info = bench.device_info()
     limits = info.limits

@@ -39,5 +39,5 @@ gpu_module.GpuBench = ProfiledBench
 import tuner  # noqa: E402
 
 shape, dtype, causal, trials = sys.argv[1:5]
-r = tuner.tune("attention", shape, dtype, causal == "1", trials=int(trials), db=f"sqlite:///{OUT}/pw.db", seed=0)
+r = tuner.tune("attention", shape, dtype, {"causal": causal == "1"}, trials=int(trials), db=f"sqlite:///{OUT}/pw.db", seed=0)
 print(f"wall {r.elapsed_s:.1f} s busy {r.gpu_busy_s / r.elapsed_s:.0%} kernels {r.kernel_busy_s / r.elapsed_s:.0%}")

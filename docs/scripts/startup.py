@@ -83,7 +83,7 @@ pool.WorkerPool.poll = poll
 
 def main(study: str, db: str) -> None:
     shape, dtype, causal, trials = study.split()
-    r = tuner.tune("attention", shape, dtype, causal == "1", trials=int(trials), db=db, seed=0)
+    r = tuner.tune("attention", shape, dtype, {"causal": causal == "1"}, trials=int(trials), db=db, seed=0)
     end = round(time.perf_counter() - T0, 3)
     seen = {}
     for label, start, stop in steps:  # first occurrence, and how many

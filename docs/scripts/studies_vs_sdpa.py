@@ -64,7 +64,7 @@ def main():
         if args.only and i not in args.only:
             continue
         t0 = time.perf_counter()
-        result = tuner.tune("attention", shape, "fp16", causal, trials=args.trials, db=args.db, seed=0)
+        result = tuner.tune("attention", shape, "fp16", {"causal": causal}, trials=args.trials, db=args.db, seed=0)
         wall = time.perf_counter() - t0
         dims = tuple(int(x) for x in shape.split(","))
         flops = 4 * dims[0] * dims[1] * dims[2] ** 2 * dims[3] / (2 if causal else 1)

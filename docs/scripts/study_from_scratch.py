@@ -41,10 +41,10 @@ def report(label: str, result, db: str, problem) -> None:
 
 def main(shape: str, dtype: str, trials: int, db: str, causal: bool) -> None:
     logging.basicConfig(level=logging.WARNING)
-    problem = FAMILY.parse_problem(shape, dtype, causal)
-    led = tuner.tune("attention", shape, dtype, causal, trials=trials, db=f"{db}-starts.db", seed=0)
+    problem = FAMILY.parse_problem(shape, dtype, {"causal": causal})
+    led = tuner.tune("attention", shape, dtype, {"causal": causal}, trials=trials, db=f"{db}-starts.db", seed=0)
     report("starting points first", led, f"{db}-starts.db", problem)
-    alone = tuner.tune("attention", shape, dtype, causal, trials=trials, db=f"{db}-tpe.db", seed=0, warm_start=0)
+    alone = tuner.tune("attention", shape, dtype, {"causal": causal}, trials=trials, db=f"{db}-tpe.db", seed=0, warm_start=0)
     report("the sampler alone (warm_start=0)", alone, f"{db}-tpe.db", problem)
 
 

@@ -25,7 +25,7 @@ def main(label: str, db: str, studies: list[str]) -> None:
         for study in studies:
             shape, dtype, causal, trials = study.split()
             start = time.time()
-            r = tuner.tune("attention", shape, dtype, causal == "1", trials=int(trials), db=db, seed=0)
+            r = tuner.tune("attention", shape, dtype, {"causal": causal == "1"}, trials=int(trials), db=db, seed=0)
             kernels = getattr(r, "kernel_busy_s", None)
             print("THROUGHPUT " + json.dumps({
                 "label": label, "problem": f"{shape} {dtype} causal={causal}", "measured": r.measured,

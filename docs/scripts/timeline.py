@@ -158,7 +158,7 @@ def main(argv: list[str]) -> None:
             if os.path.exists(db):
                 os.remove(db)
             start = time.time()
-            r = tuner.tune("attention", shape, dtype, causal == "1", trials=int(trials),
+            r = tuner.tune("attention", shape, dtype, {"causal": causal == "1"}, trials=int(trials),
                            db=f"sqlite:///{db}", seed=0, replay=replay)
             print("TIMELINE " + json.dumps(summarize(f"{shape} {dtype} causal={causal}", start, time.time(), r)),
                   flush=True)

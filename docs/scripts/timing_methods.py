@@ -64,7 +64,7 @@ def main(shapes: str, dtype: str) -> None:
                         dtype=torch.int8, device="cuda")
     rows = []
     for shape in shapes.split(";"):
-        problem = FAMILY.parse_problem(shape, dtype, False)
+        problem = FAMILY.parse_problem(shape, dtype, {"causal": False})
         times = {"ours": ours(bench, problem)}
         host = FAMILY.inputs(problem, 0)
         tdtype = torch.float16 if dtype == "fp16" else torch.bfloat16

@@ -29,7 +29,7 @@ def main(dtypes: str, trials: int, db: str, budget: float, shapes: str | None = 
                     if left < 10:
                         print("budget spent before", shape, dtype, causal, flush=True)
                         continue
-                    r = tuner.tune("attention", shape, dtype, causal, trials=trials, db=db, seed=0,
+                    r = tuner.tune("attention", shape, dtype, {"causal": causal}, trials=trials, db=db, seed=0,
                                    time_budget=left)
                     best = r.best
                     print(f"TUNED {shape} {dtype} causal={causal}: {r.status} measured={r.measured} "

@@ -2,7 +2,7 @@
 
     from templates import get_family
     family = get_family("attention")
-    problem = family.parse_problem("4,16,4096,128", "fp16", causal=True)
+    problem = family.parse_problem("4,16,4096,128", "fp16", {"causal": True})
     source = family.render(family.default_params(), problem)
 
 Layout (B, H, S, D) contiguous, fp16 or bf16, D in {64, 128}, any S, B and H.
@@ -22,9 +22,11 @@ from templates.attention import starts as _starts
 from templates.family import (
     BufferSpec,
     DeviceLimits,
+    Flag,
     KernelFamily,
     Launch,
     Params,
+    PeerCall,
     Problem,
     TemplateError,
     Validation,
@@ -43,18 +45,20 @@ class AttentionFamily(KernelFamily):
     folder = _FOLDER
     params = _space.PARAMS
     dtypes = _problem.DTYPES
-    suite = tuple((shape, dtype, causal) for shape in SUITE_SHAPES for dtype in _problem.DTYPES
+    flags = (Flag("causal", (False, True), "causal masking: query i sees keys j <= i (top-left aligned)"),)
+    suite = tuple((shape, dtype, {"causal": causal}) for shape in SUITE_SHAPES for dtype in _problem.DTYPES
                   for causal in (False, True))
     # What renders and launches the kernels (hopper.cu.j2: the TMA path); inputs and reference
     # (problem.py), starting points (starts.py) and this file may change without a new template
     # version.
     kernel_files = ("kernel.cu.j2", "hopper.cu.j2", "render.py", "space.py")
 
-    def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
+    def parse_problem(self, shape: str | Sequence[int], dtype: str,
+                      flags: Mapping[str, Any] | None = None) -> Problem:
         dims = _problem.parse_shape(shape if isinstance(shape, str) else tuple(shape))
         if dtype not in _problem.DTYPES:
             raise TemplateError(f"unsupported dtype {dtype!r}: attention supports {list(_problem.DTYPES)}")
-        return Problem(dims, dtype, bool(causal))
+        return Problem(dims, dtype, self.problem_flags(flags))
 
     def flops(self, problem: Problem) -> float:
         return _problem.flops(problem)
@@ -81,6 +85,17 @@ class AttentionFamily(KernelFamily):
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
         points = [dict(self.default_params(), **point) for point in _starts.starting_points(problem.shape[3])]
         return [p for p in points if self.check(p, problem, device) is None]
+
+    def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
+        """torch SDPA's flash, cuDNN and efficient backends and the autotuned Triton kernel."""
+        from templates.attention import peers
+
+        return peers.peer_calls(problem, inputs)
+
+    def prepare_peers(self, problems: Sequence[Problem]) -> None:
+        from templates.attention import peers
+
+        peers.prepare(problems)
 
     def compile_options(self, params: Params, problem: Problem) -> tuple[str, ...]:
         return _render.COMPILE_OPTIONS

@@ -46,7 +46,7 @@ def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int
 def flops(problem: Problem) -> float:
     b, h, s, d = problem.shape
     total = 4.0 * b * h * s * s * d
-    return total / 2 if problem.causal else total
+    return total / 2 if problem.flag("causal") else total
 
 
 def min_bytes(problem: Problem) -> int:
@@ -128,7 +128,7 @@ def reference(problem: Problem, ins: Mapping[str, np.ndarray]) -> list[tuple[int
     for b, h in sorted(heads):
         rows = checked_rows(seq, rng)
         q, k, v = (from_bits(ins[n].reshape(problem.shape)[b, h], problem.dtype) for n in ("q", "k", "v"))
-        checked.append((b, h, rows, reference_rows(q, k, v, rows, problem.causal)))
+        checked.append((b, h, rows, reference_rows(q, k, v, rows, problem.flag("causal"))))
     return checked
 
 

@@ -38,13 +38,13 @@ def source(params: Params, problem: Problem) -> str:
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
     # What the source depends on, and no more: B, H and S are arguments, so problems that share
     # D, dtype and causal share each config's source, and so its compiled cubin (cache key).
-    for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.causal else ''}, any B, H, S"
+    for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.flag('causal') else ''}, any B, H, S"
     return _TEMPLATES[params["LOADS"]].render(
         **params,
         config_comment=f"{for_problems}; {comment}",
         kernel_name=KERNEL_NAME,
         head_dim=head_dim,
-        causal=problem.causal,
+        causal=problem.flag("causal"),
         m_tiles=int(tiles),
         row_stride=_space.row_stride(params, head_dim),
         swizzle=params["SMEM_LAYOUT"] == "swizzle",

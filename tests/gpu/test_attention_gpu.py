@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 FAMILY = get_family("attention")
 PROBLEMS = [
-    FAMILY.parse_problem(f"2,3,{seq},{d}", dtype, causal)
+    FAMILY.parse_problem(f"2,3,{seq},{d}", dtype, {"causal": causal})
     for seq in (1000, 4097)
     for d in (64, 128)
     for dtype in ("fp16", "bf16")
@@ -63,7 +63,7 @@ def _compiled(jobs, cache):
 
 
 TMA_PROBLEMS = [
-    FAMILY.parse_problem(f"{'1,3' if seq > 2048 else '2,3'},{seq},{d}", dtype, causal)
+    FAMILY.parse_problem(f"{'1,3' if seq > 2048 else '2,3'},{seq},{d}", dtype, {"causal": causal})
     for seq in (1, 65, 1000, 4097)
     for d in (64, 128)
     for dtype in ("fp16", "bf16")
@@ -114,8 +114,8 @@ def test_random_configs_match_the_reference(bench, sample):
 
 def test_a_wrong_kernel_is_caught(bench, sample):
     """A kernel rendered for the non-causal problem fails validation on the causal one."""
-    problem, params, binary = next(s for s in sample if s[0].causal)
-    other = FAMILY.parse_problem(problem.shape, problem.dtype, causal=False)
+    problem, params, binary = next(s for s in sample if s[0].flag("causal"))
+    other = FAMILY.parse_problem(problem.shape, problem.dtype, {"causal": False})
     wrong = compile_cubin(
         CompileRequest(FAMILY.render(params, other), "attention_fwd", FAMILY.compile_options(params, other))
     )

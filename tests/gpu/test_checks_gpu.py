@@ -71,7 +71,7 @@ def test_nonfinite_and_unequal_counts_match_the_host(bench, element, dtype):
 def test_attention_outputs_are_checked_on_the_device_and_read_in_part(bench):
     """A resident problem's views agree with the host's check of the same output."""
     family = get_family("attention")
-    problem = family.parse_problem("2,3,300,64", "bf16", True)
+    problem = family.parse_problem("2,3,300,64", "bf16", {"causal": True})
     resident = bench.resident(family, problem, seed=4)
     assert bench.resident(family, problem, seed=4) is resident  # kept for the next trial
     rng = np.random.default_rng(1)

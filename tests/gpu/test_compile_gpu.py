@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 def test_every_nvrtc_compile_reports_registers_and_spills_even_a_repeat():
     family = get_family("attention")
-    problem = family.parse_problem("2,8,1024,64", "fp16", True)
+    problem = family.parse_problem("2,8,1024,64", "fp16", {"causal": True})
     params = family.starting_points(problem, H100_LIMITS)[0]
     launch = family.launch(params, problem)
     request = CompileRequest(family.render(params, problem), launch.kernel,

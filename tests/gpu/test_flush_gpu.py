@@ -14,7 +14,7 @@ from templates import get_family
 pytestmark = pytest.mark.gpu
 
 FAMILY = get_family("attention")
-PROBLEM = FAMILY.parse_problem("2,8,512,64", "bf16", False)  # ~11-15 us kernels: the L2 matters most
+PROBLEM = FAMILY.parse_problem("2,8,512,64", "bf16", {"causal": False})  # ~11-15 us kernels: the L2 matters most
 
 
 def test_the_flush_is_as_cold_as_a_write_of_four_times_the_l2():

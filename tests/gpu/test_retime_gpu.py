@@ -16,7 +16,7 @@ from workers.results import CompileRequest
 pytestmark = pytest.mark.gpu
 
 FAMILY = get_family("attention")
-PROBLEM = FAMILY.parse_problem("2,8,2048,64", "fp16", True)
+PROBLEM = FAMILY.parse_problem("2,8,2048,64", "fp16", {"causal": True})
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_a_wrong_kernel_fails_alone(bench, kernels):
     """A kernel rendered for the non-causal problem is wrong on the causal one: it fails, the
     others are timed as before, each as many times."""
     params, _, launch = kernels[1]
-    other = FAMILY.parse_problem(PROBLEM.shape, PROBLEM.dtype, causal=False)
+    other = FAMILY.parse_problem(PROBLEM.shape, PROBLEM.dtype, {"causal": False})
     wrong, _ = _kernel(params, problem=other)
     mixed = [(kernels[0][1], kernels[0][2]), (wrong, launch), (kernels[2][1], kernels[2][2])]
     retiming = bench.retime(mixed, "attention", PROBLEM, seed=3, rounds=12)

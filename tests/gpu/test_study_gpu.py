@@ -71,7 +71,7 @@ def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
         tuple(KernelArg(a["kind"], a["value"]) for a in doc["args"]),
     )
     family = get_family("attention")
-    problem = family.parse_problem(SHAPE, DTYPE, CAUSAL)
+    problem = family.parse_problem(SHAPE, DTYPE, {"causal": CAUSAL})
     bench = GpuBench(0)
     try:
         medians = []

@@ -17,7 +17,7 @@ from workers.driver import check_call, driver_api
 pytestmark = pytest.mark.gpu
 
 FAMILY = get_family("attention")
-PROBLEM = FAMILY.parse_problem("1,8,512,64", "fp16", False)  # 10-15 us kernels
+PROBLEM = FAMILY.parse_problem("1,8,512,64", "fp16", {"causal": False})  # 10-15 us kernels
 
 
 @pytest.fixture(scope="module")

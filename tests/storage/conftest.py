@@ -41,7 +41,7 @@ def study_args():
             "space": {"block_m": [64, 128], "block_n": [32, 64]},
             "shape": [4, 16, 4096, 128],
             "dtype": "fp16",
-            "causal": True,
+            "flags": {"causal": True},
             "device": dict(DEVICE),
             "sampler": "tpe",
             "replay": False,

@@ -33,5 +33,5 @@ def test_writers_of_one_problem_keep_one_consistent_best(url, study_args):
     with open_repository(url) as repo:
         trials = [t for study_id in ids for t in repo.trials(study_id)]
         assert len(trials) == 40
-        best = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
+        best = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
         assert best.median_ms == min(t.median_ms for t in trials)

@@ -113,3 +113,51 @@ def test_our_tables_can_come_after_optunas(url):
     with open_repository(url) as repo:
         assert repo.studies() == []
     assert optuna.load_study(study_name="first", storage=url).study_name == "first"
+
+
+def test_a_database_of_revision_0003_keeps_every_problem_with_its_flags(url):
+    """The causal column becomes the flags object: attention's rows keep their mask either way,
+    another family's unmasked row gets no flags, and every trial stays with its problem."""
+    from alembic import command
+
+    from storage.migrate import alembic_config
+
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0003")
+    with engine.begin() as connection:
+        statements = [
+            "INSERT INTO tuner_families (id, name) VALUES (1, 'attention'), (2, 'mine')",
+            "INSERT INTO tuner_template_versions (id, family_id, template_hash, space, created_at) "
+            "VALUES (1, 1, 'abc', '{}', '2026-11-01 00:00:00'), (2, 2, 'def', '{}', '2026-11-01 00:00:00')",
+            "INSERT INTO tuner_problems (id, family_id, shape, dtype, causal) VALUES "
+            "(1, 1, '[4,16,4096,128]', 'fp16', true), (2, 1, '[4,16,4096,128]', 'fp16', false), "
+            "(3, 2, '[1024]', 'fp32', false)",
+            "INSERT INTO tuner_devices (id, name, sm_count, compute_capability, driver_version, "
+            "cuda_version) VALUES (1, 'NVIDIA H100 80GB HBM3', 132, '9.0', '570.86.15', '12.8')",
+        ]
+        for study, (version, problem) in enumerate(((1, 1), (1, 2), (2, 3)), start=1):
+            statements += [
+                f"INSERT INTO tuner_studies (id, name, template_version_id, problem_id, device_id, sampler, "
+                f"status, replay, settings, created_at, updated_at) VALUES ({study}, 's{study}', {version}, "
+                f"{problem}, 1, 'tpe', 'finished', false, '{{}}', '2026-11-01 00:00:00', '2026-11-01 00:00:00')",
+                f"INSERT INTO tuner_trials (id, study_id, number, params, status, detail, median_ms, tflops, "
+                f"replayed, created_at) VALUES ({study}, {study}, 0, '{{\"n\": 0}}', 'ok', '', {study}.0, 1.0, "
+                f"false, '2026-11-01 00:00:00')",
+                f"INSERT INTO tuner_best (id, template_version_id, problem_id, device_id, trial_id, median_ms, "
+                f"tflops, updated_at) VALUES ({study}, {version}, {problem}, 1, {study}, {study}.0, 1.0, "
+                f"'2026-11-01 00:00:00')",
+            ]
+        for statement in statements:
+            connection.execute(text(statement))
+    engine.dispose()
+
+    with open_repository(url) as repo:
+        masked = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
+        plain = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": False})
+        mine = repo.best("mine", [1024], "fp32", {})
+        assert (masked.study, plain.study, mine.study) == ("s1", "s2", "s3")
+        assert [len(repo.trials(i)) for i in (1, 2, 3)] == [1, 1, 1]
+        assert repo.study("s1").flags == {"causal": True} and repo.study("s3").flags == {}
+        assert repo.ensure_problem("attention", [4, 16, 4096, 128], "fp16", {"causal": True}) == 1
+    assert _version(url) == [head_revision()]

@@ -30,11 +30,11 @@ def test_ensure_returns_the_same_id_for_the_same_row(repo, device):
     assert repo.ensure_template_version("attention", "bbbb", {"x": [1, 2]}) != version
     assert repo.ensure_template_version("gemm", "aaaa", {}) != version
 
-    problem = repo.ensure_problem("attention", [1, 2, 3], "fp16", False)
-    assert repo.ensure_problem("attention", (1, 2, 3), "fp16", False) == problem
-    assert repo.ensure_problem("attention", [1, 2, 3], "fp16", True) != problem
-    assert repo.ensure_problem("attention", [1, 2, 3], "bf16", False) != problem
-    assert repo.ensure_problem("attention", [3, 2, 1], "fp16", False) != problem
+    problem = repo.ensure_problem("attention", [1, 2, 3], "fp16", {"causal": False})
+    assert repo.ensure_problem("attention", (1, 2, 3), "fp16", {"causal": False}) == problem
+    assert repo.ensure_problem("attention", [1, 2, 3], "fp16", {"causal": True}) != problem
+    assert repo.ensure_problem("attention", [1, 2, 3], "bf16", {"causal": False}) != problem
+    assert repo.ensure_problem("attention", [3, 2, 1], "fp16", {"causal": False}) != problem
 
 
 # -- studies -------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def test_open_study_round_trip(repo, study_args):
     assert isinstance(study, StudyRecord)
     assert (study.name, study.family, study.template_hash) == ("s", "attention", "0123456789abcdef")
     assert study.space == args["space"] and study.settings == args["settings"]
-    assert (study.shape, study.dtype, study.causal) == ((4, 16, 4096, 128), "fp16", True)
+    assert (study.shape, study.dtype, study.flags) == ((4, 16, 4096, 128), "fp16", {"causal": True})
     assert study.device.name == "NVIDIA H100 80GB HBM3" and study.device.compute_capability == "9.0"
     assert (study.sampler, study.status, study.replay) == ("tpe", "running", False)
     assert study.created_at.tzinfo == timezone.utc
@@ -229,7 +229,7 @@ def test_bad_trials_are_refused_with_one_line(repo, study_args):
         repo.record_trial(study.id, 0, {}, status="ok", median_ms=1.0, gpu_state={"t": object()})
     assert (
         repo.trials(study.id) == []
-        and repo.best("attention", [4, 16, 4096, 128], "fp16", True) is None
+        and repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True}) is None
     )
 
 
@@ -242,7 +242,7 @@ def test_a_trial_number_is_unique_per_study_and_failure_rolls_back(repo, study_a
         _ok(repo, study, 0, 0.5)  # faster, but a duplicate: neither trial nor best is stored
     assert "\n" not in str(caught.value)
     assert repo.trials(study.id) == [first]
-    best = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
+    best = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
     assert best is not None and best.median_ms == 2.0 and best.study == "s"
     assert _ok(repo, study, 1, 1.0).number == 1  # the repository still works afterwards
 
@@ -252,7 +252,7 @@ def test_a_trial_number_is_unique_per_study_and_failure_rolls_back(repo, study_a
 
 def test_best_follows_only_faster_ok_trials(repo, study_args):
     study = repo.open_study("s", **study_args())
-    problem = ("attention", [4, 16, 4096, 128], "fp16", True)
+    problem = ("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
     assert repo.best(*problem) is None
     repo.record_trial(
         study.id, 0, {"n": 0}, status="failed", failure="wrong", reason="bad", median_ms=0.01
@@ -275,7 +275,7 @@ def test_best_follows_only_faster_ok_trials(repo, study_args):
         100.0,
     )
     assert (best.study, best.template_hash, best.device.sm_count) == ("s", "0123456789abcdef", 132)
-    assert (best.shape, best.dtype, best.causal) == ((4, 16, 4096, 128), "fp16", True)
+    assert (best.shape, best.dtype, best.flags) == ((4, 16, 4096, 128), "fp16", {"causal": True})
     trial = {t.number: t for t in repo.trials(study.id)}[5]
     assert best.measured_at == trial.created_at
 
@@ -283,16 +283,16 @@ def test_best_follows_only_faster_ok_trials(repo, study_args):
 def test_best_is_kept_per_problem_and_across_studies(repo, study_args):
     one = repo.open_study("one", **study_args())
     two = repo.open_study("two", **study_args(sampler="random"))  # same problem, other study
-    other = repo.open_study("other", **study_args(causal=False))
+    other = repo.open_study("other", **study_args(flags={"causal": False}))
     _ok(repo, one, 0, 2.0)
     _ok(repo, two, 0, 1.0)
     _ok(repo, one, 1, 1.5)  # faster than one's own, slower than the stored best
     _ok(repo, other, 0, 0.1)
-    best = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
+    best = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
     assert (best.study, best.median_ms) == ("two", 1.0)
-    assert repo.best("attention", [4, 16, 4096, 128], "fp16", False).study == "other"
-    assert repo.best("attention", [4, 16, 4096, 128], "bf16", True) is None
-    assert repo.best("gemm", [4, 16, 4096, 128], "fp16", True) is None
+    assert repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": False}).study == "other"
+    assert repo.best("attention", [4, 16, 4096, 128], "bf16", {"causal": True}) is None
+    assert repo.best("gemm", [4, 16, 4096, 128], "fp16", {"causal": True}) is None
 
 
 def test_best_filters_by_device_and_template(repo, study_args, device):
@@ -302,7 +302,7 @@ def test_best_filters_by_device_and_template(repo, study_args, device):
     _ok(repo, h100, 0, 2.0)
     _ok(repo, h200, 0, 1.0)
     _ok(repo, new, 0, 3.0)
-    problem = ("attention", (4, 16, 4096, 128), "fp16", True)
+    problem = ("attention", (4, 16, 4096, 128), "fp16", {"causal": True})
     assert repo.best(*problem).device.name == "NVIDIA H200"  # fastest anywhere
     assert repo.best(*problem, device_name=device["name"]).study == "h100"
     assert repo.best(*problem, template_hash="ffff").study == "new"
@@ -312,11 +312,11 @@ def test_best_filters_by_device_and_template(repo, study_args, device):
 def test_bests_lists_every_problem_with_filters(repo, device):
     study = repo.open_study(
         "s1", family="attention", template_hash="t1", space={}, shape=[1, 2, 512, 64], dtype="fp16",
-        causal=False, device=device, sampler="tpe", replay=False, settings={},
+        flags={"causal": False}, device=device, sampler="tpe", replay=False, settings={},
     )
     other = repo.open_study(
         "s2", family="attention", template_hash="t1", space={}, shape=[1, 2, 1024, 64], dtype="bf16",
-        causal=True, device=device, sampler="tpe", replay=False, settings={},
+        flags={"causal": True}, device=device, sampler="tpe", replay=False, settings={},
     )
     repo.record_trial(study.id, 0, {"A": 1}, status="ok", median_ms=2.0)
     repo.record_trial(other.id, 0, {"A": 2}, status="ok", median_ms=1.0)
@@ -324,5 +324,15 @@ def test_bests_lists_every_problem_with_filters(repo, device):
     found = repo.bests("attention")
     assert [b.params for b in found] == [{"A": 2}, {"A": 1}]  # fastest first, failed never
     assert [b.shape for b in repo.bests("attention", dtype="fp16")] == [(1, 2, 512, 64)]
-    assert [b.causal for b in repo.bests("attention", causal=True)] == [True]
+    assert [b.flags for b in repo.bests("attention", flags={"causal": True})] == [{"causal": True}]
     assert repo.bests("attention", template_hash="t2") == [] and repo.bests("gemm") == []
+
+
+def test_a_problem_is_its_shape_dtype_and_flags(repo):
+    first = repo.ensure_problem("mine", [1024, 64], "fp32", {"layout": "t", "bias": True})
+    assert repo.ensure_problem("mine", (1024, 64), "fp32", {"bias": True, "layout": "t"}) == first  # key order
+    others = {repo.ensure_problem("mine", [1024, 64], "fp32", {"layout": "n", "bias": True}),
+              repo.ensure_problem("mine", [1024, 64], "fp32", {}),
+              repo.ensure_problem("mine", [1024, 64], "bf16", {"layout": "t", "bias": True}),
+              repo.ensure_problem("other", [1024, 64], "fp32", {"layout": "t", "bias": True})}
+    assert len(others) == 4 and first not in others

@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, text
 from storage import RetimeEntry, StorageError, open_repository
 from storage.migrate import VERSION_TABLE, alembic_config, head_revision
 
-PROBLEM = ("attention", [4, 16, 4096, 128], "fp16", True)
+PROBLEM = ("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
 STATE = {"before": {"sm_mhz": 1980, "mem_mhz": 2619, "temperature_c": 41},
          "after": {"sm_mhz": 1755, "mem_mhz": 2619, "temperature_c": 58}, "rounds": 30}
 

@@ -26,7 +26,7 @@ from templates.family import (
 
 FAMILY = get_family("attention")
 PROBLEMS = [
-    FAMILY.parse_problem(shape, dtype, causal)
+    FAMILY.parse_problem(shape, dtype, {"causal": causal})
     for shape in ("2,3,1000,64", "1,2,4097,128")
     for dtype in ("fp16", "bf16")
     for causal in (False, True)
@@ -49,7 +49,7 @@ def test_every_config_renders_or_is_rejected_with_a_reason(problem):
         assert "attention_fwd" in source and "{{" not in source and "/*%" not in source
         assert f"#define BLOCK_M {config['BLOCK_M']}" in source
         assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
-        assert f"#define CAUSAL {int(problem.causal)}" in source
+        assert f"#define CAUSAL {int(problem.flag('causal'))}" in source
         assert ("cp.async.bulk.tensor" in source) == (config["LOADS"] == "tma")
         rendered += 1
         tma += config["LOADS"] == "tma"
@@ -156,7 +156,7 @@ def test_unknown_parameter_values_are_refused():
 
 
 def test_launch_geometry_covers_every_row():
-    problem = FAMILY.parse_problem("3,5,4097,64", "bf16", causal=True)
+    problem = FAMILY.parse_problem("3,5,4097,64", "bf16", {"causal": True})
     params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, WARP_SPECIALIZED=1)
     launch = FAMILY.launch(params, problem)
     assert launch.grid == (math.ceil(4097 / 128), 5, 3)
@@ -167,7 +167,7 @@ def test_launch_geometry_covers_every_row():
 
 
 def test_tma_launch_carries_tensor_maps_as_plain_json():
-    problem = FAMILY.parse_problem("3,5,4097,128", "bf16", causal=True)
+    problem = FAMILY.parse_problem("3,5,4097,128", "bf16", {"causal": True})
     params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=176, STAGES=2, SMEM_LAYOUT="swizzle",
                   WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
     launch = FAMILY.launch(params, problem)
@@ -202,12 +202,12 @@ def test_tensor_maps_refuse_what_the_driver_cannot_encode():
 def test_problems_that_share_d_dtype_and_causal_share_each_configs_source():
     """B, H and S are kernel arguments: one source, one cubin in the compile cache, for them all."""
     params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8)
-    one, other = (FAMILY.parse_problem(shape, "fp16", True) for shape in ("2,8,1024,64", "1,16,4097,64"))
+    one, other = (FAMILY.parse_problem(shape, "fp16", {"causal": True}) for shape in ("2,8,1024,64", "1,16,4097,64"))
     assert FAMILY.render(params, one) == FAMILY.render(params, other)
     assert FAMILY.launch(params, one).grid != FAMILY.launch(params, other).grid
-    for changed in (FAMILY.parse_problem("2,8,1024,64", "bf16", True),
-                    FAMILY.parse_problem("2,8,1024,64", "fp16", False),
-                    FAMILY.parse_problem("2,8,1024,128", "fp16", True)):
+    for changed in (FAMILY.parse_problem("2,8,1024,64", "bf16", {"causal": True}),
+                    FAMILY.parse_problem("2,8,1024,64", "fp16", {"causal": False}),
+                    FAMILY.parse_problem("2,8,1024,128", "fp16", {"causal": True})):
         assert FAMILY.render(params, changed) != FAMILY.render(params, one)
 
 
@@ -223,14 +223,14 @@ def _exact_output(problem, inputs):
     for b in range(problem.shape[0]):
         for h in range(problem.shape[1]):
             q, k, v = (attn.from_bits(inputs[n][b, h], problem.dtype) for n in ("q", "k", "v"))
-            out[b, h] = attn.reference_rows(q, k, v, np.arange(problem.shape[2]), problem.causal)
+            out[b, h] = attn.reference_rows(q, k, v, np.arange(problem.shape[2]), problem.flag("causal"))
     return attn.to_bits(out.astype(np.float32), problem.dtype)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, causal):
-    problem = FAMILY.parse_problem("2,2,77,64", dtype, causal)
+    problem = FAMILY.parse_problem("2,2,77,64", dtype, {"causal": causal})
     inputs = FAMILY.inputs(problem, seed=3)
     assert all(np.any(x != 0) for x in inputs.values())
     good = _exact_output(problem, inputs)
@@ -250,7 +250,7 @@ def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, causal
     assert not result.ok and "relative error" in result.reason
 
     # causal vs non-causal outputs differ: validating one against the other's reference fails
-    other = FAMILY.parse_problem("2,2,77,64", dtype, not causal)
+    other = FAMILY.parse_problem("2,2,77,64", dtype, {"causal": not causal})
     assert not FAMILY.validate(other, inputs, {"o": good}).ok
 
 
@@ -268,7 +268,7 @@ def test_a_sample_of_configs_compiles_for_sm90a_and_reports_resources(tmp_path):
     from workers.results import CompileRequest
 
     rng = random.Random(7)
-    problems = [FAMILY.parse_problem("2,4,1000,64", "fp16", True), FAMILY.parse_problem("1,2,4097,128", "bf16")]
+    problems = [FAMILY.parse_problem("2,4,1000,64", "fp16", {"causal": True}), FAMILY.parse_problem("1,2,4097,128", "bf16")]
     for problem in problems:
         valid = FAMILY.valid_configs(problem, H100_LIMITS)
         sample = rng.sample(valid, 3)
@@ -283,8 +283,8 @@ def test_a_sample_of_configs_compiles_for_sm90a_and_reports_resources(tmp_path):
 
 
 def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
-    for shape, dtype, causal in FAMILY.suite:
-        problem = FAMILY.parse_problem(shape, dtype, causal)
+    for shape, dtype, flags in FAMILY.suite:
+        problem = FAMILY.parse_problem(shape, dtype, flags)
         points = FAMILY.starting_points(problem, H100_LIMITS)
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert points[0]["LOADS"] == "tma" and any(p["MMA"] == "sync" for p in points)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 FAMILY = get_family("attention")
-PROBLEM = FAMILY.parse_problem("4,16,4096,128", "fp16", causal=True)
+PROBLEM = FAMILY.parse_problem("4,16,4096,128", "fp16", {"causal": True})
 BASE = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle",
             WARP_SPECIALIZED=0, Q_IN_REGS=0)
 # The TMA path (hopper.cu.j2): FA3's D=128 tile, setmaxnreg 24/240, S(j+1) before the softmax of S(j).

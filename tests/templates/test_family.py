@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from templates import get_family
-from templates.family import BufferSpec, TemplateError, count_nonfinite
+from templates.family import BufferSpec, Flag, Problem, TemplateError, count_nonfinite
 
 ATTENTION = get_family("attention")
 
@@ -76,3 +76,49 @@ def test_a_family_that_lives_elsewhere_is_found_by_module_and_name():
         get_family("no_such_module:FAMILY")
     with pytest.raises(TemplateError, match="cannot load kernel family 'templates.attention:NOPE'"):
         get_family("templates.attention:NOPE")
+
+
+def test_a_problem_carries_every_declared_flag_and_prints_them():
+    plain = ATTENTION.parse_problem("2,8,1024,64", "fp16")
+    assert plain.flags == (("causal", False),) and plain.key == "2x8x1024x64-fp16"
+    masked = ATTENTION.parse_problem("2,8,1024,64", "fp16", {"causal": "true"})
+    assert masked.flag("causal") is True and masked.key == "2x8x1024x64-fp16-causal"
+    assert masked == ATTENTION.parse_problem([2, 8, 1024, 64], "fp16", {"causal": 1})
+    assert masked.spec == {"shape": [2, 8, 1024, 64], "dtype": "fp16", "flags": {"causal": True}}
+    assert ATTENTION.problem_from_spec(masked.spec) == masked
+    # files written before flags name causal beside shape and dtype
+    assert Problem.from_json({"shape": [2, 8, 1024, 64], "dtype": "fp16", "causal": True}) == masked
+    with pytest.raises(KeyError):
+        masked.flag("layout")
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"masked": True}, "unknown problem flag 'masked' (flags: causal)"),
+    ({"causal": "sometimes"}, "flag causal='sometimes' is not one of [False, True]"),
+    ({"causal": 2}, "flag causal=2 is not one of"),
+])
+def test_flags_a_family_does_not_declare_are_refused(flags, message):
+    with pytest.raises(TemplateError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        ATTENTION.parse_problem("2,8,1024,64", "fp16", flags)
+
+
+def test_choice_flags_print_as_name_and_value():
+    class Layouts(type(ATTENTION)):
+        flags = (Flag("layout", ("nn", "nt", "tn"), "A and B transposed or not"), Flag("bias", doc="add a bias"))
+
+    family = Layouts()
+    problem = family.parse_problem("2,8,1024,64", "fp16", {"layout": "tn"})
+    assert problem.flags == (("bias", False), ("layout", "tn")) and problem.key == "2x8x1024x64-fp16-layout=tn"
+    assert family.parse_problem("2,8,1024,64", "fp16", {"bias": "yes"}).key == "2x8x1024x64-fp16-bias-layout=nn"
+    with pytest.raises(TemplateError, match="flag layout='tt' is not one of"):
+        family.parse_problem("2,8,1024,64", "fp16", {"layout": "tt"})
+
+
+def test_the_default_distance_keeps_dtype_flags_and_last_dimension():
+    near = ATTENTION.parse_problem("2,8,1024,64", "fp16")
+    assert ATTENTION.distance(ATTENTION.parse_problem("2,8,4096,64", "fp16"), near) == 2.0
+    assert ATTENTION.distance(ATTENTION.parse_problem("8,8,1024,64", "fp16"), near) == 2.0
+    for other in (ATTENTION.parse_problem("2,8,1024,128", "fp16"), ATTENTION.parse_problem("2,8,1024,64", "bf16"),
+                  ATTENTION.parse_problem("2,8,1024,64", "fp16", {"causal": True})):
+        assert ATTENTION.distance(other, near) == float("inf")

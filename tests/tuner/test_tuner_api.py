@@ -28,7 +28,7 @@ def test_best_with_nothing_stored_is_not_found(toy, db):
     with pytest.raises(tuner.NotFound, match="no validated result stored for toy 2x4x1024x64-fp16"):
         tuner.best("toy", *PROBLEM, db=db)
     with pytest.raises(tuner.NotFound):
-        tuner.best("toy", *PROBLEM, causal=True, db=db)
+        tuner.best("toy", *PROBLEM, {"causal": True}, db=db)
 
 
 def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
@@ -52,7 +52,7 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     assert launch["measured"]["tflops"] == winner.tflops and launch["measured"]["error"] == 1e-3
     assert launch["gpu"] == "NVIDIA H100 80GB HBM3" and launch["toolkit"] == "nvcc 13.0.88"
     assert launch["template_hash"] == toy.template_hash
-    assert launch["problem"] == {"shape": [2, 4, 1024, 64], "dtype": "fp16", "causal": False}
+    assert launch["problem"] == {"shape": [2, 4, 1024, 64], "dtype": "fp16", "flags": {"causal": False}}
     assert launch["measured_at"].startswith("20")
     # named after its problem, so exports of several problems can share a folder
     assert sorted(p.name for p in out.iterdir()) == [path.name, "toy_2x4x1024x64-fp16.launch.json"]

@@ -39,7 +39,7 @@ class _LocalDouble:
 def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
     problem = toy.parse_problem(*PROBLEM)
     local = _LocalDouble("NVIDIA H100 80GB HBM3")
-    rows = _bench_rows(toy, [problem, toy.parse_problem(PROBLEM[0], PROBLEM[1], True)], local,
+    rows = _bench_rows(toy, [problem, toy.parse_problem(PROBLEM[0], PROBLEM[1], {"causal": True})], local,
                        db=db, seed=0, peers=True)
     winner = tuner.best("toy", *PROBLEM, db=db)
     assert rows[0].params == winner.params
@@ -72,8 +72,8 @@ def test_the_attention_suite_covers_the_issue_shapes():
     suite = get_family("attention").suite
     assert len(suite) == 32
     assert {s for s, _, _ in suite} >= {(1, 8, 512, 64), (2, 16, 1000, 64), (1, 16, 4097, 128)}
-    for shape, dtype, causal in suite:
-        get_family("attention").parse_problem(shape, dtype, causal)
+    for shape, dtype, flags in suite:
+        get_family("attention").parse_problem(shape, dtype, flags)
 
 
 def test_no_peers_without_torch(monkeypatch):

@@ -33,6 +33,8 @@ def _error_line(capsys) -> str:
     (["best", "toy", "--dtype", "fp16"], "the following arguments are required: --shape"),
     (["export", "toy", *SHAPE], "the following arguments are required: -o/--out"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["best", "toy", *SHAPE, "--masked"], "unrecognized arguments: --masked"),  # not a flag of toy's
+    (["bench", "toy", "--causal"], "problem flags need --shape"),
 ])
 def test_bad_inputs_exit_2_with_one_line(toy, db, argv, message, capsys):
     code = _run(argv + ["--db", db] if argv[0] != "frobnicate" else argv)
@@ -127,3 +129,13 @@ def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
         "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with "
         "--replay FILE)"
     ]
+
+
+def test_a_family_flag_on_the_command_line_is_the_problem_flag(toy, db, pools, capsys):
+    """``--causal`` is toy's own switch (declared like attention's): it selects another problem."""
+    assert _run(["tune", "toy", *SHAPE, "--causal", "--trials", "3", "--db", db, "--seed", "0"]) == 0
+    assert "2x4x1024x64-fp16-causal" in capsys.readouterr().out
+    assert _run(["best", "toy", *SHAPE, "--db", db]) == 2  # the unmasked problem was not tuned
+    assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
+    assert _run(["best", "toy", *SHAPE, "--causal", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["flags"] == {"causal": True}

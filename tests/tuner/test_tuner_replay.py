@@ -13,7 +13,7 @@ import tuner
 from tuner_doubles import LANDSCAPE, run_cli
 from workers.replay import load_landscape
 
-PROBLEM = ("attention", "2,8,1024,64", "fp16", True)
+PROBLEM = ("attention", "2,8,1024,64", "fp16", {"causal": True})
 
 
 @pytest.fixture(scope="module")

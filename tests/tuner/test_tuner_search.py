@@ -14,7 +14,7 @@ from tuner.errors import UsageError
 
 
 def test_study_name_is_readable_and_deterministic():
-    problem = Problem((4, 16, 4096, 128), "fp16", True)
+    problem = Problem((4, 16, 4096, 128), "fp16", (("causal", True),))
     name = search.study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
     assert name == "attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c"
     assert name == search.study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")

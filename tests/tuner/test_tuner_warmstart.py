@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tuner
-from templates.family import Problem
-from tuner.warmstart import WarmStart, distance, nearest_winners, outcomes
+from tuner.warmstart import WarmStart, nearest_winners, outcomes
 
 
 def test_a_new_study_starts_from_the_nearest_winner_and_reports_how_it_did(toy, db, pools):
@@ -34,11 +33,11 @@ def test_warm_start_can_be_turned_off_and_ignores_other_dtypes(toy, db, pools):
 
 class _Best:
     def __init__(self, shape, params, dtype="fp16", causal=False):
-        self.shape, self.params, self.dtype, self.causal = shape, params, dtype, causal
+        self.shape, self.params, self.dtype, self.flags = shape, params, dtype, {"causal": causal}
 
 
 def test_nearest_winners_rank_by_log_distance_and_skip_other_head_dims(toy):
-    problem = Problem((2, 4, 4096, 64), "fp16")
+    problem = toy.parse_problem((2, 4, 4096, 64), "fp16")
     bests = [
         _Best((2, 4, 512, 64), {"BLOCK_M": 16, "BLOCK_N": 16, "WARPS": 1, "STAGES": 1}),
         _Best((2, 4, 8192, 64), {"BLOCK_M": 64, "BLOCK_N": 32, "WARPS": 2, "STAGES": 1}),
@@ -48,8 +47,9 @@ def test_nearest_winners_rank_by_log_distance_and_skip_other_head_dims(toy):
     ]
     picks = nearest_winners(toy, problem, bests, limit=3)
     assert [p.source for p in picks] == ["2x4x8192x64-fp16", "2x4x512x64-fp16"]
-    assert distance((2, 4, 8192, 64), (2, 4, 4096, 64)) == 1.0
-    assert distance((16, 4, 4096, 64), (2, 4, 4096, 64)) == 3.0
+    assert toy.distance(toy.parse_problem((2, 4, 8192, 64), "fp16"), problem) == 1.0
+    assert toy.distance(toy.parse_problem((16, 4, 4096, 64), "fp16"), problem) == 3.0
+    assert toy.distance(toy.parse_problem((2, 4, 8192, 64), "fp16", {"causal": True}), problem) == float("inf")
 
 
 def test_outcomes_say_how_far_each_pick_was_from_the_best():

@@ -23,6 +23,7 @@ import numpy as np
 from templates.family import (
     BufferSpec,
     DeviceLimits,
+    Flag,
     KernelArg,
     KernelFamily,
     Launch,
@@ -56,7 +57,10 @@ class ToyFamily(KernelFamily):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
+    flags = (Flag("causal", (False, True), "causal masking"),)
+
+    def parse_problem(self, shape: str | Sequence[int], dtype: str,
+                      flags: Mapping[str, Any] | None = None) -> Problem:
         try:
             dims = tuple(int(d) for d in (shape.split(",") if isinstance(shape, str) else shape))
         except ValueError:
@@ -67,11 +71,11 @@ class ToyFamily(KernelFamily):
             raise TemplateError(f"unsupported head dim D={dims[3]} (64 or 128)")
         if dtype not in self.dtypes:
             raise TemplateError(f"unsupported dtype {dtype!r} (fp16 or bf16)")
-        return Problem(dims, dtype, causal)
+        return Problem(dims, dtype, self.problem_flags(flags))
 
     def flops(self, problem: Problem) -> float:
         b, h, n, d = problem.shape
-        return 4.0 * b * h * n * n * d / (2 if problem.causal else 1)
+        return 4.0 * b * h * n * n * d / (2 if problem.flag("causal") else 1)
 
     def min_bytes(self, problem: Problem) -> int:
         return 4 * math.prod(problem.shape) * 2

@@ -11,7 +11,7 @@ from workers.errors import WorkerError
 from workers.replay import ReplayBench, load_landscape, save_landscape
 from workers.results import Measurement, Resources, Timing, measurement_from_json, measurement_to_json
 
-PROBLEM = Problem((4, 16, 4096, 128), "fp16", True)
+PROBLEM = Problem((4, 16, 4096, 128), "fp16", (("causal", True),))
 
 
 def test_measurement_json_round_trip():

@@ -10,7 +10,7 @@ Resolved in Ray workers as ``"worker_family:FAMILY"``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,11 +43,12 @@ class ScaleFamily(KernelFamily):
     params = (Param("variant", tuple(_BODY)), Param("tag", (0, 1, 2, 3, 4, 5, 6, 7)))
     dtypes = ("fp32",)
 
-    def parse_problem(self, shape: str | Sequence[int], dtype: str, causal: bool = False) -> Problem:
+    def parse_problem(self, shape: str | Sequence[int], dtype: str,
+                      flags: Mapping[str, Any] | None = None) -> Problem:
         dims = tuple(int(d) for d in (shape.split(",") if isinstance(shape, str) else shape))
         if len(dims) != 1 or dtype != "fp32":
             raise TemplateError("worker_scale takes one dimension and fp32")
-        return Problem(dims, dtype, causal)
+        return Problem(dims, dtype, self.problem_flags(flags))
 
     def flops(self, problem: Problem) -> float:
         return float(problem.shape[0])
