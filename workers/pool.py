@@ -423,10 +423,17 @@ class WorkerPool:
             except RayError as exc:
                 self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
             return
+        running = bool(slot.sent) and slot.sent[0][1] is ref
         item = self._received(slot, ref)
         try:
             measurement = ray.get(ref)
         except RayActorError as exc:
+            if not running and slot.sent:
+                # Ray may report a queued measurement's loss before the running one's: the one
+                # that died with the actor is the running one; this one never ran, and goes again
+                self._measure_queue.appendleft(item)
+                item, culprit_ref = slot.sent.pop(0)
+                self._owners.pop(culprit_ref, None)
             self._replace(slot, f"the worker process died: {_one_line(exc)}")
             measurement = Measurement.failed("worker", "the worker process died; it was replaced",
                                              detail=_one_line(exc))
