@@ -1,5 +1,6 @@
-"""Storage of the tuner's results: devices, template versions, problems, studies, trials and the
-best configuration of each problem, in SQLite or PostgreSQL (next to Optuna's own tables).
+"""Storage of the tuner's results: devices, template versions, problems, studies, trials (measured
+and in flight) and the best configuration of each problem, in SQLite or PostgreSQL: the one
+record of every trial.
 
     from storage import open_repository
 
@@ -20,7 +21,8 @@ from typing import Any
 _MODULES = {
     "storage.engine": ("default_url", "open_repository"),
     "storage.errors": ("StorageError",),
-    "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "StudyRecord",
+    "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
+                        "StudyRecord",
                         "StudySummary", "TrialRecord", "params_key"),
     "storage.repository": ("Repository",),
 }

@@ -1,7 +1,7 @@
 """The tables of the tuner, as a typed SQLAlchemy 2 ORM.
 
-Every table is prefixed ``tuner_`` because Optuna's RDB storage lives in the same database with
-its own ``studies``, ``trials`` and ``alembic_version`` tables. Relationships are declared with
+Every table is prefixed ``tuner_``: databases written by earlier versions also hold Optuna's
+RDB tables (``studies``, ``trials``, ``alembic_version``), which this version leaves alone. Relationships are declared with
 ``lazy="raise"``: a query that needs a related row loads it explicitly (``joinedload``), so no
 query ever runs by surprise. The schema itself is created by the Alembic migrations in
 ``storage/migrations``, never by ``metadata.create_all``.
@@ -188,6 +188,25 @@ class Trial(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     study: Mapped[Study] = relationship(lazy="raise")
+
+
+class RunningTrial(Base):
+    """A trial sent to a GPU and not yet measured: its number is taken, its config claimed.
+
+    ``Repository.record_trial`` replaces it by the measured trial in one transaction, so a trial
+    is in one table or the other, never both. A row whose owner is gone (a killed run) or None
+    (a run that stopped and left it to be measured again) is settled by the next run.
+    """
+
+    __tablename__ = "tuner_running_trials"
+    __table_args__ = (UniqueConstraint("study_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
+    number: Mapped[int]
+    params: Mapped[dict[str, Any]]
+    owner: Mapped[str | None] = mapped_column(String)  # host:pid of the coordinator measuring it
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Retime(Base):

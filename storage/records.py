@@ -101,6 +101,22 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class RunningRecord:
+    """A trial sent to a GPU and not measured yet (or left by a run that stopped before)."""
+
+    id: int
+    study_id: int
+    number: int
+    params: dict[str, Any]
+    owner: str | None  # host:pid of the coordinator measuring it; None: to be measured again
+    started_at: datetime
+
+    @property
+    def key(self) -> str:
+        return params_key(self.params)
+
+
+@dataclass(frozen=True)
 class RetimeEntry:
     """One trial's outcome in a re-timing, as :meth:`Repository.record_retiming` takes it: the
     timing of its interleaved rounds, or why it could not be re-timed."""

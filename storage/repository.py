@@ -6,7 +6,8 @@
         space=space, shape=[4, 16, 4096, 128], dtype="fp16", causal=True,
         device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
     )
-    repo.record_trial(study.id, trial.number, params, status="ok", median_ms=0.41, tflops=612.0)
+    number = repo.claim_trial(study.id, params, owner="host:pid")   # sent to a GPU: RUNNING
+    repo.record_trial(study.id, number, params, status="ok", median_ms=0.41, tflops=612.0)
     repo.record_retiming(study.id, [RetimeEntry(trial.number, median_ms=0.42, ...), ...])
     winner = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
 
@@ -21,20 +22,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.errors import StorageError
-from storage.models import Retime, Study, Trial, utcnow
+from storage.models import Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
     STUDY_STATUSES,
     TRIAL_STATUSES,
     BestRecord,
     RetimeEntry,
     RetimeRecord,
+    RunningRecord,
     StudyRecord,
     StudySummary,
     TrialRecord,
@@ -231,7 +233,8 @@ class Repository:
         replayed: bool = False,
         gpu_state: Mapping[str, Any] | None = None,
     ) -> TrialRecord:
-        """Store trial ``number`` of a study; in the same transaction, make it the best of its
+        """Store trial ``number`` of a study, in place of its running trial (claimed by
+        :meth:`claim_trial`) when it has one; in the same transaction, make it the best of its
         (template version, problem, device) when it is ok and strictly faster than the stored
         best. Failed trials never become best. NaN floats are stored as None (unknown).
         """
@@ -276,12 +279,48 @@ class Repository:
             f"cannot record trial {number} of study {study_id}", write=True
         ) as session:
             study = queries.study(session, study_id)
+            session.execute(delete(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.number == number))
             session.add(trial)
             study.updated_at = utcnow()
             session.flush()
             if status == "ok":
                 queries.offer_best(session, study, trial)
             return rows.trial_record(trial)
+
+    def claim_trial(self, study_id: int, params: Mapping[str, Any], *, owner: str | None) -> int:
+        """A running trial of ``params`` for ``owner`` (host:pid), under the study's next free
+        number (one past every measured or running trial's), which this returns. Coordinators
+        sharing a study take numbers one at a time (the study row is locked meanwhile)."""
+        plain = queries.plain_json("params", params)
+        with self._session(f"cannot start a trial of study {study_id}", write=True) as session:
+            queries.study(session, study_id, lock=True)
+            taken = [session.scalar(select(func.max(model.number)).where(model.study_id == study_id))
+                     for model in (Trial, RunningTrial)]
+            number = max((n for n in taken if n is not None), default=-1) + 1
+            session.add(RunningTrial(study_id=study_id, number=number, params=plain, owner=owner))
+            return number
+
+    def running(self, study_id: int) -> list[RunningRecord]:
+        """The study's running trials (measured now, or left by a run that stopped), by number."""
+        with self._session(f"cannot read the running trials of study {study_id}") as session:
+            stmt = (select(RunningTrial).where(RunningTrial.study_id == study_id)
+                    .order_by(RunningTrial.number))
+            return [rows.running_record(running) for running in session.scalars(stmt)]
+
+    def leave_trial(self, study_id: int, number: int) -> None:
+        """Leave a running trial to be measured again: no owner, so the next run settles it."""
+        with self._session(f"cannot leave trial {number} of study {study_id}", write=True) as session:
+            session.execute(update(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.number == number).values(owner=None))
+
+    def drop_trial(self, study_id: int, number: int) -> bool:
+        """Forget a running trial (its config is measured elsewhere, or settled by a resumed
+        run); False when it was gone already (another coordinator settled it first)."""
+        with self._session(f"cannot drop trial {number} of study {study_id}", write=True) as session:
+            done = session.execute(delete(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.number == number))
+            return bool(done.rowcount)
 
     def trials(self, study_id: int) -> list[TrialRecord]:
         """The trials of a study, ordered by number."""

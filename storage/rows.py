@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.models import Best, Device, Family, Problem, Retime, Study, TemplateVersion, Trial
+from storage.models import (
+    Best,
+    Device,
+    Family,
+    Problem,
+    Retime,
+    RunningTrial,
+    Study,
+    TemplateVersion,
+    Trial,
+)
 from storage.records import (
     BestRecord,
     DeviceRecord,
     RetimeRecord,
+    RunningRecord,
     StudyRecord,
     StudySummary,
     TrialRecord,
@@ -66,6 +77,17 @@ def trial_record(trial: Trial) -> TrialRecord:
         gpu_state=None if trial.gpu_state is None else dict(trial.gpu_state),
         created_at=trial.created_at,
         **values,
+    )
+
+
+def running_record(running: RunningTrial) -> RunningRecord:
+    return RunningRecord(
+        id=running.id,
+        study_id=running.study_id,
+        number=running.number,
+        params=dict(running.params),
+        owner=running.owner,
+        started_at=running.started_at,
     )
 
 

@@ -9,7 +9,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
 from storage import StorageError, open_repository
-from storage.migrate import VERSION_TABLE, head_revision
+from alembic import command
+
+from storage.migrate import VERSION_TABLE, alembic_config, head_revision
 from storage.models import Base
 
 TABLES = {
@@ -21,6 +23,7 @@ TABLES = {
     "tuner_trials",
     "tuner_best",
     "tuner_retimes",
+    "tuner_running_trials",
 }
 
 
@@ -57,6 +60,29 @@ def test_open_twice_is_a_no_op_and_keeps_data(url, study_args):
         assert [t.number for t in repo.trials(study.id)] == [0]
         assert repo.study("kept").n_ok == 1
     assert _version(url) == [head_revision()]
+
+
+def test_a_database_at_0003_upgrades_keeping_every_trial(url, study_args):
+    """0004 adds the running trials; a database made at the old head keeps its trials, numbers
+    and best, and numbers new trials after its highest."""
+    with open_repository(url) as repo:
+        study = repo.open_study("old", **study_args())
+        for number, ms in ((0, 2.0), (4, 1.0), (7, 3.0)):  # numbers with gaps, as Optuna gave them
+            repo.record_trial(study.id, number, {"a": number}, status="ok", median_ms=ms)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0003")
+    engine.dispose()
+    assert _version(url) == ["0003"] and "tuner_running_trials" not in _tables(url)
+    with open_repository(url) as repo:  # opening upgrades
+        assert _version(url) == [head_revision()]
+        assert [(t.number, t.median_ms) for t in repo.trials(study.id)] == [(0, 2.0), (4, 1.0), (7, 3.0)]
+        assert repo.best(*[study_args()[k] for k in ("family", "shape", "dtype", "causal")]).trial_number == 4
+        assert repo.running(study.id) == []
+        number = repo.claim_trial(study.id, {"a": 8}, owner="host:1")
+        assert number == 8 and [r.number for r in repo.running(study.id)] == [8]
+        repo.record_trial(study.id, number, {"a": 8}, status="failed", failure="crash")
+        assert repo.running(study.id) == [] and len(repo.trials(study.id)) == 4
 
 
 def test_migrations_match_the_models(url):
