@@ -7,8 +7,9 @@
     print(winner.median_ms, winner.tflops, winner.params)
     tuner.export("attention", "4,16,4096,128", "fp16", causal=True, out_dir="out/")
 
-``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); Optuna's study lives in the
-same database as our results. Every error a user can cause is a :class:`tuner.TunerError`
+``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); a study's trials are stored
+there, in our tables alone (:func:`export_optuna` copies a study to an Optuna storage, for
+optuna-dashboard and Optuna's own tools). Every error a user can cause is a :class:`tuner.TunerError`
 whose text is one line.
 """
 
@@ -24,7 +25,7 @@ import optuna
 
 from templates.family import KernelFamily, Problem
 from tuner import retime as retiming
-from tuner import database, lookup, search, study_writer, warmstart
+from tuner import database, lookup, search, warmstart
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
@@ -111,25 +112,20 @@ def tune(
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
     url = database.url(db)
     with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
-        writer = study_writer.beside_ray(url)  # its process starts while the GPU actors start
-        try:
-            with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
-                            measure_timeout_s=measure_timeout_s) as pool:
-                space = _space(fam, pool)
-                if trials is None and time_budget is None:
-                    trials = space.size if sampler == "grid" else DEFAULT_TRIALS
-                name, outcome, warm = _run_study(
-                    fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
-                    trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-                    retime=retime, early_stop=early_stop, writer=writer,
-                )
-                gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
-                kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
-                flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
-                device = pool.device.name
-        finally:
-            if writer is not None:
-                writer.close()
+        with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
+                        measure_timeout_s=measure_timeout_s) as pool:
+            space = _space(fam, pool)
+            if trials is None and time_budget is None:
+                trials = space.size if sampler == "grid" else DEFAULT_TRIALS
+            name, outcome, warm = _run_study(
+                fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
+                trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
+                retime=retime, early_stop=early_stop,
+            )
+            gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
+            kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
+            flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
+            device = pool.device.name
         winner = database.call(lambda: repo.best(
             fam.name, problem.shape, problem.dtype, problem.causal,
             device_name=device, template_hash=fam.template_hash,
@@ -157,11 +153,9 @@ def _run_study(
     time_budget: float | None,
     replay: str | Path | None,
     warm_start: int = warmstart.DEFAULT_PICKS,
-    writer: study_writer.RayWriter | None = None,
     **loop_options: Any,
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
-    """Open (or resume) the study of this family version, problem and GPU, and run it (its
-    database writes through ``writer``, else in this process)."""
+    """Open (or resume) the study of this family version, problem and GPU, and run it."""
     device = pool.device
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
@@ -187,27 +181,19 @@ def _run_study(
 
     points = [c for c in space.configs() if valid(c)] if sampler == "grid" else None
 
-    study = search.open_study(name, url, search.make_sampler(sampler, space, seed, points, valid))
-    if study.get_trials(deepcopy=False):
-        study.sampler = search.make_sampler(sampler, space, search.resume_seed(seed, study), points, valid)
-        if warm_start:  # a study begun before the family named its starting points still gets them
-            from storage import params_key
-
-            measured = database.call(lambda: repo.measured(record.id))
-            for point in warmstart.family_points(fam, problem, pool.limits, picks):
-                if params_key(point.params) not in measured and space.contains(point.params):
-                    logger.info("starting point of the family: %s", point.params)
-                    study.enqueue_trial(space.encode(point.params))
-    else:
-        for pick in picks:  # asked before anything the sampler proposes
-            logger.info("warm start from %s: %s", pick.source, pick.params)
-            study.enqueue_trial(space.encode(pick.params))
+    stored = len(database.call(lambda: repo.trials(record.id)))
+    if stored:  # resumed: a shifted seed, so that it does not replay its first proposals
+        seed = search.resume_seed(seed, stored)
+    first = [pick.params for pick in picks]
+    if warm_start:  # a study begun before the family named its starting points still gets them
+        first += [p.params for p in warmstart.family_points(fam, problem, pool.limits, picks)]
+    for pick in picks:
+        logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
-    if writer is not None:
-        writer.open(name)
     coordinator = Coordinator(
-        fam, problem, pool=pool, repository=repo, study=study, record=record, space=space,
-        trials=trials, time_budget=time_budget, writer=writer, **loop_options,
+        fam, problem, pool=pool, repository=repo, record=record, space=space,
+        sampler=search.make_sampler(sampler, space, seed, points, valid), first=first,
+        trials=trials, time_budget=time_budget, **loop_options,
     )
     outcome = database.call(coordinator.run)
     summary = database.call(lambda: repo.study(name))
@@ -283,6 +269,23 @@ def show(name: str, db: str | None = None) -> StudyDetail:
                            database.call(lambda: repo.retimes(found[0].id)))
 
 
+def export_optuna(name: str, target: str, db: str | None = None) -> str:
+    """Copy the stored study ``name`` into an Optuna storage at ``target`` (an RDB URL, or the
+    path of a journal file), for optuna-dashboard; returns ``target``. Refuses a target that
+    holds a study of that name already (:mod:`tuner.optuna_export`)."""
+    from tuner.optuna_export import copy_study
+
+    detail = show(name, db=db)
+    try:
+        with _quiet_optuna():
+            copy_study(name, detail.trials, target)
+    except optuna.exceptions.DuplicatedStudyError:
+        raise UsageError(f"{target} holds a study named {name!r} already") from None
+    except Exception as error:  # the target's driver, path or URL errors alike
+        raise UsageError(f"cannot write the study to {target}: {one_line(error)}") from None
+    return target
+
+
 # -- seams: Ray and the workers come in here (tests replace _open_pool and _ray) ------------------
 def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
     """The family's space, or for a replay the part of it its landscape recorded, so that every
@@ -293,7 +296,7 @@ def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
 
 @contextmanager
 def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
-    """Ray for the pool and the study's writer: started here, and stopped after, unless this
+    """Ray for the pool: started here, and stopped after, unless this
     process has it up already; without a GPU (and no replay, no cluster) nothing starts."""
     from workers import NoGPUError
     from workers.ray_session import start_ray, stop_ray

@@ -3,29 +3,31 @@
 Several trials are in flight at once (``lookahead``); the coordinator is the only writer of the
 database. It runs against anything with the :class:`workers.WorkerPool` interface::
 
-    coordinator = Coordinator(family, problem, pool=pool, repository=repo, study=study,
-                              record=record, space=space, trials=200)
+    coordinator = Coordinator(family, problem, pool=pool, repository=repo, sampler=sampler,
+                              record=record, space=space, trials=200, first=warm_configs)
     outcome = coordinator.run()      # LoopOutcome(status="finished", reason="200 trials measured")
 
 Rules it keeps:
 
-- the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`); the Optuna
-  study in the database gets the trials that go to the GPU, when they do, and their results;
-  those writes, and the storing of each measured trial, are made by ``writer``
-  (:mod:`tuner.study_writer`: a Ray actor in ``tune``), in order, while the loop goes on;
+- the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`), on a study
+  rebuilt from the stored trials; a trial that goes to the GPU is stored as running (its
+  number taken), and measured it is stored in its place: our tables are its one record;
+- configs given as ``first`` (warm start, the family's starting points) are asked before
+  anything the sampler proposes, unless measured already;
 - a config the family rejects is told ``inf`` at once, to the sampler only; it is never
   compiled, not stored (storage holds measured trials only) and does not count toward the
   trial budget;
 - a config measured before (in this study, by this run, an earlier one or another coordinator
-  sharing it) is never measured again: its database trial (a queued one) is told its value, the
-  sampler's fails (:meth:`MirroredStudy.repeated`: the sampler holds each config once); one
-  asked again while in flight (here or elsewhere) waits for that result;
+  sharing it) is never measured again: the sampler's trial fails (:meth:`MirroredStudy.repeated`:
+  the sampler holds each config once); one asked again while in flight here waits for that
+  result, one in flight elsewhere is dropped;
 - it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
   run, when every valid config has been measured, or after ``max_idle_asks`` asks in a row that
   brought nothing new;
-- trials left RUNNING by a killed run are told (from storage) or marked FAIL and re-queued;
-- on KeyboardInterrupt it keeps what finished, re-queues what was in flight and returns
-  ``status="interrupted"``;
+- running trials of a killed or interrupted run are settled: dropped when their config is
+  measured, else measured first (a trial whose coordinator still runs is left to it);
+- on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
+  by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
   the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not).
 """
@@ -45,8 +47,7 @@ import optuna
 from storage import params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
-from tuner.mirror import MirroredStudy, Proposal, Synced
-from tuner.study_writer import InlineWriter
+from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -111,7 +112,7 @@ class Coordinator:
         *,
         pool: Pool,
         repository: Any,
-        study: optuna.Study,
+        sampler: optuna.samplers.BaseSampler,
         record: Any,
         space: search.SearchSpace,
         trials: int | None = None,
@@ -123,16 +124,16 @@ class Coordinator:
         progress: Progress | None = None,
         retime: int = DEFAULT_TOP,
         early_stop: bool = True,
-        writer: Any = None,
+        first: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
-        self.repository, self.study, self.record, self.space = repository, study, record, space
+        self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
+        self.first = [dict(params) for params in first]
         self.trials, self.time_budget = trials, time_budget
         self.lookahead = max(1, lookahead or default_lookahead(pool))
         self.max_idle_asks = max_idle_asks
         self.retime = retime
         self.early_stop = early_stop
-        self.writer = writer  # of the database study (tuner.study_writer; None: in this process)
         self.poll_interval = poll_interval
         self.clock = clock = clock or time.monotonic
         self.progress = progress or Progress(
@@ -153,10 +154,9 @@ class Coordinator:
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._started = self.clock()
+        self._proposals = MirroredStudy(self.repository, self.record.id, self.space, self.sampler,
+                                        owner=search.owner_id(), clock=self.clock)
         self._resume()
-        writer = self.writer or InlineWriter(self.study, self.repository)
-        self._proposals = MirroredStudy(self.study, clock=self.clock, writer=writer)
-        self._synced(self._proposals.synced)
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
@@ -172,7 +172,6 @@ class Coordinator:
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
-            self._mirror.flush()  # the database study holds every result before the run returns
             self.repository.set_study_status(self.record.id, status)
             self.progress.in_flight = 0
             self.progress.finish(status, reason)
@@ -242,7 +241,7 @@ class Coordinator:
         params = self.space.decode(proposal.params)
         key = params_key(params)
         if key in self._known:
-            self._mirror.repeated(proposal, self._known[key], reused=True)
+            self._mirror.repeated(proposal)
             self.progress.reused()
             self._idle += 1
             return False
@@ -268,7 +267,7 @@ class Coordinator:
             self._reject(proposal, key, reason)
             self._idle += 1
             return False
-        self._mirror.record(proposal, owner=search.owner_id())
+        self._mirror.record(proposal, params)
         ticket = next(self._tickets)
         self.pool.submit(ticket, params, source, launch, options)
         self._in_flight[ticket] = _InFlight(proposal, params, key)
@@ -282,7 +281,7 @@ class Coordinator:
         """Tell a config the family rejected: ``inf`` at once, nothing compiled or stored."""
         self._known[key] = search.FAILED_VALUE
         self._unmeasured.discard(key)
-        self._mirror.tell(proposal, search.FAILED_VALUE, failure="invalid", reason=reason)
+        self._mirror.tell(proposal, search.FAILED_VALUE)
         self.progress.invalid()
         logger.debug("invalid: %s (%s)", reason, key)
 
@@ -290,14 +289,11 @@ class Coordinator:
         """Take in what other coordinators sharing the study measured, or measure now."""
         if synced is None:  # not read this time
             return
-        names = self.space.distributions.keys()
         for trial in synced.finished:
-            key = params_key(self.space.decode(trial.params))
-            if key not in self._known:
-                self._known[key] = trial.value
-                self._unmeasured.discard(key)
-        self._elsewhere = {params_key(self.space.decode(t.params)) for t in synced.running
-                           if t.params.keys() == names}
+            if trial.key not in self._known:
+                self._known[trial.key] = objective(trial)
+                self._unmeasured.discard(trial.key)
+        self._elsewhere = {t.key for t in synced.running if t.owner is not None}
         if synced.finished:
             self._set_early_stop()
 
@@ -311,8 +307,8 @@ class Coordinator:
             self._finish(flight, measurement)
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
-        """The sampler learns at once; the writer stores the trial, then tells the database
-        study (a crash in between is repaired by :meth:`_resume`)."""
+        """The sampler learns; the measured trial is stored in place of its running one, with
+        the GPU's clocks and temperature as read for it (none for a failure)."""
         timing, res = m.timing, m.resources
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
@@ -333,46 +329,54 @@ class Coordinator:
             iqr_ms=timing.iqr_ms if timing else None,
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
-            replayed=m.replayed, gpu_state=_gpu_state(self.pool),
+            replayed=m.replayed, gpu_state=dict(m.clocks) or None,
             toolkit=m.toolkit,
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
         self._set_early_stop()
-        self._mirror.finish(flight.proposal, value, record, failure=m.failure, tflops=tflops)
+        self._mirror.finish(flight.proposal, value, record)
         for follower in flight.followers:
-            self._mirror.repeated(follower, value, reused=True)
+            self._mirror.repeated(follower)
         self.progress.measured(
-            self._mirror.number(flight.proposal, wait=False), flight.params,
+            flight.proposal.number, flight.params,
             failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )
 
     # -- resume and interruption ------------------------------------------------------------------
     def _resume(self) -> None:
-        """Load what the study measured before; settle trials a killed run left RUNNING."""
+        """Load what the study measured before into the sampler; settle running trials a killed
+        or interrupted run left; queue the ``first`` configs not measured yet."""
         valid = {params_key(c) for c in self.family.valid_configs(self.problem, self.pool.limits)}
         self._n_valid = len(valid)
+        synced = self._mirror.sync(force=True)
+        assert synced is not None
         best: Best | None = None
-        for trial in self.repository.trials(self.record.id):
-            key = params_key(trial.params)
-            ok = trial.status == "ok" and trial.median_ms is not None
-            self._known.setdefault(key, trial.median_ms if ok else search.FAILED_VALUE)
+        for trial in synced.finished:
+            self._known.setdefault(trial.key, objective(trial))
             self._previous += 1
-            if ok and (best is None or trial.median_ms < best.median_ms):
+            if trial.ok and trial.median_ms is not None and (best is None or trial.median_ms < best.median_ms):
                 best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
+        queued: set[str] = set()
+        for running in synced.running:
+            if running.key in self._known:
+                self.repository.drop_trial(self.record.id, running.number)
+            elif search.owner_alive(running.owner, running.started_at):
+                logger.info("trial %d is being measured by %s: left to it", running.number,
+                            running.owner)
+            elif self.repository.drop_trial(self.record.id, running.number):  # not settled elsewhere
+                if self.space.contains(running.params) and running.key not in queued:
+                    self._mirror.enqueue(running.params)
+                    queued.add(running.key)
+                logger.info("trial %d was left running by an earlier run: queued", running.number)
+        for params in self.first:
+            key = params_key(params)
+            if key not in self._known and key not in queued and self.space.contains(params):
+                self._mirror.enqueue(params)
+                queued.add(key)
         self._unmeasured = valid - self._known.keys()
-        for orphan in search.orphans(self.study):
-            params = orphan.params if orphan.params.keys() == self.space.distributions.keys() else None
-            key = params_key(self.space.decode(params)) if params is not None else None
-            if key is not None and key in self._known:
-                self.study.tell(orphan.number, self._known[key], skip_if_finished=True)
-            elif search.owner_alive(orphan.user_attrs.get("owner"), orphan.datetime_start):
-                logger.info("trial %d is being measured by %s: left to it", orphan.number,
-                            orphan.user_attrs["owner"])
-            else:
-                search.abandon(self.study, orphan.number, params)
-                logger.info("trial %d was left running by an earlier run: re-queued", orphan.number)
+        self._synced(self._mirror.sync(force=True))
         self.progress.resumed(self._previous, best)
         self._set_early_stop()
 
@@ -393,7 +397,3 @@ class Coordinator:
         self._in_flight.clear()
         self._in_flight_keys.clear()
 
-
-def _gpu_state(pool: Pool) -> dict[str, Any] | None:
-    clocks = getattr(getattr(pool, "device", None), "clocks", None)
-    return dict(clocks) if clocks else None

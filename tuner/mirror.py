@@ -1,53 +1,47 @@
-"""The sampler's study in memory, the record in the database.
+"""The sampler's study in memory; the study's trials in our tables, their one record.
 
-Optuna's RDB storage makes a database round trip for each suggested parameter: an ask took about
-90 ms on SQLite, where the same TPE ask in memory takes under 10 ms. A study asks several configs
-for each one it measures (the others the family rejects, or they were measured before), so the
-sampler works on an in-memory study and only configs that go to the GPU are written to the
-database study, each in one transaction::
+A study asks several configs for each one it measures (the others the family rejects, or they
+were measured before), and an ask of Optuna's in-memory study takes under 10 ms, so the sampler
+works on an in-memory Optuna study. Only configs that go to the GPU reach the database: a
+running trial (``Repository.claim_trial``) that becomes the measured one
+(``Repository.record_trial``). The memory study is rebuilt from the stored trials when a study
+resumes, and takes in those that other coordinators sharing it (PostgreSQL) store::
 
-    mirror = MirroredStudy(study, writer=writer)  # study: the database one; its sampler moves
-                                                  # to the memory study; writer: study_writer's
-    proposal = mirror.ask(space.distributions)    # in memory (a queued trial: from the database)
+    mirror = MirroredStudy(repo, study.id, space, sampler, owner="host:pid")
+    mirror.sync(force=True)                       # the stored trials, into memory
+    mirror.enqueue(params)                        # asked before anything the sampler proposes
+    proposal = mirror.ask(space.distributions)    # in memory
     mirror.tell(proposal, float("inf"))           # rejected: in memory only
-    mirror.repeated(proposal, 0.0213)             # measured before: FAIL in memory
-    mirror.record(proposal, owner="host:pid")     # going to the GPU: a RUNNING database trial
-    mirror.finish(proposal, 0.0213, record, tflops=98.1)  # stored, then told in both
-    mirror.number(proposal)                       # the database trial's number
+    mirror.repeated(proposal)                     # measured before: FAIL in memory
+    number = mirror.record(proposal, params)      # going to the GPU: a running trial, numbered
+    mirror.finish(proposal, 0.0213, record)       # told in memory, stored in place of the running one
+    mirror.abandon(proposal)                      # never measured: left to the next run
 
-The database writes go through ``writer`` (``tuner.study_writer``), which makes them in order,
-in this process or in a Ray actor. Trials queued in the database study (``study.enqueue_trial``:
-warm start, starting points, trials a killed run left) are asked there, so two coordinators
-never take the same one. ``sync`` copies the finished trials of other coordinators sharing the
-study (PostgreSQL) into memory, at most every ``sync_interval_s``.
+``sync`` reads the stored and running trials at most every ``sync_interval_s``.
 """
 
 from __future__ import annotations
 
+import math
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import optuna
 from optuna.distributions import BaseDistribution
-from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
+from optuna.trial import Trial, TrialState
 
-from tuner.study_writer import InlineWriter
+from tuner import search
 
 SYNC_INTERVAL_S = 5.0
-MIRROR_ATTR = "mirror"  # user attribute of a database trial: the mirror that created it
 
 
 @dataclass
 class Proposal:
-    """One asked config: its in-memory trial and, once recorded, its database trial as the
-    writer knows it (``created``: a queued trial's (id, number), or the writer's handle of the
-    one it creates)."""
+    """One asked config: its in-memory trial and, once recorded, its stored trial's number."""
 
     trial: Trial
-    created: Any = None
+    number: int | None = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -56,141 +50,102 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Synced:
-    """Trials of other coordinators seen by :meth:`MirroredStudy.sync`."""
+    """What :meth:`MirroredStudy.sync` read: ``storage.TrialRecord`` and ``RunningRecord``."""
 
-    finished: tuple[FrozenTrial, ...] = ()  # COMPLETE, newly copied into memory
-    running: tuple[FrozenTrial, ...] = ()  # RUNNING now
+    finished: tuple[Any, ...] = ()  # stored trials newly taken into memory (earlier runs, others)
+    running: tuple[Any, ...] = ()  # trials other coordinators measure now
+
+
+def objective(trial: Any) -> float:
+    """What the sampler is told of a stored trial: its median, or ``inf`` when it failed."""
+    ok = trial.status == "ok" and trial.median_ms is not None and math.isfinite(trial.median_ms)
+    return float(trial.median_ms) if ok else search.FAILED_VALUE
 
 
 class MirroredStudy:
-    def __init__(self, durable: optuna.Study, *, sync_interval_s: float = SYNC_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, writer: Any = None) -> None:
-        """``writer``: where the database trials are written (``tuner.study_writer``; default
-        in this process, at once)."""
-        self.durable = durable
-        self.writer = writer if writer is not None else InlineWriter(durable)
-        self._token = uuid.uuid4().hex  # marks the database trials this mirror creates
-        self.memory = optuna.create_study(direction="minimize", sampler=durable.sampler)
-        # The database study keeps a sampler that costs nothing: its trials are made here, and
-        # Optuna calls a study's sampler whenever a Trial of it is built.
-        durable.sampler = optuna.samplers.RandomSampler()
-        self._mine: set[int] = set()  # database trial numbers this mirror asked or created
-        self._copied: set[int] = set()  # database trial numbers copied into memory
-        self._waiting = 0
+    def __init__(self, repository: Any, study_id: int, space: search.SearchSpace,
+                 sampler: optuna.samplers.BaseSampler, *, owner: str | None = None,
+                 sync_interval_s: float = SYNC_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``owner``: who measures the trials this records (``search.owner_id()``)."""
+        self.repository, self.study_id, self.space, self.owner = repository, study_id, space, owner
+        self.memory = search.memory_study(sampler)
+        self._taken: set[int] = set()  # stored trial numbers the memory study holds
+        self._mine: set[int] = set()  # running trials this mirror recorded
         self._interval, self._clock = sync_interval_s, clock
-        self._last_sync = -float("inf")
-        self.synced: Synced = self.sync(force=True)  # type: ignore[assignment]
+        self._last_sync = -math.inf
 
     @property
     def sampler(self) -> optuna.samplers.BaseSampler:
         return self.memory.sampler
 
+    def enqueue(self, params: Mapping[str, Any]) -> None:
+        """Ask ``params`` (decoded, of the space) before anything the sampler proposes."""
+        self.memory.enqueue_trial(self.space.encode(params))
+
     def ask(self, distributions: Mapping[str, BaseDistribution]) -> Proposal:
-        """A queued database trial while there are any, else the sampler's proposal in memory."""
-        durable = self._pop_queued(distributions) if self._waiting else None
-        if durable is None:
-            return Proposal(self.memory.ask(dict(distributions)))
-        self.memory.enqueue_trial(durable.params)
-        return Proposal(self.memory.ask(dict(distributions)), (durable._trial_id, durable.number))
+        return Proposal(self.memory.ask(dict(distributions)))
 
-    def _pop_queued(self, distributions: Mapping[str, BaseDistribution]) -> Trial | None:
-        """Take the oldest queued database trial (None when another coordinator took the last):
-        set RUNNING only if still WAITING, as Optuna's own ask does (through its storage, as
-        ``tuner.study_writer`` does; Optuna is pinned below 6)."""
-        storage, study_id = self.durable._storage, self.durable._study_id
-        for frozen in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
-            try:
-                if not storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
-                    continue
-            except UpdateFinishedTrialError:
-                continue
-            self._waiting = max(0, self._waiting - 1)
-            trial = Trial(self.durable, frozen._trial_id)
-            for name, distribution in distributions.items():  # the queued params (SearchSpace's
-                trial.suggest_categorical(name, distribution.choices)  # are all categorical)
-            self._mine.add(trial.number)
-            return trial
-        self._waiting = 0
-        return None
+    def record(self, proposal: Proposal, params: Mapping[str, Any]) -> int:
+        """A running trial of ``params`` (the proposal, decoded) in the database: its number."""
+        proposal.number = self.repository.claim_trial(self.study_id, params, owner=self.owner)
+        self._mine.add(proposal.number)
+        return proposal.number
 
-    def record(self, proposal: Proposal, **user_attrs: Any) -> None:
-        """Give the proposal a RUNNING database trial (params and attributes in one write)."""
-        if proposal.created is not None:  # a queued trial, taken by ask
-            self.writer.call("set_user_attrs", proposal.created, user_attrs)
-            return
-        proposal.created = self.writer.call("create", proposal.trial.params, proposal.trial.distributions,
-                                             {**user_attrs, MIRROR_ATTR: self._token})
-
-    def number(self, proposal: Proposal, wait: bool = True) -> int | None:
-        """The database trial's number (the stored trial's number); waits for its creation, or
-        with ``wait=False`` is None while the writer has not made it."""
-        if proposal.created is None:
-            raise ValueError("this proposal has no database trial yet")
-        if not wait and not self.writer.ready(proposal.created):
-            return None
-        return self.writer.result(proposal.created)[1]
-
-    def tell(self, proposal: Proposal, value: float, **attrs: Any) -> None:
-        """Tell the sampler; the database trial too, with ``attrs`` as user attributes."""
+    def tell(self, proposal: Proposal, value: float) -> None:
+        """Tell the sampler alone (a config the family rejected)."""
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
-        if proposal.created is not None:
-            self.writer.call("tell", proposal.created, value, attrs)
 
-    def repeated(self, proposal: Proposal, value: float, **attrs: Any) -> None:
-        """A config measured before, asked again: its database trial (a queued one) is told
-        ``value``; the sampler's is FAIL, so that the sampler's data holds each config once.
-        Told their value, the repeats of a study's best configs crowded TPE's density of good
-        trials with copies, and it proposed them ever more often: a 300-trial study asked 1,069
-        times, each ask slower than the last (10 ms in the first quarter, 27 in the last)."""
+    def repeated(self, proposal: Proposal) -> None:
+        """A config measured before, asked again: FAIL in memory, so that the sampler's data
+        holds each config once. Told their value, the repeats of a study's best configs crowded
+        TPE's density of good trials with copies, and it proposed them ever more often: a
+        300-trial study asked 1,069 times, each ask slower than the last (10 ms in the first
+        quarter, 27 in the last)."""
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
-        if proposal.created is not None:
-            self.writer.call("tell", proposal.created, value, attrs)
 
-    def finish(self, proposal: Proposal, value: float, record: Mapping[str, Any], **attrs: Any) -> None:
-        """A measured result: told to the sampler at once; then, by the writer and in this order,
-        stored (``Repository.record_trial(**record)`` under the trial's number) and told to the
-        database study."""
+    def finish(self, proposal: Proposal, value: float, record: Mapping[str, Any]) -> None:
+        """A measured result: told to the sampler, then stored in place of the running trial
+        (``Repository.record_trial(**record)`` under its number)."""
+        if proposal.number is None:
+            raise ValueError("finish takes a recorded proposal")
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
-        self.writer.call("finish", proposal.created, dict(record), value, attrs)
+        self.repository.record_trial(number=proposal.number, **record)
+        self._taken.add(proposal.number)
+        self._mine.discard(proposal.number)
 
     def abandon(self, proposal: Proposal) -> None:
-        """Never to be told: FAIL in memory; in the database FAIL and queued to be asked again."""
-        self._fail(proposal, requeue=True)
+        """Never to be told by this run: FAIL in memory; its running trial is left without an
+        owner, for the next run to measure first."""
+        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
+        if proposal.number is not None and proposal.number in self._mine:
+            self.repository.leave_trial(self.study_id, proposal.number)
+            self._mine.discard(proposal.number)
 
     def drop(self, proposal: Proposal) -> None:
-        """Never to be told, nor asked again (another coordinator measures it): FAIL in both."""
-        self._fail(proposal, requeue=False)
-
-    def _fail(self, proposal: Proposal, requeue: bool) -> None:
+        """Never to be told, nor asked again (another coordinator measures it): FAIL in memory,
+        its running trial (if any) forgotten."""
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
-        if proposal.created is not None:
-            self.writer.call("abandon", proposal.created, proposal.trial.params if requeue else None)
-
-    def flush(self) -> None:
-        """Wait until every database write sent so far is made."""
-        self.writer.flush()
+        if proposal.number is not None and proposal.number in self._mine:
+            self.repository.drop_trial(self.study_id, proposal.number)
+            self._mine.discard(proposal.number)
 
     def sync(self, force: bool = False) -> Synced | None:
-        """Copy finished database trials of other coordinators (and of earlier runs) into memory;
-        recount the queued ones. None (nothing read) within ``sync_interval_s`` of the last sync,
-        unless ``force``."""
+        """Take the stored trials the memory study lacks into it (those of earlier runs and of
+        other coordinators); read the running trials of others. None (nothing read) within
+        ``sync_interval_s`` of the last sync, unless ``force``."""
         now = self._clock()
         if not force and now - self._last_sync < self._interval:
             return None
         self._last_sync = now
-        trials = self.durable.get_trials(deepcopy=False, states=(
-            TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))
-        self._waiting = sum(t.state == TrialState.WAITING for t in trials)
-        finished, running = [], []
-        for t in trials:
-            if (t.number in self._mine or t.number in self._copied or not t.params
-                    or t.user_attrs.get(MIRROR_ATTR) == self._token):
+        finished = []
+        for trial in self.repository.trials(self.study_id):
+            if trial.number in self._taken:
                 continue
-            if t.state == TrialState.RUNNING:
-                running.append(t)
-            elif t.state == TrialState.COMPLETE:
-                self.memory.add_trial(create_trial(value=t.value, params=t.params,
-                                                   distributions=t.distributions))
-                self._copied.add(t.number)
-                finished.append(t)
+            self._taken.add(trial.number)
+            frozen = search.stored_trial(self.space, trial.params, objective(trial))
+            if frozen is not None:
+                self.memory.add_trial(frozen)
+            finished.append(trial)
+        running = [r for r in self.repository.running(self.study_id) if r.number not in self._mine]
         return Synced(tuple(finished), tuple(running))

@@ -1,16 +1,21 @@
 """The Optuna side of a study: its name, its sampler, its space and how results are told.
 
-One Optuna study exists per (family, template version, problem, GPU); its name is readable and
-deterministic, so running the same command again resumes it::
+One study exists per (family, template version, problem, GPU); its name is readable and
+deterministic, so running the same command again resumes it. Its trials are stored in our tables
+(``storage``); the sampler works on an in-memory Optuna study, rebuilt from them on resume::
 
-    from tuner.search import SearchSpace, make_sampler, open_study, study_name
+    from tuner.search import SearchSpace, make_sampler, memory_study, stored_trial, study_name
 
     name = study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
     # 'attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c'
     space = SearchSpace(family.params)
-    study = open_study(name, "sqlite:///tuner.db", make_sampler("tpe", space, seed=0))
+    study = memory_study(make_sampler("tpe", space, seed=0))
+    study.add_trials([stored_trial(space, t.params, objective(t)) for t in repo.trials(id)])
     trial = study.ask(space.distributions)
     params = space.decode(trial.params)
+
+Only Optuna's public API is used (``create_study``, ``ask``/``tell``, ``enqueue_trial``,
+``add_trial``, the samplers' public methods).
 
 Failures are scored like Triton's autotuner does: a config that fails to compile, run or
 validate is told as a COMPLETE trial with the value ``inf`` (:data:`FAILED_VALUE`). TPE only
@@ -21,6 +26,7 @@ the failing region (``tests/tuner/test_search.py`` measures the difference).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import random
@@ -29,13 +35,12 @@ import socket
 from datetime import datetime
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from templates.family import Param, Problem
-from tuner.errors import DatabaseError, UsageError
+from tuner.errors import UsageError
 
 SAMPLERS = ("tpe", "random", "grid")
 FAILED_VALUE = float("inf")  # the objective of a config that failed or cannot run
@@ -113,7 +118,12 @@ class SearchSpace:
 
 
 def _hashable(value: Any) -> Any:
-    return (type(value).__name__, repr(value))
+    """A choice's key: its JSON text, so that a tuple choice read back from the database as a
+    list is the same choice; a value JSON cannot hold, by its type and repr."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return (type(value).__name__, repr(value))
 
 
 def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
@@ -132,50 +142,70 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid" and points is not None:
-        return _PointsSampler([space.encode(point) for point in points], seed=seed)
+        return _PointsSampler([space.encode(point) for point in points], space.distributions,
+                              seed=seed)
     if kind == "grid":
         return _GridSampler(space.grid(), seed=seed)
     raise UsageError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
 
 
 class _ConstrainedTPESampler(optuna.samplers.TPESampler):
-    """TPE that ranks the configs the family rejects last, and those measured already (or being
-    measured) below every new one. An ask of multivariate TPE draws 24 candidates from the
-    density of the good trials and proposes the one that is most likely good rather than bad;
-    here an ask proposes an invalid config only when all 24 are, and a repeat only when all 24
-    are invalid or known. Plain TPE learned the invalid region from ``inf`` results, one ask at a
-    time (2-3 rejected asks per measured trial), and proposed a config it had measured about twice
-    for each new one late in a study; a repeat costs the GPU nothing, but each ask costs the
-    coordinator about 10 ms. (The hooks are Optuna's ``_sample`` and
-    ``_compute_acquisition_func``; Optuna is pinned below 6.)"""
+    """TPE that passes over the configs the family rejects and those measured already (or being
+    measured): an ask draws TPE's proposal again, up to ``DRAWS`` times, until one is valid and
+    new; else the new valid config nearest (in parameters changed) the first valid draw, or the
+    last draw when none was valid; else that first valid draw (a repeat). Each draw is TPE's own (multivariate TPE
+    draws 24 candidates from the density of the good trials and proposes the likeliest good
+    one); the random start-up trials are not redrawn. Plain TPE learned the invalid region from
+    ``inf`` results, one ask at a time (2-3 rejected asks per measured trial), and proposed a
+    config it had measured about twice for each new one late in a study; a repeat costs the GPU
+    nothing, but each ask costs the coordinator about 10 ms. (Only public hooks:
+    ``sample_relative`` and ``Study.get_trials``.)"""
 
-    REPEAT_PENALTY = 1e12  # below any new valid candidate's acquisition value, above -inf
+    DRAWS = 16
+    SCAN_LIMIT = 100_000  # configs scanned for a valid one when every draw was invalid
 
     def __init__(self, space: SearchSpace, valid: Callable[[dict[str, Any]], bool], **options: Any) -> None:
         super().__init__(**options)
         self._space, self._valid = space, valid
-        self._taken: set[tuple[Any, ...]] = set()
 
-    def _sample(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
         names = list(self._space.distributions)
-        others = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING),
-                                   use_cache=False)
-        self._taken = {tuple(t.params.get(n) for n in names) for t in others if t.number != trial.number}
-        return super()._sample(study, trial, search_space)
+        others = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        taken = {tuple(t.params.get(n) for n in names) for t in others if t.number != trial.number}
+        first_valid: dict[str, Any] | None = None
+        params: dict[str, Any] = {}
+        for _ in range(self.DRAWS):
+            params = super().sample_relative(study, trial, search_space)
+            if params.keys() != self._space.distributions.keys():  # start-up, or part of the space
+                return params
+            if not self._valid(self._space.decode(params)):
+                continue
+            if tuple(params[n] for n in names) not in taken:
+                return params
+            first_valid = first_valid or params
+        nearest = self._nearest_valid(first_valid or params, taken)
+        if nearest is not None and (first_valid is None or tuple(nearest[n] for n in names) not in taken):
+            return nearest
+        return first_valid or params
 
-    def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: Any,
-                                  mpe_above: Any) -> np.ndarray:
-        values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
-        distributions = self._space.distributions
-        if samples.keys() != distributions.keys():  # only part of the space is sampled jointly
-            return values
-        for i in range(values.size):
-            encoded = {name: distributions[name].choices[int(samples[name][i])] for name in distributions}
-            if not self._valid(self._space.decode(encoded)):
-                values[i] = -np.inf
-            elif tuple(encoded.values()) in self._taken:
-                values[i] -= self.REPEAT_PENALTY
-        return values
+    def _nearest_valid(self, params: dict[str, Any], taken: set[tuple[Any, ...]]) -> dict[str, Any] | None:
+        """The valid config (a new one if any) that differs from ``params`` in the fewest
+        parameters; None in a space past ``SCAN_LIMIT`` configs."""
+        if self._space.size > self.SCAN_LIMIT:
+            return None
+        names = list(self._space.distributions)
+        best: tuple[int, bool] | None = None
+        nearest = None
+        for config in self._space.configs():
+            if not self._valid(config):
+                continue
+            encoded = self._space.encode(config)
+            rank = (sum(encoded[n] != params[n] for n in names),
+                    tuple(encoded[n] for n in names) in taken)
+            if best is None or (rank[1], rank[0]) < (best[1], best[0]):
+                best, nearest = rank, encoded
+        return nearest
 
 
 class _GridSampler(optuna.samplers.GridSampler):
@@ -190,69 +220,59 @@ class _GridSampler(optuna.samplers.GridSampler):
 class _PointsSampler(optuna.samplers.BaseSampler):
     """A grid over a list of points: each trial takes the first point (in a shuffled order) whose
     params no trial of the study has, so a resumed or shared study goes on where it was. Once
-    every point is taken it repeats random ones; the coordinator stops first.
+    every point is taken it repeats random ones; the coordinator stops first. An enqueued
+    trial keeps its own params (Optuna gives fixed params precedence over relative ones).
     Optuna's GridSampler walks the whole product, and the attention space's is 3.5 times its valid
     configs: each rejected point cost an ask and a tell."""
 
-    def __init__(self, points: Sequence[Mapping[str, Any]], seed: int | None = None) -> None:
+    def __init__(self, points: Sequence[Mapping[str, Any]], distributions: Mapping[str, Any],
+                 seed: int | None = None) -> None:
         self._points = [dict(point) for point in points]
         self._keys = [_point_key(point) for point in self._points]
+        self._distributions = dict(distributions)
         self._order = list(range(len(self._points)))
         self._rng = random.Random(seed)
         self._rng.shuffle(self._order)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        return {}
+        return dict(self._distributions) if self._points else {}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if "fixed_params" in trial.system_attrs or not self._points:  # enqueued: its own params
-            return
-        taken = {_point_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        if not self._points or not search_space:
+            return {}
+        taken = {_point_key(t.params) for t in study.get_trials(deepcopy=False)
+                 if t.params and t.number != trial.number}
         index = next((i for i in self._order if self._keys[i] not in taken), None)
         if index is None:
             index = self._rng.randrange(len(self._points))
-        study._storage.set_trial_system_attr(trial._trial_id, "point", index)
+        return {name: self._points[index][name] for name in search_space if name in self._points[index]}
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: Any) -> Any:
-        index = trial.system_attrs.get("point")
-        if index is None:  # an enqueued trial's parameter outside its fixed ones: any point's
-            return self._points[0][param_name] if self._points else param_distribution.choices[0]
-        return self._points[index][param_name]
+        """A parameter outside the points' (none in the coordinator's use): the first point's."""
+        if self._points and param_name in self._points[0]:
+            return self._points[0][param_name]
+        return param_distribution.choices[0]
 
 
 def _point_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(params.items()))
 
 
-def optuna_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's storage at ``url``; on SQLite its connections get our pragmas (WAL, synced at
-    checkpoints: ``storage.engine.use_sqlite_pragmas``)."""
-    from storage.engine import use_sqlite_pragmas  # SQLAlchemy: imported when a database opens
-
-    storage = optuna.storages.RDBStorage(url)
-    use_sqlite_pragmas(storage.engine)  # the connections Optuna opened for its tables: made anew
-    return storage
+def memory_study(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """The sampler's study: in memory, minimizing; its trials come from our tables."""
+    return optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=sampler,
+                               direction="minimize")
 
 
-def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    """Create the Optuna study in the database at ``url``, or load it to resume."""
-    try:
-        storage = optuna_storage(url)
-        return optuna.create_study(
-            study_name=name,
-            storage=storage,
-            sampler=sampler,
-            direction="minimize",
-            load_if_exists=True,
-        )
-    except Exception as error:  # driver, SQLAlchemy and Optuna errors alike
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DatabaseError(f"cannot open the Optuna study {name!r} in {url}: {first}") from None
+def stored_trial(space: SearchSpace, params: Mapping[str, Any], value: float) -> FrozenTrial | None:
+    """A stored trial (decoded ``params``, objective ``value``) as a COMPLETE trial of the
+    sampler's study; None when its params are not of ``space`` (a replay's narrower space)."""
+    if not space.contains(params):
+        return None
+    return optuna.trial.create_trial(params=space.encode(params), distributions=space.distributions,
+                                     value=value)
 
 
 # -- several coordinators on one study (PostgreSQL shared by several machines) ------------------
@@ -294,25 +314,7 @@ def owner_alive(owner: str | None, started: datetime | None, now: datetime | Non
     return (now - started).total_seconds() < STALE_AFTER_S
 
 
-def abandon(study: optuna.Study, number: int, params: Mapping[str, Any] | None) -> None:
-    """Mark a trial that will never be told as FAIL; queue its params to be asked first again."""
-    study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-    if params is not None and not _is_waiting(study, params):
-        study.enqueue_trial(dict(params))
-
-
-def _is_waiting(study: optuna.Study, params: Mapping[str, Any]) -> bool:
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if trial.system_attrs.get("fixed_params") == dict(params):
-            return True
-    return False
-
-
-def orphans(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials asked but never told: left RUNNING by a run that was killed."""
-    return list(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
-
-def resume_seed(seed: int | None, study: optuna.Study) -> int | None:
-    """A resumed study should not replay its first random proposals: shift the seed."""
-    return None if seed is None else seed + len(study.get_trials(deepcopy=False))
+def resume_seed(seed: int | None, stored: int) -> int | None:
+    """A resumed study (``stored`` trials) should not replay its first random proposals: shift
+    the seed."""
+    return None if seed is None else seed + stored

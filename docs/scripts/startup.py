@@ -34,7 +34,7 @@ import tuner.loop as loop  # noqa: E402
 import workers.gpu as gpu  # noqa: E402
 import workers.pool as pool  # noqa: E402
 import workers.ray_session as ray_session  # noqa: E402
-from tuner import search, study_writer  # noqa: E402
+from tuner import search  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
@@ -53,14 +53,13 @@ class TimedBench(gpu.GpuBench):
 
 gpu.GpuBench = TimedBench
 wrap(ray_session, "start_ray", "start_ray")
-wrap(study_writer, "beside_ray", "writer_actor")
 wrap(pool.WorkerPool, "__init__", "worker_pool")
 wrap(pool.WorkerPool, "_start_actors", "actors_ready")
 wrap(pool, "check_toolkit_for_driver", "toolkit_check")
 wrap(pool, "toolkit_release", "toolkit_release")
 wrap(api.warmstart, "nearest_winners", "warm_start_query")
 wrap(api, "_storage_call", "storage_call")
-wrap(search, "open_study", "optuna_open_study")
+wrap(search, "memory_study", "optuna_memory_study")
 wrap(loop.Coordinator, "__init__", "coordinator_init")
 wrap(loop.Coordinator, "run", "coordinator_run")
 wrap(pool.WorkerPool, "_dispatch", "dispatch")

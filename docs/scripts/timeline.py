@@ -18,13 +18,11 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections import defaultdict
 
 import tuner
 import tuner.loop as loop_module
-import tuner.study_writer as writer_module
 import workers.gpu as gpu_module
 import workers.pool as pool_module
 import workers.replay as replay_module
@@ -90,19 +88,8 @@ def _stamped_run(self):
 
 
 C.run = _stamped_run
-_writer_open = writer_module.RayWriter.open
-
-
-def _stamped_writer(self, name):
-    """Note when the writer actor has opened the study (its first call answered)."""
-    _writer_open(self, name)
-    ping = self.call("ping")
-    threading.Thread(target=lambda: (self._ray.get(ping), totals.__setitem__("writer_ready", time.time())),
-                     daemon=True).start()
-
-
-writer_module.RayWriter.open = _stamped_writer
-loop_module.MirroredStudy.flush = _summed("flush", loop_module.MirroredStudy.flush)
+loop_module.MirroredStudy.record = _summed("record", loop_module.MirroredStudy.record)
+loop_module.MirroredStudy.finish = _summed("store", loop_module.MirroredStudy.finish)
 
 
 def summarize(label: str, start: float, end: float, result) -> dict:
@@ -125,8 +112,6 @@ def summarize(label: str, start: float, end: float, result) -> dict:
     firsts = {step: round(min((m[step] for m in events.values() if step in m), default=begun) - begun, 2)
               for step in ("asked", "compiled", "sent")}
     firsts["measured"] = round(runs[0]["start"] - begun, 2) if runs else None
-    if "writer_ready" in totals:  # when the writer could write, from the coordinator's start
-        firsts["writer"] = round(totals.pop("writer_ready") - begun, 2)
     out = {
         "label": label, "wall": round(end - start, 2), "measures": len(runs),
         "busy": round(busy, 2), "kernels": round(sum(r["kernel"] for r in runs), 2),

@@ -1,20 +1,21 @@
-"""The coordinator end to end: real Optuna, real storage (SQLite file), a fake pool."""
+"""The coordinator end to end: real Optuna, real storage (a SQLite file; PostgreSQL too where a
+test takes ``url``), a fake pool."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-import optuna
 import pytest
-from optuna.trial import TrialState
 
 import tuner
 from storage import open_repository, params_key
 from tuner_doubles import (
     GPU_FAILURES,
     PROBLEM,
+    DEVICE,
     FakeClock,
     FakePool,
+    clocks_of,
     failure_of,
     latency_ms,
     valid_configs,
@@ -28,8 +29,12 @@ def _tune(**kwargs):
     return tuner.tune("toy", *PROBLEM, **options)
 
 
-def _optuna_trials(db, name):
-    return optuna.load_study(study_name=name, storage=db).get_trials(deepcopy=False)
+def _study(db, name):
+    return next(s for s in open_repository(db).studies() if s.name == name)
+
+
+def _running(db, name):
+    return open_repository(db).running(_study(db, name).id)
 
 
 def test_trial_budget_records_every_measured_trial(toy, db, pools):
@@ -49,9 +54,11 @@ def test_trial_budget_records_every_measured_trial(toy, db, pools):
             flops = toy.flops(toy.parse_problem(*PROBLEM))
             assert trial.tflops == pytest.approx(flops / (trial.median_ms / 1e3) / 1e12)
             assert trial.registers == 96 and trial.repetitions == 50
-            assert trial.gpu_state == {"sm_mhz": 1980} and not trial.replayed
-            assert trial.toolkit == "nvcc 13.0.88"
-    assert all(t.state == TrialState.COMPLETE for t in _optuna_trials(db, result.study))
+            assert trial.gpu_state == clocks_of(trial.params) != dict(DEVICE.clocks)
+            assert not trial.replayed and trial.toolkit == "nvcc 13.0.88"
+        else:
+            assert trial.gpu_state is None  # no clocks are read for a failure
+    assert len({t.number for t in stored}) == 20 and _running(db, result.study) == []
 
 
 def test_invalid_configs_are_told_without_compiling_and_do_not_count(toy, db, pools):
@@ -62,13 +69,9 @@ def test_invalid_configs_are_told_without_compiling_and_do_not_count(toy, db, po
     assert result.invalid > 0 and result.measured == 15
     repo = open_repository(db)
     study = next(s for s in repo.studies() if s.name == result.study)
-    assert len(repo.trials(study.id)) == 15  # storage holds measured trials only
-    # so does Optuna's study in the database: the sampler was told the rejected ones in memory
-    space = search.SearchSpace(toy.params)
-    durable = _optuna_trials(db, result.study)
-    assert len(durable) == 15 and all(t.user_attrs.get("failure") != "invalid" for t in durable)
-    assert sorted(params_key(space.decode(t.params)) for t in durable) == sorted(
-        params_key(p) for p in pool.submitted)
+    stored = repo.trials(study.id)  # storage holds measured trials only: the sampler was told
+    assert len(stored) == 15  # the rejected ones in memory
+    assert sorted(t.key for t in stored) == sorted(params_key(p) for p in pool.submitted)
 
 
 def test_failures_are_stored_with_their_kind_and_never_become_best(toy, db, tuned):
@@ -108,12 +111,8 @@ def test_duplicates_are_never_measured_again(toy, db, pools):
     keys = [params_key(p) for p in submitted]
     assert len(keys) == len(set(keys)) == n_valid // 2
     assert result.reused > 0
-    for trial in _optuna_trials(db, result.study):
-        assert trial.state == TrialState.COMPLETE
-        params = trial.params
-        expected = float("inf") if failure_of(params) or toy.check(
-            params, toy.parse_problem(*PROBLEM), pools.used[0].limits) else latency_ms(params)
-        assert trial.value == pytest.approx(expected)
+    stored = open_repository(db).trials(_study(db, result.study).id)
+    assert sorted(t.key for t in stored) == sorted(keys)  # one record of each measured config
 
 
 def test_rerun_of_a_finished_study_measures_nothing(toy, db, pools):
@@ -145,10 +144,8 @@ def test_interrupt_then_resume_continues_the_same_study(toy, db, pools):
     assert first.status == "interrupted" and 0 < first.measured < 25
     repo = open_repository(db)
     assert next(s for s in repo.studies() if s.name == first.study).status == "interrupted"
-    trials = _optuna_trials(db, first.study)
-    assert not [t for t in trials if t.state == TrialState.RUNNING]
-    waiting = [t for t in trials if t.state == TrialState.WAITING]
-    assert waiting  # what was in flight is queued again
+    left = _running(db, first.study)
+    assert left and all(r.owner is None for r in left)  # what was in flight: left to the next run
 
     second = _tune(trials=25, db=db)
     assert second.study == first.study and second.status == "finished"
@@ -156,33 +153,33 @@ def test_interrupt_then_resume_continues_the_same_study(toy, db, pools):
     first_keys = {params_key(p) for p in pools.used[0].submitted[: first.measured]}
     second_keys = [params_key(p) for p in pools.used[1].submitted]
     assert not first_keys & set(second_keys)
-    requeued = {params_key(t.system_attrs["fixed_params"]) for t in waiting}
+    requeued = {r.key for r in left}
     assert requeued <= set(second_keys[: len(requeued)])  # measured first
     assert next(s for s in repo.studies() if s.name == first.study).status == "finished"
+    assert _running(db, first.study) == []
+    numbers = [t.number for t in repo.trials(_study(db, first.study).id)]
+    assert len(numbers) == len(set(numbers)) == 25
 
 
 def test_resume_after_a_kill_settles_running_trials(toy, db, pools):
     first = _tune(trials=5, db=db)
-    # A killed run leaves trials RUNNING: one whose result was stored, one never measured.
+    # A killed run leaves trials running: one whose config was measured since, one never measured.
     repo = open_repository(db)
-    record = next(s for s in repo.studies() if s.name == first.study)
-    space = search.SearchSpace(toy.params)
-    study = optuna.load_study(study_name=first.study, storage=db)
+    record = _study(db, first.study)
     stored = [t for t in repo.trials(record.id) if t.status == "ok"][0]
     done = {params_key(t.params) for t in repo.trials(record.id)}
     fresh = next(c for c in valid_configs(toy) if params_key(c) not in done)
+    killed = f"{__import__('socket').gethostname()}:{_dead_pid()}"
     for params in (stored.params, fresh):
-        study.enqueue_trial(space.encode(params))
-        study.ask(space.distributions)
-    assert len(search.orphans(study)) == 2
+        repo.claim_trial(record.id, params, owner=killed)
+    assert len(_running(db, first.study)) == 2
 
     second = _tune(trials=8, db=db)
-    trials = _optuna_trials(db, first.study)
-    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    told = [t for t in trials if t.params == stored.params and t.state == TrialState.COMPLETE]
-    assert all(t.value == stored.median_ms for t in told) and len(told) >= 2
+    assert _running(db, first.study) == []
+    trials = repo.trials(record.id)
+    assert [t.key for t in trials].count(stored.key) == 1  # not measured again
     assert params_key(pools.used[1].submitted[0]) == params_key(fresh)
-    assert second.previous == 5 and second.measured == 3
+    assert second.previous == 5 and second.measured == 3 and len(trials) == 8
 
 
 def test_many_asks_without_a_new_config_stop_the_study(toy, db):
@@ -242,19 +239,40 @@ def test_a_trial_of_a_running_coordinator_is_left_to_it(toy, db, pools, owner_is
     first = _tune(trials=3, db=db)
     done = {params_key(t.params) for t in tuner.show(first.study, db=db).trials}
     fresh = next(c for c in valid_configs(toy) if params_key(c) not in done)
-    study = optuna.load_study(study_name=first.study, storage=db)
-    study.enqueue_trial(search.SearchSpace(toy.params).encode(fresh))
-    orphan = study.ask(search.SearchSpace(toy.params).distributions)
     pid = os.getppid() if owner_is_running else _dead_pid()
-    orphan.set_user_attr("owner", f"{socket.gethostname()}:{pid}")
+    repo = open_repository(db)
+    number = repo.claim_trial(_study(db, first.study).id, fresh, owner=f"{socket.gethostname()}:{pid}")
 
     _tune(trials=5, db=db)
-    state = optuna.load_study(study_name=first.study, storage=db).trials[orphan.number].state
+    running = _running(db, first.study)
     submitted = [params_key(p) for p in pools.used[-1].submitted]
     if owner_is_running:
-        assert state == TrialState.RUNNING and params_key(fresh) not in submitted
+        assert [r.number for r in running] == [number] and params_key(fresh) not in submitted
     else:
-        assert state == TrialState.FAIL and submitted[0] == params_key(fresh)
+        assert running == [] and submitted[0] == params_key(fresh)
+
+
+def test_a_killed_study_resumes_on_each_backend(toy, url, pools):
+    """Interrupted with trials in flight, then killed with one more left running: the same
+    command continues the study, measuring what was left first and nothing twice."""
+    pools.queued.append(FakePool(per_poll=1, interrupt_after_polls=4))
+    first = _tune(trials=20, db=url, warm_start=0)
+    left = _running(url, first.study)
+    assert first.status == "interrupted" and left and all(r.owner is None for r in left)
+    repo = open_repository(url)
+    record = _study(url, first.study)
+    measured = {t.key for t in repo.trials(record.id)} | {r.key for r in left}
+    fresh = next(c for c in valid_configs(toy) if params_key(c) not in measured)
+    repo.claim_trial(record.id, fresh, owner=f"{__import__('socket').gethostname()}:{_dead_pid()}")
+
+    second = _tune(trials=20, db=url, warm_start=0)
+    assert second.status == "finished" and second.previous == first.measured
+    assert first.measured + second.measured == 20 and _running(url, first.study) == []
+    submitted = [params_key(p) for p in pools.used[1].submitted]
+    assert set(submitted[: len(left) + 1]) == {r.key for r in left} | {params_key(fresh)}
+    trials = repo.trials(record.id)
+    assert len({t.key for t in trials}) == len({t.number for t in trials}) == len(trials) == 20
+    assert all(t.gpu_state == clocks_of(t.params) for t in trials if t.ok)
 
 
 def test_owner_liveness():

@@ -129,6 +129,12 @@ def failure_of(params: Mapping[str, Any]) -> str | None:
     return None
 
 
+def clocks_of(params: Mapping[str, Any]) -> dict[str, int]:
+    """The clocks and temperature a GPU worker reads after timing ``params`` (each config its
+    own, none of them the device's start-up clocks)."""
+    return {"sm_mhz": 1700 + params["BLOCK_M"], "mem_mhz": 2619, "temperature_c": 40 + params["BLOCK_N"] // 16}
+
+
 def measure(params: Mapping[str, Any]) -> Measurement:
     resources = Resources(registers=96, smem_static=0, stack_bytes=0, spill_stores=0, spill_loads=0)
     ms = latency_ms(params)
@@ -137,7 +143,8 @@ def measure(params: Mapping[str, Any]) -> Measurement:
     if failure is None:
         return Measurement(ok=True, timing=timing, error=1e-3, max_abs_error=2e-3,
                            resources=resources, cubin_hash=f"cubin-{sorted(params.items())}",
-                           compile_seconds=0.5, gpu_seconds=0.01, toolkit="nvcc 13.0.88")
+                           compile_seconds=0.5, gpu_seconds=0.01, toolkit="nvcc 13.0.88",
+                           clocks=clocks_of(params))
     extra = {"timing": timing, "error": 0.5} if failure == "wrong" else {}
     return Measurement.failed(failure, f"{failure} in the toy kernel", detail="log tail",
                               resources=resources, compile_seconds=0.5, **extra)
