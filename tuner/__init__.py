@@ -32,7 +32,8 @@ from tuner.errors import (
 )
 
 _MODULES = {
-    "tuner.api": ("StudyDetail", "TuneResult", "best", "export", "show", "studies", "tune"),
+    "tuner.api": ("StudyDetail", "TuneResult", "best", "export", "export_optuna", "show", "studies",
+                  "tune"),
     "tuner.landscape": ("record_landscape",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
@@ -51,6 +52,7 @@ __all__ = [
     "bench",
     "best",
     "export",
+    "export_optuna",
     "record_landscape",
     "show",
     "studies",

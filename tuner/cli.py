@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
     show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--optuna", metavar="TARGET",
+                      help="also copy the study to an Optuna storage for optuna-dashboard: "
+                           "an RDB URL (sqlite:///optuna.db) or a journal file path")
     return parser
 
 
@@ -233,6 +236,9 @@ def _studies(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     detail = api.show(args.study, db=args.db)
+    if args.optuna:
+        api.export_optuna(args.study, args.optuna, db=args.db)
+        print(f"copied to {args.optuna} (optuna-dashboard {args.optuna})", file=sys.stderr)
     if args.json:
         print(json.dumps({"study": report.plain(detail.summary),
                           "trials": [report.plain(t) for t in detail.trials]}, indent=2))

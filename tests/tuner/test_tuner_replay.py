@@ -1,4 +1,4 @@
-"""A whole study through real Ray actors, real Optuna and real storage, on GPU measurements
+"""A whole study through real Ray actors, real Optuna (in memory) and real storage, on GPU measurements
 recorded on an H200 (tests/data: every valid config of one problem, timed by the GPU workers)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 import tuner
+from tuner.cli import main
 from tuner_doubles import LANDSCAPE, run_cli
 from workers.replay import load_landscape
 
@@ -40,14 +41,24 @@ def test_replayed_study_measures_through_the_pool_and_stores_every_trial(replaye
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 30  # none measured twice
 
 
-def test_the_optuna_study_holds_every_result_written_by_its_actor(replayed):
+@pytest.mark.parametrize("target", ["study.log", "sqlite:///{tmp}/optuna.db"])
+def test_show_copies_the_study_to_an_optuna_storage_for_the_dashboard(replayed, tmp_path, target):
     db, result = replayed
+    target = target.format(tmp=tmp_path) if "://" in target else str(tmp_path / target)
+    assert main(["show", result.study, "--db", db, "--optuna", target]) == 0
     stored = {t.number: t for t in tuner.show(result.study, db=db).trials}
-    durable = optuna.load_study(study_name=result.study, storage=db).get_trials(deepcopy=False)
-    assert {t.number for t in durable} == set(stored)
-    for trial in durable:
-        expected = stored[trial.number].median_ms if stored[trial.number].status == "ok" else float("inf")
-        assert trial.state == TrialState.COMPLETE and trial.value == expected
+    storage = (target if "://" in target else optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(target)))
+    copied = optuna.load_study(study_name=result.study, storage=storage).get_trials(deepcopy=False)
+    assert sorted(t.user_attrs["number"] for t in copied) == sorted(stored)
+    for trial in copied:
+        mine = stored[trial.user_attrs["number"]]
+        assert trial.state == (TrialState.COMPLETE if mine.ok else TrialState.FAIL)
+        assert trial.value == (mine.median_ms if mine.ok else None)
+        assert trial.params == {k: v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
+                                for k, v in mine.params.items()}
+    with pytest.raises(tuner.UsageError, match="already"):  # never written over
+        tuner.export_optuna(result.study, target, db=db)
 
 
 def test_replayed_winner_is_the_fastest_stored_and_is_marked(replayed):
@@ -86,3 +97,12 @@ def test_the_same_study_runs_on_sqlite_and_postgresql(url):
     assert [t.number for t in trials] == sorted(t.number for t in trials) and len(trials) == 10
     assert tuner.best(*PROBLEM, db=url).median_ms == min(t.median_ms for t in trials if t.status == "ok")
     assert [s.name for s in tuner.studies(db=url)] == [first.study]
+
+
+def test_a_replayed_study_resumes_where_it_stopped(replayed):
+    """Last in this module: it adds trials to the shared study."""
+    db, result = replayed
+    again = tuner.tune(*PROBLEM, trials=36, replay=LANDSCAPE, db=db, seed=1, retime=0)
+    assert again.study == result.study and again.previous == 30 and again.measured == 6
+    trials = tuner.show(result.study, db=db).trials
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == len(trials) == 36
