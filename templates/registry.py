@@ -93,7 +93,8 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 def _from_entry_point(name: str) -> KernelFamily:
     point = next((p for p in _entry_points() if p.name == name), None)
     if point is None:
-        known = ", ".join(families()) or "none"
+        # none at all: this project is not installed (its metadata declares attention)
+        known = ", ".join(families()) or "none installed: pip install -e . in this project"
         raise TemplateError(f"unknown kernel family {name!r} (known: {known}); give a family of "
                             "your own by path (a folder or .py file defining FAMILY) or as module:ATTR")
     try:

@@ -115,3 +115,10 @@ def test_registered_families_are_listed_and_travel_as_themselves(outside):
 
 def test_a_family_resolves_to_itself():
     assert get_family(templates.attention.FAMILY) is templates.attention.FAMILY
+
+
+def test_without_this_project_installed_the_error_says_so(monkeypatch):
+    import templates.registry
+
+    monkeypatch.setattr(templates.registry, "_entry_points", lambda: [])
+    assert "(known: none installed: pip install -e . in this project)" in _refused("attention_not_loaded")
