@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import optuna
 
+from templates import reference
 from templates.family import KernelFamily, Problem
 from tuner import retime as retiming
 from tuner import database, lookup, search, warmstart
@@ -69,7 +70,7 @@ class StudyDetail:
 
 # -- the calls ------------------------------------------------------------------------------------
 def tune(
-    family: str,
+    family: str | KernelFamily,
     shape: str | Sequence[int],
     dtype: str,
     flags: Mapping[str, Any] | None = None,
@@ -112,7 +113,7 @@ def tune(
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
     url = database.url(db)
-    with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay):
+    with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
         with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
                         measure_timeout_s=measure_timeout_s) as pool:
             space = _space(fam, pool)
@@ -203,7 +204,7 @@ def _run_study(
 
 
 def best(
-    family: str,
+    family: str | KernelFamily,
     shape: str | Sequence[int],
     dtype: str,
     flags: Mapping[str, Any] | None = None,
@@ -223,7 +224,7 @@ def best(
 
 
 def export(
-    family: str,
+    family: str | KernelFamily,
     shape: str | Sequence[int],
     dtype: str,
     flags: Mapping[str, Any] | None = None,
@@ -296,14 +297,17 @@ def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
 
 
 @contextmanager
-def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
-    """Ray for the pool: started here, and stopped after, unless this
-    process has it up already; without a GPU (and no replay, no cluster) nothing starts."""
+def _ray(address: str | None, replay: str | Path | None, *, family: Any = None) -> Iterator[None]:
+    """Ray for the pool: started here, and stopped after, unless this process has it up
+    already; without a GPU (and no replay, no cluster) nothing starts. Joining a cluster, the
+    ``family`` reference's folder (if it is one) goes to every node in Ray's runtime_env."""
     from workers import NoGPUError
     from workers.ray_session import start_ray, stop_ray
+    from workers.shipping import runtime_env
 
+    shipped = runtime_env(family) if address is not None and family is not None else None
     try:
-        started = start_ray(address, need_gpu=replay is None)
+        started = start_ray(address, need_gpu=replay is None, runtime_env=shipped)
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except ConnectionError as error:
@@ -317,11 +321,12 @@ def _ray(address: str | None, replay: str | Path | None) -> Iterator[None]:
 
 @contextmanager
 def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[Any]:
-    """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only)."""
+    """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only), sent
+    the family's reference: what finds it in the workers' processes (``templates.reference``)."""
     from workers import NoGPUError, WorkerError, WorkerPool
 
     try:
-        pool = WorkerPool(fam.name, problem, **{k: v for k, v in options.items() if v is not None})
+        pool = WorkerPool(reference(fam), problem, **{k: v for k, v in options.items() if v is not None})
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except (WorkerError, ConnectionError) as error:

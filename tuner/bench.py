@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from templates import reference
 from templates.family import KernelFamily, Problem
 from tuner import database, lookup
 from workers.compile_task import block_registers
@@ -78,7 +79,7 @@ class BenchRow:
         return first is not None and second is not None and abs(first / second - 1) > AGREEMENT
 
 
-def suite_of(family: str) -> list[tuple[Any, str, Mapping[str, Any]]]:
+def suite_of(family: str | KernelFamily) -> list[tuple[Any, str, Mapping[str, Any]]]:
     """The family's benchmark problems (shape, dtype, flags)."""
     return list(lookup.family(family).suite)
 
@@ -91,7 +92,7 @@ def blocks_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
 
 
 def bench(
-    family: str,
+    family: str | KernelFamily,
     problems: Sequence[tuple[Any, str, Mapping[str, Any] | None]] | None = None,
     *,
     db: str | None = None,
@@ -122,7 +123,7 @@ def bench(
         if tune_trials:
             with shared_ray():
                 for problem in wanted:
-                    tune(fam.name, problem.shape, problem.dtype, dict(problem.flags), trials=tune_trials,
+                    tune(fam, problem.shape, problem.dtype, dict(problem.flags), trials=tune_trials,
                          db=db, seed=seed)
         return _bench_rows(fam, wanted, local, db=db, seed=seed, peers=peers)
 
@@ -160,7 +161,7 @@ def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: in
                         note=f"not tuned on {device} with template {fam.template_hash}")
     params = dict(winner.params)
     launch = fam.launch(params, problem)
-    kernel = (fam.name, problem, fam.render(params, problem), launch, fam.compile_options(params, problem))
+    kernel = (reference(fam), problem, fam.render(params, problem), launch, fam.compile_options(params, problem))
     result = local.measure(*kernel, seed=seed)
     registers = result.resources.registers if result.resources else winner.registers
     occupancy = blocks_per_sm(registers or 0, launch.block[0], launch.smem_bytes)

@@ -16,12 +16,13 @@ from templates.family import KernelFamily, Problem, TemplateError
 from tuner.errors import UsageError, one_line
 
 
-def family(name: str) -> KernelFamily:
-    """The family called ``name`` (built in, registered, or ``module:ATTR``)."""
+def family(ref: str | KernelFamily) -> KernelFamily:
+    """The family ``ref`` names (an installed entry point's or a registered name, a path to a
+    folder or .py file that defines FAMILY, or ``module:ATTR``); a family is itself."""
     from templates import get_family
 
     try:
-        return get_family(name)
+        return get_family(ref)
     except (TemplateError, LookupError) as error:
         raise UsageError(one_line(error)) from None
 

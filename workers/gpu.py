@@ -197,12 +197,12 @@ class GpuBench:
             )
         return self._info
 
-    def prepare(self, family_name: str, problem: Problem, seed: int = 0) -> None:
+    def prepare(self, family: str | KernelFamily, problem: Problem, seed: int = 0) -> None:
         """Draw, upload and check the inputs of (problem, seed) and compute the reference ahead
         of the first trial (1.9 s for an 8x16x2048x128 problem). Never raises: what fails here
         fails the first measurement again, with its reason."""
         try:
-            self.resident(get_family(family_name), problem, seed)
+            self.resident(get_family(family), problem, seed)
         except Exception as exc:  # noqa: BLE001 - reported by the first measurement
             logger.debug("preparing %s failed: %s", problem.key, exc)
 
@@ -211,7 +211,7 @@ class GpuBench:
         self,
         binary: Binary,
         launch: Launch,
-        family_name: str,
+        family_ref: str | KernelFamily,
         problem: Problem,
         *,
         params: Mapping[str, Any] | None = None,
@@ -224,14 +224,16 @@ class GpuBench:
         flush_l2: bool = True,
         abort_above_ms: float | None = None,
     ) -> Measurement:
-        """Load, run, validate, check determinism, time. ``params`` is unused (replay needs it)."""
+        """Load, run, validate, check determinism, time. ``family_ref`` is what ``get_family``
+        resolves in this process (a name, a path, module:ATTR, or the family shipped by value);
+        ``params`` is unused (replay needs it)."""
         if self.dead:
             return Measurement.failed("worker", "this GPU worker's context is dead", **self._tags(binary))
 
         start = time.perf_counter()
         trial = Trial(self, binary, launch)
         try:
-            family = get_family(family_name)
+            family = get_family(family_ref)
             result = trial.run(family, problem, seed=seed, warmup_ms=warmup_ms, rep=rep,
                                min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
                                flush_l2=flush_l2, abort_above_ms=abort_above_ms)
@@ -251,7 +253,7 @@ class GpuBench:
     def retime(
         self,
         kernels: Sequence[tuple[Binary, Launch]],
-        family_name: str,
+        family_ref: str | KernelFamily,
         problem: Problem,
         *,
         params: Sequence[Mapping[str, Any]] | None = None,
@@ -271,7 +273,7 @@ class GpuBench:
         before = self._clocks()
         trials = [Trial(self, binary, launch) for binary, launch in kernels]
         try:
-            family = get_family(family_name)
+            family = get_family(family_ref)
             results, count = interleave(
                 self, trials, family, problem, seed=seed, rounds=rounds, max_seconds=max_seconds,
                 warmup_ms=warmup_ms, flush_l2=flush_l2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from templates.family import Launch, Problem
+from templates.family import KernelFamily, Launch, Problem
 from workers.compile import compile_cubin, default_cache_dir
 from workers.errors import CompileError
 from workers.hold import stream_handle
@@ -29,7 +29,7 @@ class LocalBench:
     def device(self) -> DeviceInfo:
         return self._bench.device_info()
 
-    def measure(self, family: str, problem: Problem, source: str, launch: Launch,
+    def measure(self, family: str | KernelFamily, problem: Problem, source: str, launch: Launch,
                 options: Sequence[str], *, seed: int = 0) -> Measurement:
         try:
             binary = _compiled(source, launch, options)
@@ -37,7 +37,7 @@ class LocalBench:
             return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
         return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
 
-    def do_bench(self, family: str, problem: Problem, source: str, launch: Launch,
+    def do_bench(self, family: str | KernelFamily, problem: Problem, source: str, launch: Launch,
                  options: Sequence[str], *, seed: int = 0) -> float | None:
         """The same kernel timed a second way: ``triton.testing.do_bench``'s median (its own L2
         clearing and events, on torch's current stream), on the inputs ``measure`` used. None

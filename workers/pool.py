@@ -13,6 +13,10 @@ measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``t
 dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal
 are measured once. ``retime`` times several configs again, interleaved on one GPU actor
 (``GpuBench.retime``), once nothing is in flight.
+
+The family is a reference every actor resolves in its own process (a name, a path, module:ATTR;
+see ``workers.shipping``), or a family object, shipped by value. Each new actor is asked to load
+it before its first trial: a node that cannot is a one-line WorkerError naming what to install.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ from typing import Any, Mapping, Sequence
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from templates.family import DeviceLimits, Launch, Problem
+from templates import get_family
+from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
 from workers.ray_session import start_ray
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
+from workers.shipping import check_family, missing, runtime_env, ship
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +86,7 @@ def _one_line(exc: BaseException) -> str:
 class WorkerPool:
     def __init__(
         self,
-        family: str,
+        family: str | KernelFamily,
         problem: Problem,
         *,
         ray_address: str | None = None,
@@ -94,7 +100,11 @@ class WorkerPool:
         seed: int = 0,
         measure_options: Mapping[str, Any] | None = None,
         screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,
+        ship_folder: bool | None = None,
     ) -> None:
+        """``ship_folder``: a family given as a folder goes to the actors through Ray's
+        ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
+        must be started with it (the pool does, when it starts Ray)."""
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
@@ -105,7 +115,9 @@ class WorkerPool:
         self._measure_options = dict(measure_options or {})
         self._screen_spill_bytes = screen_spill_bytes
         self._abort_above_ms: float | None = None
-        self._owns_ray = start_ray(ray_address, need_gpu=replay is None and worker_cls is None)
+        ship_folder = ray_address is not None if ship_folder is None else ship_folder
+        self._owns_ray = start_ray(ray_address, need_gpu=replay is None and worker_cls is None,
+                                   runtime_env=runtime_env(family) if ship_folder else None)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         self._compile_workers = max(1, compile_workers or cpus)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(compile_task)
@@ -126,6 +138,7 @@ class WorkerPool:
             for _ in range(self._compile_workers):
                 warm.remote(backend)  # runs whether or not its answer is kept (it is not read)
         try:
+            self._shipment = ship(family, to_cluster=ship_folder)
             self._start_actors(worker_cls, replay)
             if replay is None:
                 check_toolkit_for_driver(toolkit_release(backend), self.device.cuda_version)
@@ -138,13 +151,15 @@ class WorkerPool:
         if replay is not None:
             from workers.replay import ReplayBench, load_landscape
 
-            landscape = load_landscape(replay)
-            if landscape.family != self.family or landscape.problem != self.problem:
+            landscape = load_landscape(replay, self.family)
+            name = self._family_name()
+            if landscape.family not in (self.family, name) or landscape.problem != self.problem:
                 raise WorkerError(
                     f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
-                    f"not {self.family} {self.problem.key}")
+                    f"not {name} {self.problem.key}")
             self.recorded = tuple(params for params, _ in landscape.entries)
-            cls, args, options = worker_cls or ReplayBench, (str(replay),), {"num_gpus": 0}
+            cls, options = worker_cls or ReplayBench, {"num_gpus": 0}
+            args = (str(replay), self._shipment.ref)
         else:
             from workers.gpu import GpuBench
 
@@ -169,17 +184,37 @@ class WorkerPool:
                 infos.append(ray.get(slot.actor.device_info.remote(), timeout=_START_TIMEOUT_S))
             except RayError as exc:
                 raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+        if replay is None:  # a replay answers from its landscape: its actors need no family
+            self._check_family()
         for slot in self._slots:  # after device_info: the pool does not wait for it
             self._prepare(slot)
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
 
+    def _family_name(self) -> str:
+        """The family's name (a landscape records it), or the reference when it does not load."""
+        try:
+            return get_family(self.family).name
+        except TemplateError:
+            return str(self.family)
+
+    def _check_family(self) -> None:
+        """That every actor loads the family in its process (on its node), or WorkerError."""
+        refs = [slot.actor.__ray_call__.remote(check_family, self._shipment.ref) for slot in self._slots]
+        for ref in refs:
+            try:
+                why = ray.get(ref, timeout=_START_TIMEOUT_S)
+            except RayError as exc:
+                why = _one_line(exc.cause if isinstance(exc, RayTaskError) and exc.cause else exc)
+            if why is not None:
+                raise missing(self._shipment, why)
+
     def _prepare(self, slot: _Slot) -> None:
         """Have a new actor draw and upload the problem's inputs now, while the first configs
         are asked and compiled (it answers nothing: a failure shows in the first measurement)."""
         if self._prepares:
-            slot.actor.prepare.remote(self.family, self.problem, self._seed)
+            slot.actor.prepare.remote(self._shipment.ref, self.problem, self._seed)
 
     def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
         """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
@@ -312,7 +347,7 @@ class WorkerPool:
                 self._owners.pop(slot.ready_ref, None)
                 ray.get(slot.ready_ref, timeout=_START_TIMEOUT_S)
                 slot.ready_ref = None
-            ref = slot.actor.retime.remote(kernels, self.family, self.problem, params=params,
+            ref = slot.actor.retime.remote(kernels, self._shipment.ref, self.problem, params=params,
                                            seed=self._seed, rounds=rounds, max_seconds=max_seconds)
             retiming = ray.get(ref, timeout=deadline)
         except GetTimeoutError:
@@ -374,7 +409,7 @@ class WorkerPool:
         options = dict(self._measure_options)
         if self._abort_above_ms is not None:
             options.setdefault("abort_above_ms", self._abort_above_ms)
-        ref = slot.actor.measure.remote(item.binary, item.launch, self.family, self.problem,
+        ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
                                         params=item.params, seed=self._seed, **options)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s

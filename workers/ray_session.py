@@ -21,10 +21,12 @@ from workers.driver import gpu_count
 from workers.errors import NoGPUError
 
 
-def start_ray(address: str | None = None, *, need_gpu: bool = False) -> bool:
+def start_ray(address: str | None = None, *, need_gpu: bool = False,
+              runtime_env: dict[str, Any] | None = None) -> bool:
     """Start Ray, or join the cluster at ``address``, unless this process has it up already;
     True when it started it here. ``need_gpu``: a local Ray on a machine whose driver sees no
-    GPU is refused (NoGPUError) before Ray starts, and prints, anything."""
+    GPU is refused (NoGPUError) before Ray starts, and prints, anything. ``runtime_env``: what
+    every worker of this job gets (``workers.shipping.runtime_env``: a family's folder)."""
     if ray.is_initialized():
         return False
     if need_gpu and address is None:
@@ -32,7 +34,8 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False) -> bool:
             raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
                              "machine, pass ray_address=... of a cluster with GPUs, or "
                              "replay=<landscape.json>")
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+             runtime_env=runtime_env)
     return True
 
 

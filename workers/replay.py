@@ -88,8 +88,10 @@ def _umask() -> int:
     return mask
 
 
-def load_landscape(path: str | Path) -> Landscape:
-    """Read a landscape; a missing or malformed file raises WorkerError with one line."""
+def load_landscape(path: str | Path, family: Any = None) -> Landscape:
+    """Read a landscape; a missing or malformed file raises WorkerError with one line. Its
+    configs are completed by ``family`` (a reference ``templates.get_family`` resolves; None:
+    the family the file names, when this process finds it by that name)."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -100,7 +102,7 @@ def load_landscape(path: str | Path) -> Landscape:
         raise WorkerError(f"landscape {path}: unknown format {data.get('format')!r}, expected {FORMAT}"
                           if isinstance(data, dict) else f"landscape {path}: not an object")
     try:
-        complete = _completion(str(data["family"]))
+        complete = _completion(str(data["family"]) if family is None else family)
         return Landscape(
             device=DeviceInfo.from_json(data["device"]),
             family=str(data["family"]),
@@ -114,7 +116,7 @@ def load_landscape(path: str | Path) -> Landscape:
         raise WorkerError(f"landscape {path} is malformed: {type(exc).__name__}: {exc}") from None
 
 
-def _completion(family: str) -> Any:
+def _completion(family: Any) -> Any:
     """How to bring a recorded config up to the family's space today: parameters added since it
     was recorded take their first choice, which is what the kernels did before they existed
     (``KernelFamily.complete``). A family this process cannot load leaves configs as recorded."""
@@ -132,10 +134,14 @@ class ReplayBench:
 
     dead = False
 
-    def __init__(self, landscape: Landscape | str | Path) -> None:
-        self._landscape = landscape if isinstance(landscape, Landscape) else load_landscape(landscape)
+    def __init__(self, landscape: Landscape | str | Path, family: Any = None) -> None:
+        """``family``: the pool's reference to it (None: the family the landscape names)."""
+        if not isinstance(landscape, Landscape):
+            landscape = load_landscape(landscape, family)
+        self._landscape = landscape
         self._lookup = self._landscape.lookup()
-        self._complete = _completion(self._landscape.family)  # asked as the entries were loaded
+        # asked as the entries were loaded
+        self._complete = _completion(self._landscape.family if family is None else family)
 
     def device_info(self) -> DeviceInfo:
         return self._landscape.device

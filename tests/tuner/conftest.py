@@ -20,7 +20,7 @@ def toy(tmp_path: Path) -> Iterator[ToyFamily]:
     (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
     family = templates.register(ToyFamily(folder))
     yield family
-    templates._REGISTRY.pop("toy", None)
+    templates.unregister("toy")
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def _grid_tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuner.T
             patch.setattr(tuner.api, "_ray", no_ray)
             result = tuner.tune("toy", *PROBLEM, sampler="grid", db=f"sqlite:///{path}", seed=0)
     finally:
-        templates._REGISTRY.pop("toy", None)
+        templates.unregister("toy")
     return path, result, pools.used[0]
 
 

@@ -250,7 +250,7 @@ class PoolFactory:
         return pool
 
 
-def no_ray(address: str | None, replay: Any) -> contextlib.AbstractContextManager[None]:
+def no_ray(address: str | None, replay: Any, **_: Any) -> contextlib.AbstractContextManager[None]:
     """Stands in for ``tuner.api._ray`` beside a PoolFactory: FakePools need no Ray (and a
     study without Ray writes its database in-process)."""
     return contextlib.nullcontext()

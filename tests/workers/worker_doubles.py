@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
+from templates import get_family
 from workers.results import DeviceInfo, Measurement, Retiming, Timing
 
 FAKE_DEVICE = DeviceInfo("Fake H100", 132, (9, 0), 232448, "580.00", "13.0", uuid="GPU-fake")
@@ -81,3 +84,22 @@ class PreparingBench(FakeBench):
 
 class TwoFakeBenches(FakeBench):
     num_workers = 2
+
+
+class FamilyBench(FakeBench):
+    """A bench that, as GpuBench does, resolves the family it is sent in its own process
+    (``templates.get_family``: a name, a path, module:ATTR or the family by value) and validates
+    through it; the kernel itself is not run (its output is computed on the host)."""
+
+    def prepare(self, family, problem, seed=0):
+        self.prepared = get_family(family).name
+
+    def measure(self, binary, launch, family, problem, *, params=None, seed=0, **options):
+        fam = get_family(family)
+        assert binary is not None and binary.cubin[:4] == b"\x7fELF"
+        inputs = fam.inputs(problem, seed)
+        scale = next(a.value for a in launch.args if a.kind == "f32")
+        check = fam.validate(problem, inputs, {"y": (scale * inputs["x"]).astype(np.float32)})
+        return Measurement(ok=check.ok, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=check.error,
+                           detail=f"pid={os.getpid()} family={fam.name} folder={fam.folder} "
+                                  f"prepared={self.prepared}")

@@ -1,0 +1,75 @@
+"""The example family of docs/FAMILIES.md (docs/examples/row_softmax), found by its path as a
+user's family is: it renders and compiles, its checks accept a right output and refuse wrong
+ones, and the tuner takes it by path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from templates import get_family
+from templates.family import H100_LIMITS, check_outputs
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "docs" / "examples" / "row_softmax"
+FAMILY = get_family(str(FOLDER))
+
+
+def _module():
+    return __import__(type(FAMILY).__module__, fromlist=["to_bits"])
+
+
+def test_it_is_found_by_path_and_refuses_what_it_cannot_do():
+    assert FAMILY.name == "row_softmax" and get_family(str(FOLDER)) is FAMILY
+    problem = FAMILY.parse_problem("37,1000", "bf16")
+    assert problem.key == "37x1000-bf16" and problem.flags == ()
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    assert valid and all(1000 % c["VEC"] == 0 for c in valid)
+    assert FAMILY.check(dict(THREADS=256, ROWS=1, VEC=8), FAMILY.parse_problem("4,1001", "fp16"), H100_LIMITS) \
+        .startswith("divisibility")
+    for shape, dtype in (("4", "fp16"), ("4,0", "fp16"), ("4,8", "fp32")):
+        with pytest.raises(ValueError):
+            FAMILY.parse_problem(shape, dtype)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_configs_compile_without_spilling(tmp_path):
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    for dtype in ("fp16", "bf16"):
+        problem = FAMILY.parse_problem("37,1000", dtype)
+        for params in FAMILY.valid_configs(problem, H100_LIMITS)[::23]:
+            binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "row_softmax",
+                                                  FAMILY.compile_options(params, problem)), cache_dir=tmp_path)
+            assert binary.resources.spill_stores == 0 and binary.resources.stack_bytes == 0, params
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_its_checks_accept_a_right_output_and_refuse_wrong_ones(dtype):
+    module = _module()
+    problem = FAMILY.parse_problem("37,1000", dtype)
+    inputs = FAMILY.inputs(problem, seed=3)
+    x = module.from_bits(inputs["x"], dtype)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    right = module.to_bits(e / e.sum(axis=1, keepdims=True), dtype)
+    assert check_outputs(FAMILY, problem, inputs, {"y": right}).ok
+    assert not check_outputs(FAMILY, problem, inputs, {"y": module.to_bits(e / e.sum(), dtype)}).ok
+    hole = right.copy()
+    hole[36, 999] = module.POISON[dtype]  # the last element of the last row, unwritten
+    assert "unwritten" in check_outputs(FAMILY, problem, inputs, {"y": hole}).reason
+
+
+def test_the_command_line_takes_it_by_path(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    done = subprocess.run([sys.executable, "-m", "tuner", "best", str(FOLDER), "--shape", "64,512", "--dtype",
+                           "fp16", "--db", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no validated result stored for row_softmax 64x512-fp16" in done.stderr
