@@ -222,22 +222,54 @@ class KernelArg:
 
 @dataclass(frozen=True)
 class Launch:
-    """How to launch one kernel of a compiled module."""
+    """How to launch a compiled module: one kernel, or several queued one after another on the
+    same stream (a split-K reduction after the products, a combine step), timed as one run.
+
+    ``then``: the kernels after this one, each a Launch of its own (grid, block, shared memory,
+    arguments; their ``then`` and ``workspace`` unused). ``workspace``: device buffers the kernels
+    share beside the inputs and outputs, (name, bytes) each, allocated for the trial and not
+    initialised (a kernel writes what a later one reads); a ``"buffer"`` argument names one.
+    """
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem_bytes: int
     args: tuple[KernelArg, ...]
+    then: tuple["Launch", ...] = ()
+    workspace: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(step.then or step.workspace for step in self.then):
+            raise TemplateError(f"launch of {self.kernel!r}: a later kernel has its own later kernels or workspace")
+        if any(int(nbytes) <= 0 for _, nbytes in self.workspace):
+            raise TemplateError(f"launch of {self.kernel!r}: a workspace buffer of no bytes")
+
+    @property
+    def kernels(self) -> tuple["Launch", ...]:
+        """This kernel and those after it, in launch order."""
+        return (self, *self.then)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "kernel": self.kernel,
             "grid": list(self.grid),
             "block": list(self.block),
             "dynamic_smem_bytes": self.smem_bytes,
             "args": [a.to_json() for a in self.args],
         }
+        if self.then:
+            data["then"] = [step.to_json() for step in self.then]
+        if self.workspace:
+            data["workspace"] = [{"buffer": name, "bytes": int(nbytes)} for name, nbytes in self.workspace]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Launch":
+        return cls(str(data["kernel"]), tuple(data["grid"]), tuple(data["block"]), int(data["dynamic_smem_bytes"]),
+                   tuple(KernelArg(a["kind"], a["value"]) for a in data["args"]),
+                   tuple(cls.from_json(step) for step in data.get("then", ())),
+                   tuple((w["buffer"], int(w["bytes"])) for w in data.get("workspace", ())))
 
 
 @dataclass(frozen=True)

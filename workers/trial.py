@@ -38,10 +38,11 @@ class Trial:
         self.launch = launch
         self.stage = "load"
         self.module: Any = None
-        self.function: Any = None
+        self.functions: list[Any] = []  # one for each of the launch's kernels, in order
         self.resident: Resident | None = None  # the bench's buffers, once attached
         self.events: list[Any] = []
-        self._params: dict[str, Any] = {}  # "first"/"second" -> (kernelParams, values)
+        self._workspace: dict[str, tuple[Any, int]] = {}  # the launch's own buffers: name -> (ptr, bytes)
+        self._params: dict[str, list[Any]] = {}  # "first"/"second" -> (kernelParams, values) per kernel
         self.stopped_early = False  # the timing ended after EARLY_REPS: clearly behind the best
         self.kernel_ms = 0.0  # the GPU's time in this trial's checked, warm-up and timed launches
         self.flush_ms = 0.0  # the GPU's time before its timed launches: the L2 flushes (and any gap)
@@ -75,26 +76,38 @@ class Trial:
         return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,
                            max_abs_error=validation.max_abs_error)
 
+    @property
+    def function(self) -> Any:
+        """The first kernel's function."""
+        return self.functions[0] if self.functions else None
+
     def load(self) -> Measurement | None:
-        """Load the module and find the kernel; a failure when it needs more shared memory than
+        """Load the module and find its kernels; a failure when one needs more shared memory than
         the device has, else None."""
         d, check = self._d, self._check
         check("cuCtxSetCurrent", d.cuCtxSetCurrent(self.bench.context))
         self.stage = "load"
         self.module = check("cuModuleLoadData", d.cuModuleLoadData(self.binary.cubin))
         self.stage = "function"
-        self.function = check("cuModuleGetFunction",
-                              d.cuModuleGetFunction(self.module, self.launch.kernel.encode()))
+        self.functions = [check("cuModuleGetFunction", d.cuModuleGetFunction(self.module, step.kernel.encode()))
+                          for step in self.launch.kernels]
         self.stage = "smem"
-        return self._raise_smem_limit()
+        for function, step in zip(self.functions, self.launch.kernels):
+            failure = self._raise_smem_limit(function, step)
+            if failure is not None:
+                return failure
+        return None
 
     def attach(self, family: KernelFamily, problem: Problem, seed: int) -> None:
         """Launch on the bench's buffers for (problem, seed), uploaded when they are new."""
         self.stage = "alloc"
         self.resident = self.bench.resident(family, problem, seed)
-        first = self._pack(self.resident.buffers)
-        second = self._pack({**self.resident.buffers, **self.resident.second})
-        self._params = {"first": first, "second": second}  # timed runs write where the first did
+        self._allocate_workspace()
+        first = {**self.resident.buffers, **self._workspace}
+        second = {**first, **self.resident.second}
+        # timed runs write where the first did
+        self._params = {"first": [self._pack(step, first) for step in self.launch.kernels],
+                        "second": [self._pack(step, second) for step in self.launch.kernels]}
 
     def verify(self, family: KernelFamily, problem: Problem) -> tuple[Measurement | None, Validation | None]:
         """Two runs on poisoned outputs, the second into a second set of them. On the GPU: the
@@ -131,26 +144,34 @@ class Trial:
                     error=validation.error, max_abs_error=validation.max_abs_error), None
         return None, validation
 
-    def _raise_smem_limit(self) -> Measurement | None:
+    def _raise_smem_limit(self, function: Any, step: Launch) -> Measurement | None:
         d, check = self._d, self._check
         attrs = d.CUfunction_attribute
         static = int(check("cuFuncGetAttribute",
-                           d.cuFuncGetAttribute(attrs.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.function)))
+                           d.cuFuncGetAttribute(attrs.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function)))
         limit = self.bench.device_info().max_smem_per_block_optin
-        dynamic = self.launch.smem_bytes
+        dynamic = step.smem_bytes
         if static + dynamic > limit:
             return Measurement.failed(
-                "resources", f"needs {static + dynamic} bytes of shared memory per block "
+                "resources", f"{step.kernel} needs {static + dynamic} bytes of shared memory per block "
                 f"({static} static + {dynamic} dynamic), the device allows {limit}")
         if dynamic > _DEFAULT_DYNAMIC_SMEM:
             check("cuFuncSetAttribute", d.cuFuncSetAttribute(
-                self.function, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic))
+                function, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic))
         return None
 
-    def _pack(self, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
-        """The launch's arguments on ``buffers``, as kernelParams (and the values it points at)."""
+    def _allocate_workspace(self) -> None:
+        """The launch's workspace buffers (the trial's own: freed by release)."""
+        taken = set(self.resident.buffers) if self.resident is not None else set()
+        for name, nbytes in self.launch.workspace:
+            if name in taken or name in self._workspace:
+                raise ValueError(f"workspace {name!r} has the name of another buffer")
+            self._workspace[name] = (self._check("cuMemAlloc", self._d.cuMemAlloc(int(nbytes))), int(nbytes))
+
+    def _pack(self, step: Launch, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
+        """``step``'s arguments on ``buffers``, as kernelParams (and the values it points at)."""
         values: list[Any] = []
-        for arg in self.launch.args:
+        for arg in step.args:
             if arg.kind == "buffer":
                 if arg.value not in buffers:
                     raise ValueError(f"launch names an unknown buffer {arg.value!r}")
@@ -168,11 +189,13 @@ class Trial:
         return pack_params(values), values
 
     def _launch(self, which: str = "first", stream: Any = None) -> None:
-        launch, d = self.launch, self._d
+        """Queue the launch's kernels, in order, on ``stream`` (the bench's by default)."""
+        d = self._d
         self.stage = "launch"
-        self._check("cuLaunchKernel", d.cuLaunchKernel(
-            self.function, *launch.grid, *launch.block, launch.smem_bytes,
-            self.bench.stream if stream is None else stream, ctypes.addressof(self._params[which][0]), 0))
+        stream = self.bench.stream if stream is None else stream
+        for function, step, (params, _) in zip(self.functions, self.launch.kernels, self._params[which]):
+            self._check("cuLaunchKernel", d.cuLaunchKernel(
+                function, *step.grid, *step.block, step.smem_bytes, stream, ctypes.addressof(params), 0))
 
     def launch_on(self, stream: Any) -> None:
         """Queue one launch on ``stream`` (a CUstream of the bench's context, e.g. torch's), on the
@@ -308,6 +331,9 @@ class Trial:
         if self.module is not None:
             check("cuModuleUnload", d.cuModuleUnload(self.module))
             self.module = None
+        for ptr, _ in self._workspace.values():
+            check("cuMemFree", d.cuMemFree(ptr))
+        self._workspace.clear()
 
 
 def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, params: Mapping[str, Any],

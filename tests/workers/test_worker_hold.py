@@ -7,11 +7,12 @@ from __future__ import annotations
 import itertools
 import shutil
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import workers.trial
-from templates.family import Launch
+from templates.family import KernelArg, Launch, TemplateError
 from workers.device_checks import pack_params
 from workers.hold import HOLD_BATCH, KERNEL, compile_hold
 from workers.peers import HeldTimer
@@ -99,7 +100,7 @@ def trial(monkeypatch):
                             event=lambda: object(), flush_l2=lambda index: log.append(f"flush {index}"))
     launch = Launch("k", (1, 1, 1), (32, 1, 1), 0, ())
     trial = Trial(bench, None, launch)
-    trial.function, trial._params = "function", {"first": (pack_params([]), [])}
+    trial.functions, trial._params = ["function"], {"first": [(pack_params([]), [])]}
     return trial, log
 
 
@@ -130,3 +131,29 @@ def test_the_hold_kernel_compiles(tmp_path):
     binary = compile_hold((9, 0), cache_dir=tmp_path)
     assert KERNEL.encode() in binary.cubin
     assert binary.resources is not None and binary.resources.stack_bytes == 0
+
+
+def test_a_run_of_several_kernels_queues_them_in_order_between_one_pair_of_events(monkeypatch):
+    """A split-K reduction after its products: one timed run is every kernel of the launch, each
+    with its own geometry and arguments, a workspace buffer among them."""
+    log: list[Any] = []
+    driver = SimpleNamespace(
+        cuEventRecord=lambda event, stream: (log.append("event"), (0,))[1],
+        cuLaunchKernel=lambda function, *rest: (log.append((function, rest[:7])), (0,))[1],
+    )
+    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    bench = SimpleNamespace(stream="stream", last_event=None, event=lambda: object())
+    reduce = Launch("reduce", (8, 1, 1), (128, 1, 1), 0, (KernelArg("buffer", "c"), KernelArg("buffer", "partials")))
+    launch = Launch("products", (8, 4, 1), (256, 1, 1), 1024, (KernelArg("buffer", "partials"),), then=(reduce,),
+                    workspace=(("partials", 4096),))
+    trial = Trial(bench, None, launch)
+    trial.functions = ["products_fn", "reduce_fn"]
+    buffers = {"c": (111, 64), "partials": (222, 4096)}
+    trial._params = {"first": [trial._pack(step, buffers) for step in launch.kernels]}
+    trial._timed_run("first")
+    assert log == ["event", ("products_fn", (8, 4, 1, 256, 1, 1, 1024)), ("reduce_fn", (8, 1, 1, 128, 1, 1, 0)),
+                   "event"]
+    assert [v.value for v in trial._params["first"][1][1]] == [111, 222]  # reduce's arguments: c, partials
+    assert Launch.from_json(launch.to_json()) == launch
+    with pytest.raises(TemplateError, match="a later kernel has its own"):
+        Launch("k", (1, 1, 1), (1, 1, 1), 0, (), then=(launch,))
