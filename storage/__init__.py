@@ -23,7 +23,7 @@ _MODULES = {
     "storage.errors": ("StorageError",),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",
-                        "StudySummary", "TrialRecord", "params_key"),
+                        "StudySummary", "TrialOutcome", "TrialRecord", "params_key"),
     "storage.repository": ("Repository",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

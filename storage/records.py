@@ -60,6 +60,36 @@ class StudyRecord:
 
 
 @dataclass(frozen=True)
+class TrialOutcome:
+    """What a trial came to, as ``Repository.record_trial`` stores it beside its number and
+    params: ok with its timing, or failed with a failure kind and a one-line reason; what ptxas
+    said of the kernel; the GPU's clocks and temperature as read for it."""
+
+    status: str  # one of TRIAL_STATUSES
+    failure: str | None = None
+    reason: str | None = None
+    detail: str = ""
+    registers: int | None = None
+    smem_static: int | None = None
+    stack_bytes: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    cubin_hash: str | None = None
+    toolkit: str | None = None
+    compile_seconds: float | None = None
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    iqr_ms: float | None = None
+    repetitions: int | None = None
+    tflops: float | None = None
+    error: float | None = None
+    max_abs_error: float | None = None
+    replayed: bool = False
+    gpu_state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class TrialRecord:
     """One measured (or failed) configuration of a study."""
 

@@ -7,7 +7,7 @@
         device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
     )
     number = repo.claim_trial(study.id, params, owner="host:pid")   # sent to a GPU: RUNNING
-    repo.record_trial(study.id, number, params, status="ok", median_ms=0.41, tflops=612.0)
+    repo.record_trial(study.id, number, params, TrialOutcome("ok", median_ms=0.41, tflops=612.0))
     repo.record_retiming(study.id, [RetimeEntry(trial.number, median_ms=0.42, ...), ...])
     winner = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
 
@@ -39,6 +39,7 @@ from storage.records import (
     RunningRecord,
     StudyRecord,
     StudySummary,
+    TrialOutcome,
     TrialRecord,
     params_key,
 )
@@ -205,40 +206,14 @@ class Repository:
 
     # -- trials -----------------------------------------------------------------------------
 
-    def record_trial(
-        self,
-        study_id: int,
-        number: int,
-        params: Mapping[str, Any],
-        *,
-        status: str,
-        failure: str | None = None,
-        reason: str | None = None,
-        detail: str = "",
-        registers: int | None = None,
-        smem_static: int | None = None,
-        stack_bytes: int | None = None,
-        spill_stores: int | None = None,
-        spill_loads: int | None = None,
-        cubin_hash: str | None = None,
-        toolkit: str | None = None,
-        compile_seconds: float | None = None,
-        median_ms: float | None = None,
-        min_ms: float | None = None,
-        max_ms: float | None = None,
-        iqr_ms: float | None = None,
-        repetitions: int | None = None,
-        tflops: float | None = None,
-        error: float | None = None,
-        max_abs_error: float | None = None,
-        replayed: bool = False,
-        gpu_state: Mapping[str, Any] | None = None,
-    ) -> TrialRecord:
+    def record_trial(self, study_id: int, number: int, params: Mapping[str, Any],
+                     outcome: TrialOutcome) -> TrialRecord:
         """Store trial ``number`` of a study, in place of its running trial (claimed by
         :meth:`claim_trial`) when it has one; in the same transaction, make it the best of its
         (template version, problem, device) when it is ok and strictly faster than the stored
         best. Failed trials never become best. NaN floats are stored as None (unknown).
         """
+        status, median_ms = outcome.status, outcome.median_ms
         if status not in TRIAL_STATUSES:
             raise StorageError(
                 f"unknown trial status {status!r} (one of {', '.join(TRIAL_STATUSES)})"
@@ -247,35 +222,16 @@ class Repository:
             raise StorageError(
                 f"trial {number}: an ok trial needs a finite median_ms, not {median_ms}"
             )
+        gpu_state = outcome.gpu_state
         if gpu_state is not None:
             gpu_state = queries.plain_json("gpu_state", gpu_state)
-        trial = Trial(
-            study_id=study_id,
-            number=number,
-            params=queries.plain_json("params", params),
-            status=status,
-            failure=failure,
-            reason=reason,
-            detail=detail,
-            registers=registers,
-            smem_static=smem_static,
-            stack_bytes=stack_bytes,
-            spill_stores=spill_stores,
-            spill_loads=spill_loads,
-            cubin_hash=cubin_hash,
-            toolkit=toolkit,
-            repetitions=repetitions,
-            compile_seconds=queries.known(compile_seconds),
-            median_ms=queries.known(median_ms),
-            min_ms=queries.known(min_ms),
-            max_ms=queries.known(max_ms),
-            iqr_ms=queries.known(iqr_ms),
-            tflops=queries.known(tflops),
-            error=queries.known(error),
-            max_abs_error=queries.known(max_abs_error),
-            replayed=bool(replayed),
-            gpu_state=gpu_state,
-        )
+        measured = {name: queries.known(getattr(outcome, name)) for name in (
+            "compile_seconds", "median_ms", "min_ms", "max_ms", "iqr_ms", "tflops", "error", "max_abs_error")}
+        kept = {name: getattr(outcome, name) for name in (
+            "failure", "reason", "detail", "registers", "smem_static", "stack_bytes", "spill_stores", "spill_loads",
+            "cubin_hash", "toolkit", "repetitions")}
+        trial = Trial(study_id=study_id, number=number, params=queries.plain_json("params", params), status=status,
+                      replayed=bool(outcome.replayed), gpu_state=gpu_state, **measured, **kept)
         with self._session(
             f"cannot record trial {number} of study {study_id}", write=True
         ) as session:

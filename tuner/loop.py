@@ -44,7 +44,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import optuna
 
-from storage import params_key
+from storage import TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
@@ -313,16 +313,14 @@ class Coordinator:
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
-        record = dict(
-            study_id=self.record.id, params=flight.params,
-            status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason,
-            detail=m.detail,
+        outcome = TrialOutcome(
+            status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason, detail=m.detail,
             registers=res.registers if res else None,
             smem_static=res.smem_static if res else None,
             stack_bytes=res.stack_bytes if res else None,
             spill_stores=res.spill_stores if res else None,
             spill_loads=res.spill_loads if res else None,
-            cubin_hash=m.cubin_hash, compile_seconds=m.compile_seconds,
+            cubin_hash=m.cubin_hash, toolkit=m.toolkit, compile_seconds=m.compile_seconds,
             median_ms=timing.median_ms if timing else None,
             min_ms=timing.min_ms if timing else None,
             max_ms=timing.max_ms if timing else None,
@@ -330,12 +328,11 @@ class Coordinator:
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
             replayed=m.replayed, gpu_state=dict(m.clocks) or None,
-            toolkit=m.toolkit,
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
         self._set_early_stop()
-        self._mirror.finish(flight.proposal, value, record)
+        self._mirror.finish(flight.proposal, value, flight.params, outcome)
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(

@@ -14,7 +14,7 @@ resumes, and takes in those that other coordinators sharing it (PostgreSQL) stor
     mirror.tell(proposal, float("inf"))           # rejected: in memory only
     mirror.repeated(proposal)                     # measured before: FAIL in memory
     number = mirror.record(proposal, params)      # going to the GPU: a running trial, numbered
-    mirror.finish(proposal, 0.0213, record)       # told in memory, stored in place of the running one
+    mirror.finish(proposal, 0.0213, params, outcome)  # told in memory, stored in place of the running one
     mirror.abandon(proposal)                      # never measured: left to the next run
 
 ``sync`` reads the stored and running trials at most every ``sync_interval_s``.
@@ -104,13 +104,13 @@ class MirroredStudy:
         quarter, 27 in the last)."""
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
 
-    def finish(self, proposal: Proposal, value: float, record: Mapping[str, Any]) -> None:
+    def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> None:
         """A measured result: told to the sampler, then stored in place of the running trial
-        (``Repository.record_trial(**record)`` under its number)."""
+        (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number)."""
         if proposal.number is None:
             raise ValueError("finish takes a recorded proposal")
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
-        self.repository.record_trial(number=proposal.number, **record)
+        self.repository.record_trial(self.study_id, proposal.number, params, outcome)
         self._taken.add(proposal.number)
         self._mine.discard(proposal.number)
 

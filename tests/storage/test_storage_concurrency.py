@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from storage import open_repository
+from storage import TrialOutcome, open_repository
 
 
 def test_opening_a_new_database_together(url):
@@ -26,7 +26,7 @@ def test_writers_of_one_problem_keep_one_consistent_best(url, study_args):
         with open_repository(url) as repo:  # one repository per writer, like one per process
             for number in range(10):
                 median = 1.0 + ((number * 7 + index * 3) % 17) / 10
-                repo.record_trial(ids[index], number, {"n": number}, status="ok", median_ms=median)
+                repo.record_trial(ids[index], number, {"n": number}, TrialOutcome(status="ok", median_ms=median))
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(write, range(4)))

@@ -8,7 +8,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from storage import StorageError, open_repository
+from storage import StorageError, TrialOutcome, open_repository
 from alembic import command
 
 from storage.migrate import VERSION_TABLE, alembic_config, head_revision
@@ -55,7 +55,7 @@ def test_open_creates_our_tables_and_nothing_else(url):
 def test_open_twice_is_a_no_op_and_keeps_data(url, study_args):
     with open_repository(url) as repo:
         study = repo.open_study("kept", **study_args())
-        repo.record_trial(study.id, 0, {"a": 1}, status="ok", median_ms=1.0)
+        repo.record_trial(study.id, 0, {"a": 1}, TrialOutcome(status="ok", median_ms=1.0))
     with open_repository(url) as repo:
         assert [t.number for t in repo.trials(study.id)] == [0]
         assert repo.study("kept").n_ok == 1
@@ -68,7 +68,7 @@ def test_a_database_at_0003_upgrades_keeping_every_trial(url, study_args):
     with open_repository(url) as repo:
         study = repo.open_study("old", **study_args())
         for number, ms in ((0, 2.0), (4, 1.0), (7, 3.0)):  # numbers with gaps, as Optuna gave them
-            repo.record_trial(study.id, number, {"a": number}, status="ok", median_ms=ms)
+            repo.record_trial(study.id, number, {"a": number}, TrialOutcome(status="ok", median_ms=ms))
     engine = create_engine(url)
     with engine.begin() as connection:
         command.downgrade(alembic_config(connection), "0003")
@@ -81,7 +81,7 @@ def test_a_database_at_0003_upgrades_keeping_every_trial(url, study_args):
         assert repo.running(study.id) == []
         number = repo.claim_trial(study.id, {"a": 8}, owner="host:1")
         assert number == 8 and [r.number for r in repo.running(study.id)] == [8]
-        repo.record_trial(study.id, number, {"a": 8}, status="failed", failure="crash")
+        repo.record_trial(study.id, number, {"a": 8}, TrialOutcome(status="failed", failure="crash"))
         assert repo.running(study.id) == [] and len(repo.trials(study.id)) == 4
 
 
@@ -125,7 +125,7 @@ def test_optuna_and_our_tables_share_a_database(url, study_args):
     tables = _tables(url)
     assert TABLES | {VERSION_TABLE, "alembic_version", "studies", "trials"} <= tables
     with open_repository(url) as repo:  # our migration does not touch Optuna's tables
-        repo.record_trial(ours.id, 0, {"x": 1}, status="ok", median_ms=2.0)
+        repo.record_trial(ours.id, 0, {"x": 1}, TrialOutcome(status="ok", median_ms=2.0))
         assert repo.study("shared").n_trials == 1
     loaded = optuna.load_study(study_name="shared", storage=url)
     assert len(loaded.trials) == 2

@@ -7,14 +7,14 @@ from datetime import timezone
 
 import pytest
 
-from storage import BestRecord, StorageError, StudyRecord, TrialRecord, params_key
+from storage import BestRecord, StorageError, StudyRecord, TrialOutcome, TrialRecord, params_key
 
 OK = {"status": "ok", "tflops": 100.0, "error": 1e-3, "max_abs_error": 2e-3}
 
 
 def _ok(repo, study, number, median_ms, **extra):
     values = {**OK, "median_ms": median_ms, **extra}
-    return repo.record_trial(study.id, number, {"block_m": 64, "n": number}, **values)
+    return repo.record_trial(study.id, number, {"block_m": 64, "n": number}, TrialOutcome(**values))
 
 
 # -- reference rows ------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_summaries_count_trials(repo, study_args):
     study = repo.open_study("busy", **study_args())
     _ok(repo, study, 0, 2.0, tflops=50.0)
     _ok(repo, study, 1, 1.0, tflops=100.0)
-    repo.record_trial(study.id, 2, {"n": 2}, status="failed", failure="compile", reason="x")
+    repo.record_trial(study.id, 2, {"n": 2}, TrialOutcome(status="failed", failure="compile", reason="x"))
     summaries = {s.name: s for s in repo.studies()}
     assert [s.name for s in repo.studies()] == ["empty", "busy"]
     busy = summaries["busy"]
@@ -151,7 +151,7 @@ def test_trial_round_trip_keeps_every_field(repo, study_args):
         gpu_state={"sm_clock_mhz": 1980, "temperature_c": 55},
     )
     params = {"block_n": 64, "block_m": 128, "stages": 2}
-    stored = repo.record_trial(study.id, 7, params, **values)
+    stored = repo.record_trial(study.id, 7, params, TrialOutcome(**values))
     assert isinstance(stored, TrialRecord)
     (loaded,) = repo.trials(study.id)
     assert loaded == stored
@@ -167,10 +167,7 @@ def test_failed_trial_round_trip(repo, study_args):
         study.id,
         0,
         {"a": 1},
-        status="failed",
-        failure="compile",
-        reason="ptxas error",
-        detail="log\nlines",
+        TrialOutcome(status="failed", failure="compile", reason="ptxas error", detail="log\nlines"),
     )
     (trial,) = repo.trials(study.id)
     assert (trial.ok, trial.failure, trial.reason, trial.detail) == (
@@ -189,9 +186,7 @@ def test_trials_are_ordered_and_measured_is_keyed_by_params(repo, study_args):
             study.id,
             number,
             {"b": number % 2, "a": 1},
-            status="failed",
-            failure="invalid",
-            reason="r",
+            TrialOutcome(status="failed", failure="invalid", reason="r"),
         )
     assert [t.number for t in repo.trials(study.id)] == [0, 1, 2]
     measured = repo.measured(study.id)
@@ -202,7 +197,7 @@ def test_trials_are_ordered_and_measured_is_keyed_by_params(repo, study_args):
 
 def test_params_read_back_as_they_were_returned(repo, study_args):
     study = repo.open_study("s", **study_args())
-    stored = repo.record_trial(study.id, 0, {"tile": (64, 32)}, status="failed", failure="x")
+    stored = repo.record_trial(study.id, 0, {"tile": (64, 32)}, TrialOutcome(status="failed", failure="x"))
     assert stored.params == {"tile": [64, 32]} and repo.trials(study.id) == [stored]
     assert stored.key in repo.measured(study.id)
 
@@ -216,17 +211,17 @@ def test_nan_floats_are_stored_as_unknown(repo, study_args):
 def test_bad_trials_are_refused_with_one_line(repo, study_args):
     study = repo.open_study("s", **study_args())
     with pytest.raises(StorageError, match="unknown trial status"):
-        repo.record_trial(study.id, 0, {}, status="weird")
+        repo.record_trial(study.id, 0, {}, TrialOutcome(status="weird"))
     with pytest.raises(StorageError, match="finite median_ms"):
-        repo.record_trial(study.id, 0, {}, status="ok")
+        repo.record_trial(study.id, 0, {}, TrialOutcome(status="ok"))
     with pytest.raises(StorageError, match="finite median_ms"):
-        repo.record_trial(study.id, 0, {}, status="ok", median_ms=float("nan"))
+        repo.record_trial(study.id, 0, {}, TrialOutcome(status="ok", median_ms=float("nan")))
     with pytest.raises(StorageError, match="no study with id"):
-        repo.record_trial(study.id + 100, 0, {}, status="ok", median_ms=1.0)
+        repo.record_trial(study.id + 100, 0, {}, TrialOutcome(status="ok", median_ms=1.0))
     with pytest.raises(StorageError, match="params are not plain JSON"):
-        repo.record_trial(study.id, 0, {"x": float("inf")}, status="ok", median_ms=1.0)
+        repo.record_trial(study.id, 0, {"x": float("inf")}, TrialOutcome(status="ok", median_ms=1.0))
     with pytest.raises(StorageError, match="gpu_state are not plain JSON"):
-        repo.record_trial(study.id, 0, {}, status="ok", median_ms=1.0, gpu_state={"t": object()})
+        repo.record_trial(study.id, 0, {}, TrialOutcome(status="ok", median_ms=1.0, gpu_state={"t": object()}))
     assert (
         repo.trials(study.id) == []
         and repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True}) is None
@@ -255,7 +250,7 @@ def test_best_follows_only_faster_ok_trials(repo, study_args):
     problem = ("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
     assert repo.best(*problem) is None
     repo.record_trial(
-        study.id, 0, {"n": 0}, status="failed", failure="wrong", reason="bad", median_ms=0.01
+        study.id, 0, {"n": 0}, TrialOutcome(status="failed", failure="wrong", reason="bad", median_ms=0.01)
     )  # a fast but wrong kernel never wins
     assert repo.best(*problem) is None
     _ok(repo, study, 1, 2.0)
@@ -263,7 +258,7 @@ def test_best_follows_only_faster_ok_trials(repo, study_args):
     _ok(repo, study, 2, 3.0)  # slower
     _ok(repo, study, 3, 2.0)  # as fast: the first stays
     assert repo.best(*problem).trial_number == 1
-    repo.record_trial(study.id, 4, {"n": 4}, status="failed", failure="timeout", reason="hang")
+    repo.record_trial(study.id, 4, {"n": 4}, TrialOutcome(status="failed", failure="timeout", reason="hang"))
     _ok(repo, study, 5, 1.5, registers=96, cubin_hash="beef", replayed=True)
     best = repo.best(*problem)
     assert isinstance(best, BestRecord)
@@ -318,9 +313,9 @@ def test_bests_lists_every_problem_with_filters(repo, device):
         "s2", family="attention", template_hash="t1", space={}, shape=[1, 2, 1024, 64], dtype="bf16",
         flags={"causal": True}, device=device, sampler="tpe", replay=False, settings={},
     )
-    repo.record_trial(study.id, 0, {"A": 1}, status="ok", median_ms=2.0)
-    repo.record_trial(other.id, 0, {"A": 2}, status="ok", median_ms=1.0)
-    repo.record_trial(other.id, 1, {"A": 3}, status="failed", failure="crash", reason="x")
+    repo.record_trial(study.id, 0, {"A": 1}, TrialOutcome(status="ok", median_ms=2.0))
+    repo.record_trial(other.id, 0, {"A": 2}, TrialOutcome(status="ok", median_ms=1.0))
+    repo.record_trial(other.id, 1, {"A": 3}, TrialOutcome(status="failed", failure="crash", reason="x"))
     found = repo.bests("attention")
     assert [b.params for b in found] == [{"A": 2}, {"A": 1}]  # fastest first, failed never
     assert [b.shape for b in repo.bests("attention", dtype="fp16")] == [(1, 2, 512, 64)]

@@ -6,7 +6,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
 
-from storage import RetimeEntry, StorageError, open_repository
+from storage import RetimeEntry, StorageError, TrialOutcome, open_repository
 from storage.migrate import VERSION_TABLE, alembic_config, head_revision
 
 PROBLEM = ("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
@@ -16,7 +16,7 @@ STATE = {"before": {"sm_mhz": 1980, "mem_mhz": 2619, "temperature_c": 41},
 
 def _ok(repo, study, number, median_ms, **extra):
     values = {"status": "ok", "median_ms": median_ms, "tflops": 100.0 / median_ms, **extra}
-    return repo.record_trial(study.id, number, {"n": number}, **values)
+    return repo.record_trial(study.id, number, {"n": number}, TrialOutcome(**values))
 
 
 def _entry(number, median_ms, **extra):
@@ -101,7 +101,7 @@ def test_bad_retimings_are_refused_and_store_nothing(repo, study_args, entries, 
     study = repo.open_study("s", **study_args())
     _ok(repo, study, 0, 1.0)
     _ok(repo, study, 1, 1.1)
-    repo.record_trial(study.id, 2, {"n": 2}, status="failed", failure="wrong", reason="bad")
+    repo.record_trial(study.id, 2, {"n": 2}, TrialOutcome(status="failed", failure="wrong", reason="bad"))
     with pytest.raises(StorageError, match=message) as caught:
         repo.record_retiming(study.id, [_entry(1, 0.5), *entries])
     assert "\n" not in str(caught.value)

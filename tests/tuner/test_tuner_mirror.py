@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from storage import open_repository, params_key
+from storage import TrialOutcome, open_repository, params_key
 from storage.engine import absolute_sqlite
 from templates.family import Param
 from tuner import search
@@ -37,9 +37,8 @@ def _mirror(repo, study_id, sampler=None, owner="here:1"):
     return mirror
 
 
-def _result(params, median_ms=0.5):
-    return dict(study_id=None, params=params, status="ok", median_ms=median_ms,
-                gpu_state={"sm_mhz": 1755, "temperature_c": 61})
+def _result(median_ms=0.5):
+    return TrialOutcome("ok", median_ms=median_ms, gpu_state={"sm_mhz": 1755, "temperature_c": 61})
 
 
 def test_only_recorded_proposals_reach_the_database(repo, study_id):
@@ -53,7 +52,7 @@ def test_only_recorded_proposals_reach_the_database(repo, study_id):
     assert (running.number, running.owner, running.key) == (number, "here:1", params_key(params))
     assert running.params == {"A": params["A"], "B": list(params["B"])}  # JSON: a tuple reads back a list
     assert repo.trials(study_id) == []
-    mirror.finish(measured, 0.5, {**_result(params), "study_id": study_id})
+    mirror.finish(measured, 0.5, params, _result())
     (stored,) = repo.trials(study_id)
     assert (stored.number, stored.median_ms, stored.gpu_state["sm_mhz"]) == (number, 0.5, 1755)
     assert repo.running(study_id) == []  # one record: the running trial became the measured one
@@ -64,7 +63,7 @@ def test_numbers_are_taken_once_across_measured_and_running_trials(repo, study_i
     one, two = _mirror(repo, study_id), _mirror(repo, study_id, owner="there:2")
     a, b = one.ask(SPACE.distributions), two.ask(SPACE.distributions)
     numbers = [one.record(a, SPACE.decode(a.params)), two.record(b, SPACE.decode(b.params))]
-    one.finish(a, 0.25, {**_result(SPACE.decode(a.params), 0.25), "study_id": study_id})
+    one.finish(a, 0.25, SPACE.decode(a.params), _result(0.25))
     c = one.ask(SPACE.distributions)
     numbers.append(one.record(c, SPACE.decode(c.params)))
     assert numbers == [0, 1, 2]
@@ -78,10 +77,8 @@ def test_a_resumed_study_is_rebuilt_from_the_stored_trials(repo, study_id):
         params = SPACE.decode(proposal.params)
         first.record(proposal, params)
         ok = value == value
-        result = {**_result(params, value), "study_id": study_id}
-        if not ok:
-            result.update(status="failed", failure="crash", reason="illegal address", median_ms=None)
-        first.finish(proposal, value if ok else search.FAILED_VALUE, result)
+        result = _result(value) if ok else TrialOutcome("failed", failure="crash", reason="illegal address")
+        first.finish(proposal, value if ok else search.FAILED_VALUE, params, result)
         told.append((proposal.params, value if ok else search.FAILED_VALUE))
     again = MirroredStudy(repo, study_id, SPACE, search.make_sampler("tpe", SPACE, seed=1))
     synced = again.sync(force=True)
@@ -100,7 +97,7 @@ def test_sync_brings_in_what_another_coordinator_measured_or_measures(repo, stud
     done, busy = theirs.ask(SPACE.distributions), theirs.ask(SPACE.distributions)
     for proposal in (done, busy):
         theirs.record(proposal, SPACE.decode(proposal.params))
-    theirs.finish(done, 0.25, {**_result(SPACE.decode(done.params), 0.25), "study_id": study_id})
+    theirs.finish(done, 0.25, SPACE.decode(done.params), _result(0.25))
     assert mine.sync() is None  # within the interval nothing is read
     synced = mine.sync(force=True)
     assert [t.number for t in synced.finished] == [done.number]
