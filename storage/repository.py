@@ -225,13 +225,10 @@ class Repository:
         gpu_state = outcome.gpu_state
         if gpu_state is not None:
             gpu_state = queries.plain_json("gpu_state", gpu_state)
-        measured = {name: queries.known(getattr(outcome, name)) for name in (
-            "compile_seconds", "median_ms", "min_ms", "max_ms", "iqr_ms", "tflops", "error", "max_abs_error")}
-        kept = {name: getattr(outcome, name) for name in (
-            "failure", "reason", "detail", "registers", "smem_static", "stack_bytes", "spill_stores", "spill_loads",
-            "cubin_hash", "toolkit", "repetitions")}
+        values = {name: getattr(outcome, name) for name in rows.TRIAL_FIELDS}
+        values.update({name: queries.known(value) for name, value in values.items() if isinstance(value, float)})
         trial = Trial(study_id=study_id, number=number, params=queries.plain_json("params", params), status=status,
-                      replayed=bool(outcome.replayed), gpu_state=gpu_state, **measured, **kept)
+                      replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
         with self._session(
             f"cannot record trial {number} of study {study_id}", write=True
         ) as session:
