@@ -15,7 +15,7 @@ from templates.family import KernelFamily, Problem, TemplateError
 
 __all__ = ["KernelFamily", "Problem", "TemplateError", "families", "get_family", "register"]
 
-_BUILTIN = ("attention",)
+_BUILTIN = ("attention", "gemm")
 _REGISTRY: dict[str, KernelFamily] = {}
 
 
