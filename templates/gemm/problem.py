@@ -61,6 +61,20 @@ def has_bias(problem: Problem) -> bool:
     return problem.flag("epilogue") != "none"
 
 
+def alignment(problem: Problem) -> dict[str, bool]:
+    """What the source assumes of the problem's sizes: whether A's and B's rows start on 16-byte
+    boundaries (their leading dimension a multiple of 8 elements: cp.async) and whether N is even
+    (C stored in column pairs). Problems alike in these, dtype and flags share each config's
+    source, and so its cubin."""
+    m, n, k = problem.shape
+    layout = problem.flag("layout")
+    return {
+        "a_aligned": (m if layout[0] == "t" else k) % 8 == 0,
+        "b_aligned": (k if layout[1] == "t" else n) % 8 == 0,
+        "c_even": n % 2 == 0,
+    }
+
+
 def flops(problem: Problem) -> float:
     m, n, k = problem.shape
     return 2.0 * m * n * k

@@ -28,20 +28,6 @@ _ENVIRONMENT = jinja2.Environment(
 _TEMPLATE = _ENVIRONMENT.get_template("kernel.cu.j2")
 
 
-def alignment(problem: Problem) -> dict[str, bool]:
-    """What the source assumes of the problem's sizes: whether A's and B's rows start on 16-byte
-    boundaries (their leading dimension a multiple of 8 elements: cp.async) and whether N is even
-    (C stored in column pairs). Problems alike in these, dtype and flags share each config's
-    source, and so its cubin."""
-    m, n, k = problem.shape
-    layout = problem.flag("layout")
-    return {
-        "a_aligned": (m if layout[0] == "t" else k) % 8 == 0,
-        "b_aligned": (k if layout[1] == "t" else n) % 8 == 0,
-        "c_even": n % 2 == 0,
-    }
-
-
 def source(params: Params, problem: Problem) -> str:
     """CUDA C++ for ``params`` (already checked to be in the space)."""
     layout, epilogue = problem.flag("layout"), problem.flag("epilogue")
@@ -49,7 +35,7 @@ def source(params: Params, problem: Problem) -> str:
     if warp_m % 16 or warp_n % 16:
         raise TemplateError(f"gemm: cannot render {dict(params)}: the warp tile is not whole 16x16 tiles")
     (_, a_cols), (_, b_cols) = _space.operand_tiles(params, layout)
-    aligned = alignment(problem)
+    aligned = _problem.alignment(problem)
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
     # What the source depends on, and no more: M, N and K are arguments.
     for_problems = (f"{problem.dtype} layout={layout} epilogue={epilogue}, "

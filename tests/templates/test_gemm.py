@@ -115,6 +115,9 @@ def test_constraints_reject_what_cannot_fit_with_reasons():
     assert space.smem_bytes(deep, "nn") == 4 * 2 * (128 * 64 + 64 * 128)
     assert FAMILY.check(deep, problem, H100_LIMITS) is None
     assert FAMILY.check(deep, problem, small_gpu).startswith("shared memory")
+    wide = dict(FAMILY.default_params(), BLOCK_N=256, BLOCK_K=64)  # 160 fragment registers, 12 loads a stage
+    assert FAMILY.check(wide, problem, H100_LIMITS) is None
+    assert FAMILY.check(wide, _problem("4096,4096,4097"), H100_LIMITS).startswith("registers")  # rows unaligned
     skinny = _problem("16,4096,4096")
     assert FAMILY.check(FAMILY.default_params(), skinny, H100_LIMITS) == \
         "tile: BLOCK_M=128 is wider than the problem needs (64)"
@@ -310,3 +313,35 @@ def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
 
 def test_render_module_names_its_kernel():
     assert render.KERNEL_NAME == FAMILY.launch(FAMILY.default_params(), _problem()).kernel
+
+
+# -- through the tuner ----------------------------------------------------------------------------
+def test_the_command_line_reads_gemms_flags_and_refuses_bad_ones(tmp_path, capsys):
+    from tuner.cli import main
+
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    with pytest.raises(SystemExit) as exit_:  # argparse offers the flag's choices
+        main(["best", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--layout", "tx", "--db", db])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "tuner: error: argument --layout: invalid choice: 'tx' (choose from 'nn', 'nt', 'tn', 'tt')"
+    # a valid problem that was never tuned: nothing stored, said in one line
+    code = main(["best", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--layout", "nt", "--epilogue",
+                 "bias_gelu", "--db", db])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "4096x4096x4096-bf16-epilogue=bias_gelu-layout=nt" in err[0], err
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")
+def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
+    """The real path: the family and its flags are read, the space is built, workers find no GPU."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    done = subprocess.run([sys.executable, "-m", "tuner", "tune", "gemm", "--shape", "1000,17,4097", "--dtype", "fp16",
+                           "--layout", "tt", "--epilogue", "bias_relu", "--db", f"sqlite:///{tmp_path / 't.db'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"]
