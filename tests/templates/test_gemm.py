@@ -345,3 +345,74 @@ def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
         "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"]
+
+
+# -- the kernel's shared-memory addressing, emulated ----------------------------------------------
+def _tile_off(row, col, cols, stride, swizzle):
+    """kernel.cu.j2's tile_off<COLS, STRIDE>."""
+    if not swizzle:
+        return row * stride + col
+    chunks = cols // 8
+    per_line, span = (1, 8) if chunks >= 8 else (8 // chunks, chunks)
+    return row * stride + ((((col >> 3) ^ ((row // per_line) % span)) << 3) | (col & 7))
+
+
+def _ldmatrix_x4(smem, addresses, trans):
+    """Registers (4 per lane, each two elements low first) of ldmatrix.x4 from element offsets."""
+    mats = [np.stack([smem[a:a + 8] for a in addresses[8 * i:8 * i + 8]]) for i in range(4)]
+    return [[(m[2 * (lane % 4), lane // 4], m[2 * (lane % 4) + 1, lane // 4]) if trans else
+             (m[lane // 4, 2 * (lane % 4)], m[lane // 4, 2 * (lane % 4) + 1]) for m in mats] for lane in range(32)]
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("smem_layout", ["swizzle", "pad8"])
+@pytest.mark.parametrize("block_k", [32, 64])
+def test_fragments_read_from_shared_memory_are_the_tiles_of_a_and_b(layout, smem_layout, block_k):
+    """The kernel's stores into shared memory and its ldmatrix addresses (ported), emulated: every
+    mma fragment holds the elements m16n8k16 expects, and each 8-row read of the swizzled layout
+    touches 8 different 16-byte bank groups."""
+    params = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=64, BLOCK_K=block_k, SMEM_LAYOUT=smem_layout)
+    (a_rows, a_cols), (b_rows, b_cols) = space.operand_tiles(params, layout)
+    rng = np.random.default_rng(0)
+    a = rng.integers(1, 60000, size=(128, block_k))  # logical A tile (m, k) and B tile (k, n)
+    b = rng.integers(1, 60000, size=(block_k, 64))
+    smem_a = np.zeros(a_rows * space.row_stride(params, a_cols), dtype=np.int64)
+    smem_b = np.zeros(b_rows * space.row_stride(params, b_cols), dtype=np.int64)
+    swz = smem_layout == "swizzle"
+    for r in range(a_rows):  # stored as in global memory: A^T for "t", B^T for "t"
+        for c in range(a_cols):
+            smem_a[_tile_off(r, c, a_cols, space.row_stride(params, a_cols), swz)] = a[c, r] if layout[0] == "t" else a[r, c]
+    for r in range(b_rows):
+        for c in range(b_cols):
+            smem_b[_tile_off(r, c, b_cols, space.row_stride(params, b_cols), swz)] = b[c, r] if layout[1] == "t" else b[r, c]
+    off_a = lambda r, c: _tile_off(r, c, a_cols, space.row_stride(params, a_cols), swz)  # noqa: E731
+    off_b = lambda r, c: _tile_off(r, c, b_cols, space.row_stride(params, b_cols), swz)  # noqa: E731
+    lanes = range(32)
+    for ks in range(block_k // 16):
+        for m in (0, 48, 112):
+            if layout[0] == "t":
+                addresses = [off_a(ks * 16 + (l % 8) + 8 * (l // 16), m + 8 * ((l // 8) % 2)) for l in lanes]
+            else:
+                addresses = [off_a(m + (l % 16), ks * 16 + 8 * (l // 16)) for l in lanes]
+            frags = _ldmatrix_x4(smem_a, addresses, layout[0] == "t")
+            for lane in lanes:
+                g, t = lane // 4, lane % 4
+                for reg, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                    assert frags[lane][reg] == (a[m + g + dr, ks * 16 + 2 * t + dk], a[m + g + dr, ks * 16 + 2 * t + dk + 1])
+            if swz:
+                for phase in range(4):
+                    assert len({(x * 2 // 16) % 8 for x in addresses[8 * phase:8 * phase + 8]}) == 8
+        for n in (0, 16, 48):
+            if layout[1] == "t":
+                addresses = [off_b(n + (l % 8) + 8 * (l // 16), ks * 16 + 8 * ((l // 8) % 2)) for l in lanes]
+            else:
+                addresses = [off_b(ks * 16 + (l % 8) + 8 * ((l // 8) % 2), n + 8 * (l // 16)) for l in lanes]
+            frags = _ldmatrix_x4(smem_b, addresses, layout[1] == "n")
+            for lane in lanes:
+                g, t = lane // 4, lane % 4
+                for reg, (dk, dn) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                    k = ks * 16 + 2 * t + dk
+                    assert frags[lane][reg] == (b[k, n + g + dn], b[k + 1, n + g + dn]), (lane, reg)
+            if swz:
+                for phase in range(4):
+                    assert len({(x * 2 // 16) % 8 for x in addresses[8 * phase:8 * phase + 8]}) == 8

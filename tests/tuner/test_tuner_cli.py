@@ -115,7 +115,7 @@ def test_parse_duration(text, seconds):
 def test_process_prints_no_traceback(tmp_path):
     done = run_cli("best", "nope", "--shape", "4,16,4096,128", "--dtype", "fp16", cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == "tuner: error: unknown kernel family 'nope' (known: attention)"
+    assert done.stderr.strip() == "tuner: error: unknown kernel family 'nope' (known: attention, gemm)"
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")
