@@ -116,7 +116,7 @@ def test_process_prints_no_traceback(tmp_path):
     done = run_cli("best", "nope", "--shape", "4,16,4096,128", "--dtype", "fp16", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "tuner: error: unknown kernel family 'nope' (known: attention); give a family of your own "
+        "tuner: error: unknown kernel family 'nope' (known: attention, gemm); give a family of your own "
         "by path (a folder or .py file defining FAMILY) or as module:ATTR")
 
 

@@ -1,0 +1,143 @@
+"""Matrix multiply C = A B, with an optional bias and activation epilogue, as a tunable family.
+
+    from templates import get_family
+    family = get_family("gemm")
+    problem = family.parse_problem("4096,4096,4096", "bf16", {"layout": "nt", "epilogue": "bias_gelu"})
+    source = family.render(family.default_params(), problem)
+
+fp16 or bf16 in and out, fp32 accumulation, any M, N and K. A is M x K and B is K x N, each
+stored row-major or transposed (``layout``: "nn", "nt", "tn", "tt"); C is M x N row-major.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from templates.family import (
+    BufferSpec,
+    DeviceLimits,
+    Flag,
+    KernelFamily,
+    Launch,
+    Params,
+    PeerCall,
+    Problem,
+    TemplateError,
+    Validation,
+)
+from templates.gemm import problem as _problem
+from templates.gemm import render as _render
+from templates.gemm import space as _space
+from templates.gemm import starts as _starts
+
+KERNEL_NAME = _render.KERNEL_NAME
+# Square problems; an LLM's projections (M tokens against N, K of 4096-14336); skinny M (decode).
+SQUARE = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192))
+PROJECTIONS = ((16, 4096, 4096), (128, 4096, 4096), (1024, 14336, 4096), (4096, 4096, 14336),
+               (8192, 4096, 4096), (8192, 14336, 4096), (2048, 6144, 4096), (4096, 12288, 4096))
+SKINNY = ((1, 4096, 4096), (16, 14336, 4096), (64, 4096, 14336), (32, 8192, 8192))
+_FOLDER = Path(__file__).parent
+
+
+class GemmFamily(KernelFamily):
+    name = "gemm"
+    folder = _FOLDER
+    params = _space.PARAMS
+    dtypes = _problem.DTYPES
+    flags = (
+        Flag("epilogue", _problem.EPILOGUES, "after A B: + bias (a length-N vector of the input type), then "
+             "optionally ReLU or GELU (erf)"),
+        Flag("layout", _problem.LAYOUTS, "A then B: n row-major (A as M x K, B as K x N), t transposed "
+             "(A stored K x M, B stored N x K)"),
+    )
+    suite = (tuple((shape, dtype, {"layout": "nn"}) for shape in SQUARE for dtype in _problem.DTYPES)
+             + tuple((shape, "bf16", {"layout": "nt"}) for shape in PROJECTIONS + SKINNY)
+             + (((4096, 4096, 4096), "bf16", {"layout": "nt", "epilogue": "bias_gelu"}),
+                ((4096, 4096, 4096), "fp16", {"layout": "tn", "epilogue": "bias_relu"})))
+    # What renders and launches the kernels; inputs and reference (problem.py), starting points
+    # (starts.py), peers and this file may change without a new template version.
+    kernel_files = ("kernel.cu.j2", "render.py", "space.py")
+
+    def parse_problem(self, shape: str | Sequence[int], dtype: str,
+                      flags: Mapping[str, Any] | None = None) -> Problem:
+        dims = _problem.parse_shape(shape if isinstance(shape, str) else tuple(shape))
+        if dtype not in _problem.DTYPES:
+            raise TemplateError(f"unsupported dtype {dtype!r}: gemm supports {list(_problem.DTYPES)}")
+        return Problem(dims, dtype, self.problem_flags(flags))
+
+    def distance(self, a: Problem, b: Problem) -> float:
+        """The same dtype and flags, then the log2 distances of M, N and K summed."""
+        if a.dtype != b.dtype or a.flags != b.flags or len(a.shape) != len(b.shape):
+            return math.inf
+        return sum(abs(math.log2(x / y)) for x, y in zip(a.shape, b.shape))
+
+    def flops(self, problem: Problem) -> float:
+        return _problem.flops(problem)
+
+    def min_bytes(self, problem: Problem) -> int:
+        return _problem.min_bytes(problem)
+
+    def check(self, params: Params, problem: Problem, device: DeviceLimits) -> str | None:
+        self.validate_params(params)
+        return _space.check(params, problem, device)
+
+    def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
+        """What ``check`` accepts, checked among ``space.candidates``."""
+        return [c for c in _space.candidates() if _space.check(c, problem, device) is None]
+
+    def render(self, params: Params, problem: Problem) -> str:
+        self.validate_params(params)
+        return _render.source(params, problem)
+
+    def launch(self, params: Params, problem: Problem) -> Launch:
+        return _render.launch(params, problem)
+
+    def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
+        """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
+        points = [dict(self.default_params(), **point) for point in _starts.starting_points()]
+        return [p for p in points if self.check(p, problem, device) is None]
+
+    def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
+        """cuBLAS through torch.matmul and our Triton matmul tuned by Triton's autotuner."""
+        from templates.gemm import peers
+
+        return peers.peer_calls(problem, inputs)
+
+    def prepare_peers(self, problems: Sequence[Problem]) -> None:
+        from templates.gemm import peers
+
+        peers.prepare(problems)
+
+    def compile_options(self, params: Params, problem: Problem) -> tuple[str, ...]:
+        return _render.COMPILE_OPTIONS
+
+    def inputs(self, problem: Problem, seed: int) -> dict[str, np.ndarray]:
+        return _problem.inputs(problem, seed)
+
+    def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
+        return _problem.outputs(problem)
+
+    def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
+        return _problem.reference(problem, inputs)
+
+    def validate(
+        self, problem: Problem, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+        reference: Any = None,
+    ) -> Validation:
+        return _problem.validate(problem, inputs, outputs, reference)
+
+    def describe(self, params: Params, problem: Problem) -> dict[str, Any]:
+        """Derived numbers shown beside a config: threads, warp tile, shared memory, registers."""
+        return {
+            "threads": _space.threads(params),
+            "warp_tile": "x".join(map(str, _space.warp_tile(params))),
+            "smem_bytes": _space.smem_bytes(params, problem.flag("layout")),
+            "fragment_registers": _space.fragment_registers(params),
+        }
+
+
+FAMILY = GemmFamily()

@@ -1,0 +1,64 @@
+"""The GEMM family's peers: cuBLAS through ``torch.matmul`` (the epilogue in torch after it) and
+our Triton matmul tuned by Triton's autotuner (``triton_peer``), each a call on torch tensors of
+the family's own inputs, in their stored layouts. ``workers.peers`` checks each against the
+family's reference and times it as ours is timed."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from templates.family import PeerCall, Problem
+
+
+def operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> tuple[Any, Any, Any]:
+    """(A as M x K, B as K x N, bias or None): CUDA tensors over the stored layouts (a transposed
+    operand is a transposed view, as a caller of cuBLAS would pass it)."""
+    import torch
+
+    dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
+
+    def tensor(name: str) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(inputs[name]).view(np.int16)).view(dtype).cuda()
+
+    a, b = tensor("a"), tensor("b")
+    layout = problem.flag("layout")
+    a = a.T if layout[0] == "t" else a
+    b = b.T if layout[1] == "t" else b
+    bias = tensor("bias") if problem.flag("epilogue") != "none" else None
+    return a, b, bias
+
+
+def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
+    """name -> a call computing ``problem`` on the GPU from ``inputs``."""
+    import torch
+    import torch.nn.functional as F
+
+    from templates.gemm import triton_peer
+
+    a, b, bias = operands(problem, inputs)
+    epilogue = problem.flag("epilogue")
+
+    def cublas() -> Any:
+        if bias is None:
+            return torch.matmul(a, b)
+        c = torch.addmm(bias, a, b)  # cuBLAS adds the bias in its own epilogue
+        if epilogue == "bias_relu":
+            return F.relu(c)
+        if epilogue == "bias_gelu":
+            return F.gelu(c)
+        return c
+
+    calls = {"cublas": PeerCall(cublas, "torch.matmul" if bias is None else f"torch.addmm, then {epilogue[5:] or 'nothing'}")}
+    if not triton_peer.available():
+        calls["triton"] = PeerCall(None, "Triton is not installed")
+        return calls
+    tuned = triton_peer.tune(a, b, bias, epilogue)
+    calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
+                               tuned.seconds)
+    return calls
+
+
+def prepare(problems: Sequence[Problem]) -> None:
+    """Nothing ahead: the Triton peer compiles its dozen configs a key on first use."""

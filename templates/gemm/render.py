@@ -1,0 +1,74 @@
+"""The CUDA source and the launch of one GEMM config (``kernel.cu.j2``). With that and
+``space.py`` this is what the template hash covers (``GemmFamily.kernel_files``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from templates.family import KernelArg, Launch, Params, Problem, TemplateError
+from templates.gemm import problem as _problem
+from templates.gemm import space as _space
+
+KERNEL_NAME = "gemm"
+COMPILE_OPTIONS = ("-O3", "-std=c++17")
+ACTIVATIONS = {"none": 0, "bias": 0, "bias_relu": 1, "bias_gelu": 2}
+
+_ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    # PTX operands ({%0,%1}) collide with Jinja's default block syntax.
+    block_start_string="/*%",
+    block_end_string="%*/",
+    comment_start_string="/*#",
+    comment_end_string="#*/",
+)
+_TEMPLATE = _ENVIRONMENT.get_template("kernel.cu.j2")
+
+
+def source(params: Params, problem: Problem) -> str:
+    """CUDA C++ for ``params`` (already checked to be in the space)."""
+    layout, epilogue = problem.flag("layout"), problem.flag("epilogue")
+    warp_m, warp_n = _space.warp_tile(params)
+    if warp_m % 16 or warp_n % 16:
+        raise TemplateError(f"gemm: cannot render {dict(params)}: the warp tile is not whole 16x16 tiles")
+    (_, a_cols), (_, b_cols) = _space.operand_tiles(params, layout)
+    aligned = _problem.alignment(problem)
+    comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    # What the source depends on, and no more: M, N and K are arguments.
+    for_problems = (f"{problem.dtype} layout={layout} epilogue={epilogue}, "
+                    + ", ".join(f"{name}={int(value)}" for name, value in aligned.items()))
+    return _TEMPLATE.render(
+        **params,
+        config_comment=f"{for_problems}; {comment}",
+        kernel_name=KERNEL_NAME,
+        warps_m=_space.warps_m(params),
+        warps_n=_space.warps_n(params),
+        warp_m=warp_m,
+        warp_n=warp_n,
+        threads=_space.threads(params),
+        swizzle=params["SMEM_LAYOUT"] == "swizzle",
+        a_trans=layout[0] == "t",
+        b_trans=layout[1] == "t",
+        a_stride=_space.row_stride(params, a_cols),
+        b_stride=_space.row_stride(params, b_cols),
+        bias=_problem.has_bias(problem),
+        activation=ACTIVATIONS[epilogue],
+        ptx_type="f16" if problem.dtype == "fp16" else "bf16",
+        **aligned,
+    )
+
+
+def grid(params: Params, problem: Problem) -> tuple[int, int, int]:
+    m, n, _ = problem.shape
+    return (-(-m // params["BLOCK_M"]) * -(-n // params["BLOCK_N"]), 1, 1)
+
+
+def launch(params: Params, problem: Problem) -> Launch:
+    m, n, k = problem.shape
+    buffers = ("a", "b", "bias", "c") if _problem.has_bias(problem) else ("a", "b", "c")
+    args = tuple(KernelArg("buffer", name) for name in buffers) + tuple(KernelArg("i32", d) for d in (m, n, k))
+    return Launch(KERNEL_NAME, grid(params, problem), (_space.threads(params), 1, 1),
+                  _space.smem_bytes(params, problem.flag("layout")), args)

@@ -1,0 +1,129 @@
+"""The GEMM family's parameter space and its constraints."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator, Mapping
+
+from templates.family import DeviceLimits, Param, Problem
+from templates.gemm.problem import alignment
+
+PARAMS: tuple[Param, ...] = (
+    Param("BLOCK_M", (128, 64, 256), "rows of C per thread block"),
+    Param("BLOCK_N", (128, 64, 256), "columns of C per thread block"),
+    Param("BLOCK_K", (32, 64), "depth of one K step (one pipeline stage of A and B)"),
+    Param("NUM_WARPS", (8, 4), "warps per block: 2 x 2, or 2 x 4 (4 x 2 where BLOCK_M > BLOCK_N)"),
+    Param("STAGES", (3, 2, 4), "A and B tiles in flight through cp.async"),
+    Param("SMEM_LAYOUT", ("swizzle", "pad8"), "XOR swizzle of 16-byte chunks, or 8 halves of row padding"),
+    Param("GROUP_M", (8, 1, 4, 16), "output tiles in column-major groups of this many tile rows, so "
+          "that a wave of blocks shares A's and B's tiles in L2 (1: row by row)"),
+)
+
+# Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
+# 255 go to addresses, indices and the epilogue (checked by tests/templates/test_gemm.py on
+# every config's ptxas report).
+FRAGMENT_REGISTER_BUDGET = 168
+# From ptxas' reports of every tile, stage and warp count at three layouts (bf16, bias + GELU):
+# 160 fragment registers or more spilled only where a thread also issues more than 12 16-byte
+# loads a stage (4 warps, 64 deep: 16 or 20), and never with 12 or fewer.
+TIGHT_FRAGMENTS = 160
+TIGHT_LOADS = 12
+# Where A's or B's rows are not 16-byte aligned each chunk is eight guarded loads: there 160 or
+# more spilled with 10 and 12 chunks a stage (4 of 150 tiles of a 1001 x 999 x 4097 problem).
+UNALIGNED_TIGHT_LOADS = 8
+ELEMENT_BYTES = 2
+# A tile wider than this many times the problem's own (its power of two) is never worth a trial:
+# e.g. 256 rows for M = 16.
+SMALLEST_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+
+
+def warps_m(params: Mapping[str, Any]) -> int:
+    """Warps along M (the rest along N)."""
+    if params["NUM_WARPS"] == 4:
+        return 2
+    return 4 if params["BLOCK_M"] > params["BLOCK_N"] else 2
+
+
+def warps_n(params: Mapping[str, Any]) -> int:
+    return params["NUM_WARPS"] // warps_m(params)
+
+
+def warp_tile(params: Mapping[str, Any]) -> tuple[int, int]:
+    """(rows, columns) of C each warp computes."""
+    return params["BLOCK_M"] // warps_m(params), params["BLOCK_N"] // warps_n(params)
+
+
+def threads(params: Mapping[str, Any]) -> int:
+    return 32 * params["NUM_WARPS"]
+
+
+def operand_tiles(params: Mapping[str, Any], layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rows, contiguous columns) of A's and of B's tile in shared memory: each as it is stored."""
+    bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    a = (bk, bm) if layout[0] == "t" else (bm, bk)
+    b = (bn, bk) if layout[1] == "t" else (bk, bn)
+    return a, b
+
+
+def row_stride(params: Mapping[str, Any], columns: int) -> int:
+    return columns + (8 if params["SMEM_LAYOUT"] == "pad8" else 0)
+
+
+def stage_bytes(params: Mapping[str, Any], layout: str) -> int:
+    return sum(ELEMENT_BYTES * rows * row_stride(params, cols) for rows, cols in operand_tiles(params, layout))
+
+
+def smem_bytes(params: Mapping[str, Any], layout: str) -> int:
+    return params["STAGES"] * stage_bytes(params, layout)
+
+
+def fragment_registers(params: Mapping[str, Any]) -> int:
+    """Registers per thread held through the K loop: C's fp32 accumulators (rows x columns / 32)
+    and one 16-deep step of A's and B's fragments."""
+    wm, wn = warp_tile(params)
+    return wm * wn // 32 + wm // 4 + wn // 4
+
+
+def loads_per_thread(params: Mapping[str, Any]) -> int:
+    """16-byte chunks of A and B each thread copies a stage."""
+    elements = params["BLOCK_K"] * (params["BLOCK_M"] + params["BLOCK_N"])
+    return -(-elements // 8 // threads(params))
+
+
+def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
+    """None when the config can run; otherwise the first reason it cannot."""
+    layout = problem.flag("layout")
+    wm, wn = warp_tile(params)
+    if params["BLOCK_M"] % warps_m(params) or params["BLOCK_N"] % warps_n(params) or wm % 16 or wn % 16:
+        return (f"divisibility: a {params['BLOCK_M']}x{params['BLOCK_N']} tile on {warps_m(params)}x"
+                f"{warps_n(params)} warps is not whole 16x16 tiles a warp")
+    for name, dim in (("BLOCK_M", problem.shape[0]), ("BLOCK_N", problem.shape[1]), ("BLOCK_K", problem.shape[2])):
+        fits = max(SMALLEST_TILE[name], _power_of_two(dim))
+        if params[name] > fits:
+            return f"tile: {name}={params[name]} is wider than the problem needs ({fits})"
+    if threads(params) > device.max_threads_per_block:
+        return f"threads: {threads(params)} > {device.max_threads_per_block}"
+    smem = smem_bytes(params, layout)
+    if smem > device.max_smem_per_block_optin:
+        return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    regs = fragment_registers(params)
+    if regs > FRAGMENT_REGISTER_BUDGET:
+        return f"registers: {regs} fragment registers per thread > {FRAGMENT_REGISTER_BUDGET}"
+    aligned = alignment(problem)
+    limit = TIGHT_LOADS if aligned["a_aligned"] and aligned["b_aligned"] else UNALIGNED_TIGHT_LOADS
+    if regs >= TIGHT_FRAGMENTS and loads_per_thread(params) > limit:
+        return (f"registers: {regs} fragment registers per thread beside {loads_per_thread(params)} 16-byte "
+                f"loads a stage (> {limit})")
+    return None
+
+
+def candidates() -> Iterator[dict[str, Any]]:
+    """The configs ``check`` may accept. One path so far (mma.sync fed by cp.async), whose
+    parameters all apply: the whole product (864 configs)."""
+    names = [p.name for p in PARAMS]
+    for values in itertools.product(*(p.choices for p in PARAMS)):
+        yield dict(zip(names, values))
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()

@@ -1,0 +1,135 @@
+"""The GEMM family on a real GPU: random configs of every layout and epilogue against the
+float64 reference, on odd M, N and K (tails of every tile, rows not 16-byte aligned).
+
+Run on the GPU machine: ``pytest -m gpu``. Skipped where no GPU is visible.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from templates import get_family
+from workers.compile import compile_cubin
+from workers.results import CompileRequest
+
+pytestmark = pytest.mark.gpu
+
+FAMILY = get_family("gemm")
+# (M, N, K, dtype, layout, epilogue): every layout and epilogue in both types; single rows,
+# columns and depths; sizes one past a tile; leading dimensions odd (plain loads) and multiples
+# of 8 (cp.async), and mixed.
+CASES = (
+    ("1,17,1000", "fp16", "nn", "none"),
+    ("17,1000,4097", "bf16", "nt", "bias"),
+    ("1000,4097,17", "fp16", "tn", "bias_relu"),
+    ("4097,1000,1", "bf16", "tt", "bias_gelu"),
+    ("1000,1000,1000", "fp16", "nt", "bias_gelu"),
+    ("1000,1000,1000", "bf16", "tt", "none"),
+    ("2048,2048,2048", "bf16", "nn", "bias_relu"),
+    ("4097,4096,4096", "fp16", "tn", "bias"),
+    ("64,4096,4103", "bf16", "nt", "none"),
+    ("333,255,129", "fp16", "tt", "bias_relu"),
+    ("129,333,255", "bf16", "nn", "bias_gelu"),
+    ("255,129,333", "fp16", "nt", "none"),
+)
+PROBLEMS = [FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+            for shape, dtype, layout, epilogue in CASES]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from workers.gpu import GpuBench
+
+    gpu = GpuBench(0)
+    yield gpu
+    gpu.close()
+
+
+def _limits(bench):
+    return bench.device_info().limits
+
+
+def _compiled(jobs, cache):
+    """(problem, params, binary) of each (problem, params) job, compiled in parallel on the CPUs."""
+    def build(job):
+        problem, params = job
+        request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+        return problem, params, compile_cubin(request, cache_dir=cache)
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(build, jobs))
+
+
+@pytest.fixture(scope="module")
+def sample(bench, tmp_path_factory):
+    """Per problem its first starting point, three random valid configs, and the valid config of
+    most fragment registers (the heaviest tile it allows)."""
+    from templates.gemm import space
+
+    rng = random.Random(2027)
+    limits = _limits(bench)
+    jobs = []
+    for problem in PROBLEMS:
+        valid = FAMILY.valid_configs(problem, limits)
+        starts = FAMILY.starting_points(problem, limits)[:1]
+        heaviest = max(valid, key=lambda c: (space.fragment_registers(c), c["BLOCK_K"], c["STAGES"]))
+        jobs += [(problem, params) for params in starts + rng.sample(valid, min(3, len(valid))) + [heaviest]]
+    return _compiled(jobs, tmp_path_factory.mktemp("cubins"))
+
+
+def test_random_configs_match_the_reference_on_every_tail(bench, sample):
+    failures = []
+    for problem, params, binary in sample:
+        assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
+        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=11, min_reps=3,
+                               max_reps=5, target_ms=10)
+        if not result.ok:
+            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+            continue
+        assert result.error is not None and result.error < 0.03
+        assert result.timing.median_ms > 0
+    assert not failures, "\n".join(failures)
+
+
+def test_every_group_order_and_smem_layout_matches_the_reference(bench, tmp_path_factory):
+    """One tile, each GROUP_M and SMEM_LAYOUT, on a problem of several tile rows and columns whose
+    tile rows do not divide into groups (1000 / 64 = 16 tile rows, 15.6 columns)."""
+    problem = FAMILY.parse_problem("1000,1000,136", "bf16", {"layout": "tn", "epilogue": "bias"})
+    base = dict(FAMILY.default_params(), BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4)
+    jobs = [(problem, dict(base, GROUP_M=g, SMEM_LAYOUT=layout, STAGES=stages))
+            for g in (1, 4, 8, 16) for layout in ("swizzle", "pad8") for stages in (2, 4)]
+    failures = []
+    for problem, params, binary in _compiled(jobs, tmp_path_factory.mktemp("group_cubins")):
+        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=5, min_reps=3,
+                               max_reps=5, target_ms=5)
+        if not result.ok:
+            failures.append(f"{params}: {result.failure} {result.reason}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_wrong_kernel_is_caught(bench, tmp_path_factory):
+    """A kernel rendered for B row-major fails validation on the problem whose B is transposed
+    (a square problem: the launch is the same)."""
+    problem = FAMILY.parse_problem("512,512,512", "fp16", {"layout": "nt"})
+    other = FAMILY.parse_problem("512,512,512", "fp16", {"layout": "nn"})
+    params = FAMILY.default_params()
+    wrong = compile_cubin(CompileRequest(FAMILY.render(params, other), "gemm", FAMILY.compile_options(params, other)),
+                          cache_dir=tmp_path_factory.mktemp("wrong"))
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "gemm", problem, seed=5, min_reps=3, max_reps=5)
+    assert not result.ok and result.failure == "wrong", result
+
+
+def test_the_default_config_reaches_a_fair_rate_on_a_square_problem(bench, tmp_path_factory):
+    """Not a benchmark: a sanity floor (an H100 or H200 runs the 128 x 128 x 32 mma.sync tile at
+    several hundred TFLOPS; a tenth of that means something is badly off)."""
+    problem = FAMILY.parse_problem("4096,4096,4096", "fp16", {"layout": "nt"})
+    params = FAMILY.default_params()
+    binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "gemm",
+                                          FAMILY.compile_options(params, problem)),
+                           cache_dir=tmp_path_factory.mktemp("rate"))
+    result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=1, min_reps=10)
+    assert result.ok, result
+    assert FAMILY.tflops(problem, result.timing.median_ms) > 50

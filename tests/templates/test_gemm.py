@@ -1,0 +1,418 @@
+"""The GEMM family on the CPU: problems, space, constraints, rendering, compiling, reference."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from templates import families, get_family
+from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem, TemplateError, check_outputs
+from templates.gemm import problem as gemm
+from templates.gemm import render, space
+
+FAMILY = get_family("gemm")
+ROOT = Path(__file__).resolve().parents[2]
+REASONS = {"divisibility", "tile", "threads", "shared memory", "registers"}
+
+
+def _problem(shape="1000,17,4097", dtype="fp16", layout="nn", epilogue="none"):
+    return FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+
+
+# -- problems -----------------------------------------------------------------------------------
+def test_the_family_is_registered_and_its_problems_carry_their_flags():
+    assert "gemm" in families() and FAMILY.name == "gemm"
+    problem = _problem("4096,4096,4096", "bf16", "nt", "bias_gelu")
+    assert problem.shape == (4096, 4096, 4096)
+    assert problem.flags == (("epilogue", "bias_gelu"), ("layout", "nt"))
+    assert problem.key == "4096x4096x4096-bf16-epilogue=bias_gelu-layout=nt"
+    assert problem.spec == {"shape": [4096, 4096, 4096], "dtype": "bf16",
+                            "flags": {"epilogue": "bias_gelu", "layout": "nt"}}
+    assert FAMILY.problem_from_spec(problem.spec) == problem
+    assert FAMILY.parse_problem("64x32x16", "fp16") == Problem((64, 32, 16), "fp16", (("epilogue", "none"),
+                                                                                        ("layout", "nn")))
+    assert FAMILY.flops(problem) == 2 * 4096**3
+    assert FAMILY.min_bytes(_problem("10,20,30")) == 2 * (10 * 30 + 30 * 20 + 10 * 20)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, flags, message",
+    [
+        ("4096,4096", "fp16", {}, "malformed shape"),
+        ("4096,x,4096", "fp16", {}, "malformed shape"),
+        ("4096,0,4096", "fp16", {}, "malformed shape"),
+        ("65536,65536,16", "fp16", {}, "too large"),
+        ("64,64,64", "fp32", {}, "unsupported dtype"),
+        ("64,64,64", "fp16", {"layout": "tx"}, "flag layout='tx' is not one of"),
+        ("64,64,64", "fp16", {"epilogue": "relu"}, "flag epilogue='relu' is not one of"),
+        ("64,64,64", "fp16", {"causal": True}, "unknown problem flag 'causal'"),
+    ],
+)
+def test_bad_problems_fail_with_one_line(shape, dtype, flags, message):
+    with pytest.raises(TemplateError, match=message) as info:
+        FAMILY.parse_problem(shape, dtype, flags)
+    assert "\n" not in str(info.value)
+
+
+def test_distance_is_log2_in_each_dimension_for_the_same_dtype_and_flags():
+    one = _problem("1024,4096,4096", "bf16", "nt")
+    assert FAMILY.distance(one, one) == 0
+    assert FAMILY.distance(one, _problem("2048,4096,1024", "bf16", "nt")) == pytest.approx(3.0)
+    assert FAMILY.distance(one, _problem("1024,4096,4096", "fp16", "nt")) == math.inf
+    assert FAMILY.distance(one, _problem("1024,4096,4096", "bf16", "nn")) == math.inf
+    assert FAMILY.distance(one, _problem("1024,4096,4096", "bf16", "nt", "bias")) == math.inf
+
+
+def test_suite_problems_parse_and_cover_square_projection_and_skinny_shapes():
+    problems = [FAMILY.parse_problem(shape, dtype, flags) for shape, dtype, flags in FAMILY.suite]
+    assert len(set(problems)) == len(problems) > 20
+    shapes = [p.shape for p in problems]
+    assert any(m == n == k == 8192 for m, n, k in shapes) and any(m == n == k == 1024 for m, n, k in shapes)
+    assert any(m <= 64 for m, _, _ in shapes) and any(14336 in (n, k) for _, n, k in shapes)
+    assert {p.flag("layout") for p in problems} >= {"nn", "nt"} and {p.dtype for p in problems} == {"fp16", "bf16"}
+
+
+# -- the space ----------------------------------------------------------------------------------
+def test_the_default_config_is_the_engineers_first_tile():
+    assert FAMILY.default_params() == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, NUM_WARPS=8, STAGES=3,
+                                           SMEM_LAYOUT="swizzle", GROUP_M=8)
+    assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
+
+
+@pytest.mark.parametrize("problem", [_problem("4096,4096,4096", "bf16", "tt", "bias_gelu"), _problem("17,1000,33")],
+                         ids=lambda p: p.key)
+def test_every_config_renders_or_is_rejected_with_a_reason(problem):
+    rendered = 0
+    for config in FAMILY.configs():
+        reason = FAMILY.check(config, problem, H100_LIMITS)
+        if reason is not None:
+            assert reason.split(":")[0] in REASONS, reason
+            continue
+        source = FAMILY.render(config, problem)
+        assert "extern \"C\" __global__" in source and "{{" not in source and "/*%" not in source
+        assert f"#define BLOCK_M {config['BLOCK_M']}" in source and f"#define GROUP_M {config['GROUP_M']}" in source
+        assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
+        rendered += 1
+    assert rendered > (500 if problem.shape[0] > 1000 else 30)
+
+
+def test_constraints_reject_what_cannot_fit_with_reasons():
+    problem = _problem("4096,4096,4096")
+    big = dict(FAMILY.default_params(), BLOCK_M=256, BLOCK_N=256)
+    assert FAMILY.check(big, problem, H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCK_M=256, NUM_WARPS=4), problem,
+                        H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4), problem, H100_LIMITS) is None
+    small_gpu = DeviceLimits("tiny", (9, 0), 1, max_smem_per_block_optin=48 * 1024)
+    deep = dict(FAMILY.default_params(), BLOCK_K=64, STAGES=4)
+    assert space.smem_bytes(deep, "nn") == 4 * 2 * (128 * 64 + 64 * 128)
+    assert FAMILY.check(deep, problem, H100_LIMITS) is None
+    assert FAMILY.check(deep, problem, small_gpu).startswith("shared memory")
+    wide = dict(FAMILY.default_params(), BLOCK_N=256, BLOCK_K=64)  # 160 fragment registers, 12 loads a stage
+    assert FAMILY.check(wide, problem, H100_LIMITS) is None
+    assert FAMILY.check(wide, _problem("4096,4096,4097"), H100_LIMITS).startswith("registers")  # rows unaligned
+    skinny = _problem("16,4096,4096")
+    assert FAMILY.check(FAMILY.default_params(), skinny, H100_LIMITS) == \
+        "tile: BLOCK_M=128 is wider than the problem needs (64)"
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCK_M=64), skinny, H100_LIMITS) is None
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCK_K=64), _problem("64,64,20"), H100_LIMITS).startswith("tile")
+    with pytest.raises(TemplateError, match="BLOCK_K=48"):
+        FAMILY.render(dict(FAMILY.default_params(), BLOCK_K=48), problem)
+
+
+def test_valid_configs_are_those_of_the_whole_product():
+    for problem in (_problem("4096,4096,4096", "bf16", "tn"), _problem("1,17,1000")):
+        key = lambda c: tuple(sorted(c.items()))  # noqa: E731
+        fast = FAMILY.valid_configs(problem, H100_LIMITS)
+        assert {key(c) for c in fast} == {key(c) for c in KernelFamily.valid_configs(FAMILY, problem, H100_LIMITS)}
+        assert len(fast) == len({key(c) for c in fast}) > 0
+
+
+def test_no_two_valid_configs_render_the_same_kernel():
+    problem = _problem("4096,4096,4096", "fp16", "nt", "bias")
+    bodies = {}
+    for config in FAMILY.valid_configs(problem, H100_LIMITS):
+        body = FAMILY.render(config, problem).split("\n", 2)[2]  # without the comment naming the config
+        assert body not in bodies, (config, bodies.get(body))
+        bodies[body] = config
+
+
+def test_starting_points_are_valid_and_lead_with_the_128_tile():
+    for shape, dtype, flags in FAMILY.suite:
+        problem = FAMILY.parse_problem(shape, dtype, flags)
+        points = FAMILY.starting_points(problem, H100_LIMITS)
+        assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
+        assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+        if min(problem.shape) >= 128:
+            assert points[0] == FAMILY.default_params()
+
+
+# -- source and launch --------------------------------------------------------------------------
+def test_the_source_follows_layout_epilogue_and_alignment():
+    params = FAMILY.default_params()
+    source = FAMILY.render(params, _problem("4096,4096,4096", "fp16", "tn", "bias_relu"))
+    for line in ("#define A_TRANS 1", "#define B_TRANS 0", "#define A_ALIGNED 1", "#define B_ALIGNED 1",
+                 "#define C_EVEN 1", "#define BIAS 1", "#define ACTIVATION 1", "#define WARPS_M 2",
+                 "#define WARP_M 64", "#define WARP_N 32"):
+        assert line + "\n" in source or line + " " in source, line
+    odd = FAMILY.render(params, _problem("1001,999,4097", "bf16", "nt", "bias_gelu"))
+    for line in ("#define A_TRANS 0", "#define B_TRANS 1", "#define A_ALIGNED 0", "#define B_ALIGNED 0",
+                 "#define C_EVEN 0", "#define ACTIVATION 2"):
+        assert line + "\n" in odd or line + " " in odd, line
+    assert "const elem_t* __restrict__ bias" in odd
+    assert "bias" not in FAMILY.render(params, _problem("64,64,64")).split("gemm(", 1)[1].split(")")[0]
+    # M, N and K are arguments: problems alike in dtype, flags and alignment share the source
+    assert FAMILY.render(params, _problem("1024,1024,1024")) == FAMILY.render(params, _problem("8,4096,40"))
+    assert FAMILY.render(params, _problem("1024,1024,1024")) != FAMILY.render(params, _problem("8,4096,41"))
+
+
+def test_launch_geometry_covers_every_tile():
+    problem = _problem("1000,17,4097", "bf16", "tt", "bias")
+    params = dict(FAMILY.default_params(), BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4)
+    launch = FAMILY.launch(params, problem)
+    assert launch.kernel == "gemm" and launch.grid == (math.ceil(1000 / 64) * 1, 1, 1)
+    assert launch.block == (128, 1, 1) and launch.smem_bytes == space.smem_bytes(params, "tt")
+    assert [(a.kind, a.value) for a in launch.args] == [("buffer", "a"), ("buffer", "b"), ("buffer", "bias"),
+                                                        ("buffer", "c"), ("i32", 1000), ("i32", 17), ("i32", 4097)]
+    plain = FAMILY.launch(FAMILY.default_params(), _problem("4096,4096,4096"))
+    assert plain.grid == (32 * 32, 1, 1) and [a.value for a in plain.args[:3]] == ["a", "b", "c"]
+
+
+def test_template_hash_is_stable():
+    assert FAMILY.template_hash == get_family("gemm").template_hash and len(FAMILY.template_hash) == 16
+
+
+# -- the reference ------------------------------------------------------------------------------
+def _exact_output(problem, inputs):
+    """C in float64 over every row, rounded to the element type: a correct kernel's output."""
+    rows = np.arange(problem.shape[0])
+    return gemm.to_bits(gemm.reference_rows(problem, inputs, rows).astype(np.float32), problem.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout, epilogue", [("nn", "none"), ("nt", "bias"), ("tn", "bias_relu"),
+                                              ("tt", "bias_gelu")])
+def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, layout, epilogue):
+    problem = _problem("77,45,301", dtype, layout, epilogue)
+    inputs = FAMILY.inputs(problem, seed=3)
+    assert inputs["a"].shape == ((301, 77) if layout[0] == "t" else (77, 301))
+    assert inputs["b"].shape == ((45, 301) if layout[1] == "t" else (301, 45))
+    assert ("bias" in inputs) == (epilogue != "none")
+    assert all(np.count_nonzero(x) > 0.99 * x.size for x in inputs.values())
+    good = _exact_output(problem, inputs)
+    # the same product computed from the stored layouts another way: numpy's float32 matmul
+    a = gemm.from_bits(inputs["a"], dtype).astype(np.float32)
+    b = gemm.from_bits(inputs["b"], dtype).astype(np.float32)
+    product = (a.T if layout[0] == "t" else a) @ (b.T if layout[1] == "t" else b)
+    bias = gemm.from_bits(inputs["bias"], dtype) if epilogue != "none" else None
+    other = gemm.to_bits(gemm.epilogue(product.astype(np.float64), bias, epilogue).astype(np.float32), dtype)
+    for output in (good, other):
+        result = FAMILY.validate(problem, inputs, {"c": output})
+        assert result.ok and result.error < gemm.tolerance(problem) / 2, result
+    kept = FAMILY.reference(problem, inputs)  # what a worker computes once per problem
+    assert FAMILY.validate(problem, inputs, {"c": good}, kept) == FAMILY.validate(problem, inputs, {"c": good})
+
+    unwritten = good.copy()
+    unwritten[76, 44] = gemm.POISON[dtype]
+    result = check_outputs(FAMILY, problem, inputs, {"c": unwritten})
+    assert not result.ok and result.reason == "1 element of 'c' is NaN/Inf or unwritten"
+    assert check_outputs(FAMILY, problem, inputs, {"c": good}).ok
+
+    wrong = gemm.to_bits(gemm.from_bits(good, dtype).astype(np.float32) * 1.02, dtype)
+    result = FAMILY.validate(problem, inputs, {"c": wrong})
+    assert not result.ok and "relative error" in result.reason
+    # one K step of 16 left out: caught
+    short = dict(inputs)
+    cut = inputs["a"].copy()
+    cut[:16] = 0 if layout[0] == "t" else cut[:16]
+    if layout[0] == "n":
+        cut[:, :16] = 0
+    short["a"] = cut
+    assert not FAMILY.validate(problem, inputs, {"c": _exact_output(problem, short)}).ok
+    if epilogue != "none":  # the output of another epilogue fails
+        plain = _problem("77,45,301", dtype, layout, "none")
+        assert not FAMILY.validate(problem, inputs, {"c": _exact_output(plain, inputs)}).ok
+
+
+def test_the_tolerance_grows_with_sqrt_k_past_the_reference_depth():
+    assert gemm.tolerance(_problem("64,64,64")) == gemm.tolerance(_problem("64,64,4096")) == gemm.TOLERANCE["fp16"]
+    assert gemm.tolerance(_problem("64,64,16384", "bf16")) == pytest.approx(2 * gemm.TOLERANCE["bf16"])
+
+
+def test_checked_rows_hold_the_first_and_last_and_random_rows():
+    rows = gemm.checked_rows(4097, np.random.default_rng(0))
+    assert {0, 7, 4089, 4096} <= set(rows.tolist()) and len(rows) > 16 and rows.max() < 4097
+    assert gemm.checked_rows(3, np.random.default_rng(0)).tolist() == [0, 1, 2]
+
+
+def test_inputs_are_seeded_and_the_bias_is_the_size_of_c():
+    problem = _problem("300,200,400", "bf16", "nt", "bias")
+    one, again, other = FAMILY.inputs(problem, 7), FAMILY.inputs(problem, 7), FAMILY.inputs(problem, 8)
+    assert all(np.array_equal(one[n], again[n]) for n in one)
+    assert not np.array_equal(one["a"], other["a"])
+    bias = gemm.from_bits(one["bias"], "bf16")
+    assert 0.7 * math.sqrt(400) < bias.std() < 1.3 * math.sqrt(400)
+
+
+def test_gelu_is_the_erf_form():
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
+    expected = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    assert gemm.epilogue(x, np.zeros(5), "bias_gelu") == pytest.approx(expected)
+    assert gemm.epilogue(x, np.ones(5), "bias_relu").tolist() == [0.0, 0.0, 1.0, 1.5, 3.0]
+
+
+# -- the peers without a GPU ----------------------------------------------------------------------
+def test_importing_the_triton_peer_imports_neither_torch_nor_triton():
+    code = ("import sys; import templates.gemm.triton_peer as p; import templates.gemm.peers; "
+            "print('torch' in sys.modules, 'triton' in sys.modules, p.triton, p.tl)")
+    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["False", "False", "None", "None"]
+
+
+def test_the_triton_peer_space_is_the_tutorials():
+    from templates.gemm import triton_peer
+
+    assert len(set(triton_peer.CONFIG_SPACE)) == len(triton_peer.CONFIG_SPACE) >= 8
+    assert (128, 256, 64, 3, 8) in triton_peer.CONFIG_SPACE and triton_peer.EPILOGUES == gemm.EPILOGUES
+
+
+# -- compiling for sm_90a (CPU only) -------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
+    """Every layout and epilogue, aligned and not, and the configs nearest the register budget."""
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    rng = random.Random(15)
+    jobs = []
+    for layout, epilogue, dtype, shape in (("nn", "none", "fp16", "4096,4096,4096"), ("nt", "bias", "bf16", "1000,17,4097"),
+                                           ("tn", "bias_relu", "fp16", "4097,1001,1000"),
+                                           ("tt", "bias_gelu", "bf16", "4096,4096,4096")):
+        problem = _problem(shape, dtype, layout, epilogue)
+        valid = FAMILY.valid_configs(problem, H100_LIMITS)
+        heaviest = max(valid, key=lambda c: (space.fragment_registers(c), c["BLOCK_K"], c["STAGES"]))
+        jobs += [(problem, params) for params in rng.sample(valid, 3) + [heaviest]]
+    jobs.append((_problem("4096,4096,4096", "bf16", "nn", "bias_gelu"),
+                 dict(FAMILY.default_params(), BLOCK_M=256, BLOCK_K=64, STAGES=4, SMEM_LAYOUT="pad8")))
+    for problem, params in jobs:
+        assert FAMILY.check(params, problem, H100_LIMITS) is None
+        request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+        binary = compile_cubin(request, cache_dir=tmp_path)
+        assert binary.cubin[:4] == b"\x7fELF"
+        resources = binary.resources
+        assert resources is not None and 32 <= resources.registers <= 255, params
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
+
+
+def test_render_module_names_its_kernel():
+    assert render.KERNEL_NAME == FAMILY.launch(FAMILY.default_params(), _problem()).kernel
+
+
+# -- through the tuner ----------------------------------------------------------------------------
+def test_the_command_line_reads_gemms_flags_and_refuses_bad_ones(tmp_path, capsys):
+    from tuner.cli import main
+
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    with pytest.raises(SystemExit) as exit_:  # argparse offers the flag's choices
+        main(["best", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--layout", "tx", "--db", db])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "tuner: error: argument --layout: invalid choice: 'tx' (choose from 'nn', 'nt', 'tn', 'tt')"
+    # a valid problem that was never tuned: nothing stored, said in one line
+    code = main(["best", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--layout", "nt", "--epilogue",
+                 "bias_gelu", "--db", db])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "4096x4096x4096-bf16-epilogue=bias_gelu-layout=nt" in err[0], err
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")
+def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
+    """The real path: the family and its flags are read, the space is built, workers find no GPU."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    done = subprocess.run([sys.executable, "-m", "tuner", "tune", "gemm", "--shape", "1000,17,4097", "--dtype", "fp16",
+                           "--layout", "tt", "--epilogue", "bias_relu", "--db", f"sqlite:///{tmp_path / 't.db'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"]
+
+
+# -- the kernel's shared-memory addressing, emulated ----------------------------------------------
+def _tile_off(row, col, cols, stride, swizzle):
+    """kernel.cu.j2's tile_off<COLS, STRIDE>."""
+    if not swizzle:
+        return row * stride + col
+    chunks = cols // 8
+    per_line, span = (1, 8) if chunks >= 8 else (8 // chunks, chunks)
+    return row * stride + ((((col >> 3) ^ ((row // per_line) % span)) << 3) | (col & 7))
+
+
+def _ldmatrix_x4(smem, addresses, trans):
+    """Registers (4 per lane, each two elements low first) of ldmatrix.x4 from element offsets."""
+    mats = [np.stack([smem[a:a + 8] for a in addresses[8 * i:8 * i + 8]]) for i in range(4)]
+    return [[(m[2 * (lane % 4), lane // 4], m[2 * (lane % 4) + 1, lane // 4]) if trans else
+             (m[lane // 4, 2 * (lane % 4)], m[lane // 4, 2 * (lane % 4) + 1]) for m in mats] for lane in range(32)]
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("smem_layout", ["swizzle", "pad8"])
+@pytest.mark.parametrize("block_k", [32, 64])
+def test_fragments_read_from_shared_memory_are_the_tiles_of_a_and_b(layout, smem_layout, block_k):
+    """The kernel's stores into shared memory and its ldmatrix addresses (ported), emulated: every
+    mma fragment holds the elements m16n8k16 expects, and each 8-row read of the swizzled layout
+    touches 8 different 16-byte bank groups."""
+    params = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=64, BLOCK_K=block_k, SMEM_LAYOUT=smem_layout)
+    (a_rows, a_cols), (b_rows, b_cols) = space.operand_tiles(params, layout)
+    rng = np.random.default_rng(0)
+    a = rng.integers(1, 60000, size=(128, block_k))  # logical A tile (m, k) and B tile (k, n)
+    b = rng.integers(1, 60000, size=(block_k, 64))
+    smem_a = np.zeros(a_rows * space.row_stride(params, a_cols), dtype=np.int64)
+    smem_b = np.zeros(b_rows * space.row_stride(params, b_cols), dtype=np.int64)
+    swz = smem_layout == "swizzle"
+    for r in range(a_rows):  # stored as in global memory: A^T for "t", B^T for "t"
+        for c in range(a_cols):
+            smem_a[_tile_off(r, c, a_cols, space.row_stride(params, a_cols), swz)] = a[c, r] if layout[0] == "t" else a[r, c]
+    for r in range(b_rows):
+        for c in range(b_cols):
+            smem_b[_tile_off(r, c, b_cols, space.row_stride(params, b_cols), swz)] = b[c, r] if layout[1] == "t" else b[r, c]
+    off_a = lambda r, c: _tile_off(r, c, a_cols, space.row_stride(params, a_cols), swz)  # noqa: E731
+    off_b = lambda r, c: _tile_off(r, c, b_cols, space.row_stride(params, b_cols), swz)  # noqa: E731
+    lanes = range(32)
+    for ks in range(block_k // 16):
+        for m in (0, 48, 112):
+            if layout[0] == "t":
+                addresses = [off_a(ks * 16 + (l % 8) + 8 * (l // 16), m + 8 * ((l // 8) % 2)) for l in lanes]
+            else:
+                addresses = [off_a(m + (l % 16), ks * 16 + 8 * (l // 16)) for l in lanes]
+            frags = _ldmatrix_x4(smem_a, addresses, layout[0] == "t")
+            for lane in lanes:
+                g, t = lane // 4, lane % 4
+                for reg, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                    assert frags[lane][reg] == (a[m + g + dr, ks * 16 + 2 * t + dk], a[m + g + dr, ks * 16 + 2 * t + dk + 1])
+            if swz:
+                for phase in range(4):
+                    assert len({(x * 2 // 16) % 8 for x in addresses[8 * phase:8 * phase + 8]}) == 8
+        for n in (0, 16, 48):
+            if layout[1] == "t":
+                addresses = [off_b(n + (l % 8) + 8 * (l // 16), ks * 16 + 8 * ((l // 8) % 2)) for l in lanes]
+            else:
+                addresses = [off_b(ks * 16 + (l % 8) + 8 * ((l // 8) % 2), n + 8 * (l // 16)) for l in lanes]
+            frags = _ldmatrix_x4(smem_b, addresses, layout[1] == "n")
+            for lane in lanes:
+                g, t = lane // 4, lane % 4
+                for reg, (dk, dn) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                    k = ks * 16 + 2 * t + dk
+                    assert frags[lane][reg] == (b[k, n + g + dn], b[k + 1, n + g + dn]), (lane, reg)
+            if swz:
+                for phase in range(4):
+                    assert len({(x * 2 // 16) % 8 for x in addresses[8 * phase:8 * phase + 8]}) == 8
