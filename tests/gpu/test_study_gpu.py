@@ -20,14 +20,14 @@ from workers.results import Binary
 
 pytestmark = pytest.mark.gpu
 
-SHAPE, DTYPE, CAUSAL = "4,16,2048,64", "fp16", True
+SHAPE, DTYPE, FLAGS = "4,16,2048,64", "fp16", {"causal": True}
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     folder = tmp_path_factory.mktemp("study")
     db = f"sqlite:///{folder}/tuner.db"
-    result = tuner.tune("attention", SHAPE, DTYPE, CAUSAL, trials=40, db=db, seed=3)
+    result = tuner.tune("attention", SHAPE, DTYPE, FLAGS, trials=40, db=db, seed=3)
     return folder, db, result
 
 
@@ -46,7 +46,7 @@ def test_forty_trials_complete_and_best_is_the_fastest_retimed_trial(study):
     timed = [r for r in retimed if r.ok]
     assert len(timed) >= 4 and len({r.repetitions for r in timed}) == 1
     assert all(r.gpu_state["before"]["sm_mhz"] > 0 and r.gpu_state["after"]["sm_mhz"] > 0 for r in retimed)
-    winner = tuner.best("attention", SHAPE, DTYPE, CAUSAL, db=db)
+    winner = tuner.best("attention", SHAPE, DTYPE, FLAGS, db=db)
     assert winner.retime.rank == 1 and winner.median_ms == min(r.median_ms for r in timed)
     assert winner.search_median_ms <= 1.5 * min(t.median_ms for t in ok)
     assert winner.device.name == result.device and "H" in winner.device.name
@@ -58,7 +58,7 @@ def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
     from workers.gpu import GpuBench
 
     folder, db, _ = study
-    cu = tuner.export("attention", SHAPE, DTYPE, CAUSAL, out_dir=folder / "out", db=db)
+    cu = tuner.export("attention", SHAPE, DTYPE, FLAGS, out_dir=folder / "out", db=db)
     doc = json.loads(launch_path(cu).read_text())
     cubin = cu.with_suffix(".cubin")
     subprocess.run(["nvcc", "-cubin", *doc["compile_flags"], str(cu), "-o", str(cubin)], check=True)
@@ -71,7 +71,7 @@ def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
         tuple(KernelArg(a["kind"], a["value"]) for a in doc["args"]),
     )
     family = get_family("attention")
-    problem = family.parse_problem(SHAPE, DTYPE, {"causal": CAUSAL})
+    problem = family.parse_problem(SHAPE, DTYPE, FLAGS)
     bench = GpuBench(0)
     try:
         medians = []

@@ -4,6 +4,7 @@ ones, and the tuner takes it by path."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,3 +74,18 @@ def test_the_command_line_takes_it_by_path(tmp_path):
                            "fp16", "--db", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no validated result stored for row_softmax 64x512-fp16" in done.stderr
+
+
+def test_it_tunes_end_to_end_by_replay(tmp_path):
+    """A study of the example family, by its path, answered by its landscape recorded on an H200
+    (every one of its 80 configs of 4096x1000 fp16, measured by `tuner tune --sampler grid`)."""
+    import tuner
+
+    landscape = ROOT / "tests" / "data" / "row_softmax_4096x1000-fp16_h200.json"
+    db = f"sqlite:///{tmp_path / 'replay.db'}"
+    result = tuner.tune(str(FOLDER), "4096,1000", "fp16", trials=30, replay=landscape, db=db, seed=0)
+    assert result.status == "finished" and result.measured == 30 and result.failed == 0
+    recorded = json.loads(landscape.read_text())["entries"]
+    fastest = min(e["measurement"]["timing"]["median_ms"] for e in recorded if e["measurement"]["ok"])
+    assert result.best.median_ms <= 1.05 * fastest  # the starting points and TPE find it in 30 of 80
+    assert tuner.best(str(FOLDER), "4096,1000", "fp16", db=db).params == result.best.params
