@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     searchbench.add_argument("--seeds", type=_positive_int, default=20, help="runs per sampler (default 20)")
     searchbench.add_argument("--samplers", nargs="+", default=list(SEARCH_SAMPLERS),
                              help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)})")
+    searchbench.add_argument("--family", metavar="REF",
+                             help="the landscapes' family where it is not installed (a path or module:ATTR)")
     searchbench.add_argument("--png", metavar="FILE", help="also plot best-so-far curves to FILE")
     searchbench.add_argument("--json", action="store_true", help="print JSON")
     searchbench.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -302,7 +304,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_search(args: argparse.Namespace) -> int:
     report = bench_search(args.landscapes, seeds=args.seeds, samplers=args.samplers,
-                          progress=logging.getLogger("tuner").info)
+                          progress=logging.getLogger("tuner").info, family=args.family)
     if args.png:
         plot_search(report, args.png)
     if args.json:

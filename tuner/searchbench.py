@@ -88,7 +88,10 @@ def _quantile(values: Sequence[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)])
 
 
-def load(path: str | Path) -> _Landscape:
+def load(path: str | Path, family: Any = None) -> _Landscape:
+    """A landscape file and its family: the one it names (an installed or registered family), or
+    ``family`` (a reference ``get_family`` takes: a path, ``module:ATTR``) for one found elsewhere,
+    which must be the family the landscape recorded."""
     from storage import params_key
     from templates import get_family
     from templates.family import TemplateError
@@ -98,9 +101,11 @@ def load(path: str | Path) -> _Landscape:
 
     try:
         recorded = load_landscape(path)
-        family = get_family(recorded.family)
+        family = get_family(recorded.family if family is None else family)
     except (WorkerError, TemplateError) as error:
         raise UsageError(str(error)) from None
+    if family.name != recorded.family:
+        raise UsageError(f"{Path(path).name} was recorded for family {recorded.family!r}, not {family.name!r}")
     info = recorded.device
     limits = info.limits
     values = {params_key(p): (m.timing.median_ms if m.ok else math.inf) for p, m in recorded.entries
@@ -153,7 +158,7 @@ def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape)
 
 
 def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
-                 progress: Callable[[str], None] | None = None) -> SearchReport:
+                 progress: Callable[[str], None] | None = None, family: Any = None) -> SearchReport:
     """Run every sampler ``seeds`` times on every landscape; ``tpe-start`` starts each landscape
     from the family's starting points, ``tpe-warm`` from the winners of the nearest others that a
     study would warm-start from (at a finite family distance: for attention the same element type,
@@ -163,7 +168,7 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
         from tuner.errors import UsageError
 
         raise UsageError(f"unknown sampler {unknown[0]!r} (choose from {', '.join(SAMPLERS)})")
-    lands = [load(p) for p in paths]
+    lands = [load(p, family) for p in paths]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = {name: SamplerResult(name) for name in samplers if name != "tpe-warm" or len(lands) > 1}
     for land in lands:

@@ -89,3 +89,16 @@ def test_it_tunes_end_to_end_by_replay(tmp_path):
     fastest = min(e["measurement"]["timing"]["median_ms"] for e in recorded if e["measurement"]["ok"])
     assert result.best.median_ms <= 1.05 * fastest  # the starting points and TPE find it in 30 of 80
     assert tuner.best(str(FOLDER), "4096,1000", "fp16", db=db).params == result.best.params
+
+
+def test_bench_search_takes_a_family_by_path():
+    from tuner.errors import UsageError
+    from tuner.searchbench import bench_search
+
+    landscape = ROOT / "tests" / "data" / "row_softmax_4096x1000-fp16_h200.json"
+    with pytest.raises(UsageError, match="unknown kernel family 'row_softmax'"):
+        bench_search([landscape], seeds=1, samplers=["random"])
+    report = bench_search([landscape], seeds=2, samplers=["random", "tpe-start"], family=str(FOLDER))
+    assert set(report.samplers) == {"random", "tpe-start"} and report.space_size == 80
+    with pytest.raises(UsageError, match="recorded for family 'row_softmax', not 'attention'"):
+        bench_search([landscape], seeds=1, samplers=["random"], family="attention")
