@@ -301,7 +301,7 @@ def _ray(address: str | None, replay: str | Path | None, *, family: Any = None) 
     """Ray for the pool: started here, and stopped after, unless this process has it up
     already; without a GPU (and no replay, no cluster) nothing starts. Joining a cluster, the
     ``family`` reference's folder (if it is one) goes to every node in Ray's runtime_env."""
-    from workers import NoGPUError
+    from workers import ClusterUnreachable, NoGPUError
     from workers.ray_session import start_ray, stop_ray
     from workers.shipping import runtime_env
 
@@ -310,6 +310,8 @@ def _ray(address: str | None, replay: str | Path | None, *, family: Any = None) 
         started = start_ray(address, need_gpu=replay is None, runtime_env=shipped)
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
+    except ClusterUnreachable as error:
+        raise WorkerFailure(str(error)) from None
     except ConnectionError as error:
         raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
     try:
@@ -323,12 +325,14 @@ def _ray(address: str | None, replay: str | Path | None, *, family: Any = None) 
 def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[Any]:
     """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only), sent
     the family's reference: what finds it in the workers' processes (``templates.reference``)."""
-    from workers import NoGPUError, WorkerError, WorkerPool
+    from workers import ClusterUnreachable, NoGPUError, WorkerError, WorkerPool
 
     try:
         pool = WorkerPool(reference(fam), problem, **{k: v for k, v in options.items() if v is not None})
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
+    except ClusterUnreachable as error:
+        raise WorkerFailure(str(error)) from None
     except (WorkerError, ConnectionError) as error:
         raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
     with pool:

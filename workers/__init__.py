@@ -18,7 +18,8 @@ from typing import Any
 
 _MODULES = {
     "workers.compile": ("compile_cubin", "toolkit_version"),
-    "workers.errors": ("CompileError", "LaunchError", "NoGPUError", "WorkerError"),
+    "workers.errors": ("ClusterUnreachable", "CompileError", "LaunchError", "NoGPUError",
+                       "WorkerError"),
     "workers.pool": ("WorkerPool",),
     "workers.replay": ("Landscape", "ReplayBench", "load_landscape", "save_landscape"),
     "workers.results": ("FAILURE_KINDS", "Binary", "CompileRequest", "DeviceInfo", "Measurement",

@@ -33,3 +33,7 @@ class LaunchError(WorkerError):
 
 class NoGPUError(WorkerError):
     """No GPU is visible (to Ray, or to the driver) and no replay landscape was given."""
+
+
+class ClusterUnreachable(WorkerError, ConnectionError):
+    """Nothing answers at the Ray cluster address given (``ray_address``); ``str()`` names it."""

@@ -12,13 +12,17 @@ The rest of the project reaches Ray through here and ``workers.pool``; nothing o
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import ray
 
 from workers.driver import gpu_count
-from workers.errors import NoGPUError
+from workers.errors import ClusterUnreachable, NoGPUError
+
+CONNECT_TIMEOUT_S = 3.0  # how long an address given may take to accept a connection
 
 
 def start_ray(address: str | None = None, *, need_gpu: bool = False,
@@ -26,17 +30,81 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     """Start Ray, or join the cluster at ``address``, unless this process has it up already;
     True when it started it here. ``need_gpu``: a local Ray on a machine whose driver sees no
     GPU is refused (NoGPUError) before Ray starts, and prints, anything. ``runtime_env``: what
-    every worker of this job gets (``workers.shipping.runtime_env``: a family's folder)."""
+    every worker of this job gets (``workers.shipping.runtime_env``: a family's folder).
+
+    ``address``: None (or ``"local"``) starts a Ray of this process's own, whatever a previous
+    cluster left behind (``RAY_ADDRESS``, the address file of ``ray start``); ``"auto"``, a
+    ``host:port`` of the head's GCS and a ``ray://host:port`` of its client server join that
+    cluster, each the way ``"auto"`` does in Ray (with this machine's token, where there is
+    one). Nothing answering there is :class:`ClusterUnreachable`, within seconds."""
     if ray.is_initialized():
         return False
-    if need_gpu and address is None:
-        if gpu_count() == 0:
+    if address in (None, "", "local"):
+        if need_gpu and gpu_count() == 0:
             raise NoGPUError("no GPU visible to the CUDA driver on this machine; run on a GPU "
                              "machine, pass ray_address=... of a cluster with GPUs, or "
                              "replay=<landscape.json>")
+        _token_auth(only_with_token=False)
+        address = "local"
+    else:
+        _check_reachable(address)
+        _token_auth(only_with_token=True)
     ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
              runtime_env=runtime_env)
     return True
+
+
+def _token_auth(*, only_with_token: bool) -> None:
+    """Ray's token authentication, as Ray 2.60 sets it for ``ray.init()`` and ``"auto"``, where
+    ``RAY_AUTH_MODE`` leaves the choice to Ray: on for a local Ray (Ray's default, without the
+    notice it prints on every start saying so), and for a cluster joined by any address where
+    this machine has a token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``):
+    Ray loads it only for ``"auto"``, and a head started with ``ray start`` on a machine with a
+    token refuses a driver without it. A ``RAY_AUTH_MODE`` set by the user is left as it is
+    (``disabled`` opts out, as Ray's notice says)."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    from ray._private.authentication import authentication_token_setup as setup
+
+    if only_with_token and not setup.AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return
+    setup._enable_token_auth()  # RAY_AUTH_MODE=token, for this process and what it starts
+
+
+def cluster_target(address: str) -> tuple[str, int]:
+    """The host and port that must answer for ``address`` to be joined: the GCS of ``host:port``
+    (Ray's default port 6379 where none is given), the client server of ``ray://host:port``
+    (10001), and for ``"auto"`` the cluster ``RAY_ADDRESS`` or ``ray start`` names on this
+    machine. ConnectionError where ``"auto"`` finds none; ValueError for no address at all."""
+    if address == "auto":
+        named = os.environ.get("RAY_ADDRESS")
+        if named and named != "auto":
+            return cluster_target(named)
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+
+        address = canonicalize_bootstrap_address_or_die("auto")
+    scheme, _, rest = address.rpartition("://")
+    default_port = 10001 if scheme else 6379
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if not colon or "]" in port:  # no port given (an IPv6 host alone ends with "]")
+        host, port = rest.rstrip("/"), str(default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"not a Ray address (auto, host:port or ray://host:port): {address!r}")
+    return host, int(port)
+
+
+def _check_reachable(address: str) -> None:
+    """ClusterUnreachable unless something accepts a connection where ``address`` points, within
+    CONNECT_TIMEOUT_S (Ray itself retries an address where nothing listens for minutes)."""
+    try:
+        host, port = cluster_target(address)
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as error:  # ConnectionError, a timeout, an unknown host
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, socket.timeout):
+            reason = f"no answer in {CONNECT_TIMEOUT_S:g}s"
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address}: {reason}") from None
 
 
 @contextmanager
