@@ -112,6 +112,8 @@ def tune(
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
+    if warm_start < 0:
+        raise UsageError(f"warm_start takes a number of problems, 0 or more, not {warm_start}")
     url = database.url(db)
     with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
         with _open_pool(fam, problem, ray_address=ray_address, replay=replay,

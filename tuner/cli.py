@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
     tune.add_argument("--measure-timeout", type=float, default=60.0, metavar="SECONDS",
                       help="a measurement running longer is killed (default 60)")
-    tune.add_argument("--warm-start", type=int, default=3, metavar="N",
+    tune.add_argument("--warm-start", type=_count, default=3, metavar="N",
                       help="first try the family's starting points and the winners of the N nearest tuned problems (default 3; 0: neither)")
     tune.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                       help="time every candidate in full (for landscapes), not only those near the best")

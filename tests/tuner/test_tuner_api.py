@@ -92,6 +92,8 @@ def test_bad_inputs_are_usage_errors(toy, db):
         tuner.tune("toy", "2,4,1024,64", "fp64", db=db)
     with pytest.raises(tuner.UsageError, match="unknown sampler"):
         tuner.tune("toy", *PROBLEM, sampler="cmaes", db=db)
+    with pytest.raises(tuner.UsageError, match="warm_start takes a number of problems, 0 or more, not -1"):
+        tuner.tune("toy", *PROBLEM, warm_start=-1, db=db)
     with pytest.raises(tuner.DatabaseError, match="cannot open database"):
         tuner.studies(db="postgresql://nobody@127.0.0.1:1/x")
 

@@ -30,6 +30,8 @@ def _error_line(capsys) -> str:
     (["tune", "toy", *SHAPE, "--time-budget", "soon"], "not a duration"),
     (["tune", "toy", *SHAPE, "--trials", "0"], "must be at least 1"),
     (["tune", "toy", *SHAPE, "--trials", "5", "--time-budget", "1m"], "not allowed with"),
+    (["tune", "toy", *SHAPE, "--warm-start", "-1"], "--warm-start: must be 0 or more, not -1"),
+    (["tune", "toy", *SHAPE, "--retime", "-2"], "--retime: must be 0 or more, not -2"),
     (["best", "toy", "--dtype", "fp16"], "the following arguments are required: --shape"),
     (["export", "toy", *SHAPE], "the following arguments are required: -o/--out"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
