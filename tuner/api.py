@@ -264,9 +264,11 @@ def studies(db: str | None = None) -> list[Any]:
 
 
 def show(name: str, db: str | None = None) -> StudyDetail:
-    """One study, all its trials and its latest re-timing."""
+    """One study, all its trials and its latest re-timing; ``name`` is its name, or the number
+    ``studies --json`` gives it as ``id``."""
     with database.repository(database.url(db)) as repo:
-        found = [s for s in database.call(repo.studies) if s.name == name]
+        stored = database.call(repo.studies)
+        found = [s for s in stored if s.name == name] or [s for s in stored if str(s.id) == name.strip()]
         if not found:
             raise NotFound(f"no study named {name!r} (see `tuner studies`)")
         return StudyDetail(found[0], database.call(lambda: repo.trials(found[0].id)),

@@ -142,11 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     landscape = sub.add_parser("landscape", parents=[common],
                                help="write a study's trials as a replay landscape (JSON)")
-    landscape.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
-    show.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "

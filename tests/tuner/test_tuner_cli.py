@@ -106,6 +106,10 @@ def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
     assert len(capsys.readouterr().out.strip().splitlines()) == 13
     assert _run(["show", study["name"], "--json", "--db", db]) == 0
     assert len(json.loads(capsys.readouterr().out)["trials"]) == 12
+    assert _run(["show", str(study["id"]), "--json", "--db", db]) == 0  # the id `studies --json` prints
+    assert json.loads(capsys.readouterr().out)["study"]["name"] == study["name"]
+    assert _run(["show", str(study["id"] + 1), "--db", db]) == 2
+    assert f"no study named '{study['id'] + 1}'" in _error_line(capsys)
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("2h", 7200),
