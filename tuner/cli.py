@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 from typing import Any, Sequence
@@ -165,7 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.flags = _family_flags(args, rest) if args.command in FAMILY_COMMANDS else None
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except BrokenPipeError:  # the reader has what it wanted (`tuner show ... | head`)
+        _stdout_to_devnull()
+        return 0
     except TunerError as error:
         print(f"tuner: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -341,6 +347,14 @@ _COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studie
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _stdout_to_devnull() -> None:
+    """After a closed pipe: what is left in stdout's buffer goes nowhere, so that Python's last
+    flush at exit does not fail again (and print a traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _setup_logging(verbose: bool) -> None:
     """Our progress on stderr; the workers' and storage's warnings too (everything with -v)."""
     handler = logging.StreamHandler(sys.stderr)

@@ -147,3 +147,21 @@ def test_a_family_flag_on_the_command_line_is_the_problem_flag(toy, db, pools, c
     assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
     assert _run(["best", "toy", *SHAPE, "--causal", "--db", db, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["flags"] == {"causal": True}
+
+
+@pytest.mark.parametrize("command", [["show", "1"], ["show", "1", "--json"], ["studies"]])
+def test_a_reader_that_stops_early_leaves_no_traceback(toy, db, pools, tmp_path, command):
+    """``tuner show ... | head``: the pipe closes before the output is written."""
+    import os
+    import subprocess
+    import sys
+
+    from tuner_doubles import ROOT
+
+    assert _run(["tune", "toy", *SHAPE, "--trials", "12", "--seed", "1", "--db", db]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    reader = subprocess.Popen([sys.executable, "-m", "tuner", *command, "--db", db], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader.stdout.close()  # as `head` does, before a line was read
+    stderr = reader.stderr.read()
+    assert reader.wait(timeout=60) == 0 and stderr == ""
