@@ -24,11 +24,11 @@ def test_best_returns_the_fastest_validated_config(toy, db, tuned):
     assert tuner.best("toy", "2,4,1024,64", "fp16", db=db, device="NVIDIA H100 80GB HBM3") == winner
 
 
-def test_best_with_nothing_stored_is_not_found(toy, db):
+def test_best_with_nothing_stored_is_not_found(toy, empty_db):
     with pytest.raises(tuner.NotFound, match="no validated result stored for toy 2x4x1024x64-fp16"):
-        tuner.best("toy", *PROBLEM, db=db)
+        tuner.best("toy", *PROBLEM, db=empty_db)
     with pytest.raises(tuner.NotFound):
-        tuner.best("toy", *PROBLEM, {"causal": True}, db=db)
+        tuner.best("toy", *PROBLEM, {"causal": True}, db=empty_db)
 
 
 def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -57,13 +58,13 @@ def test_unreachable_database_is_one_line(toy, capsys):
     assert "cannot open database postgresql://nobody@127.0.0.1:1/x" in _error_line(capsys)
 
 
-def test_best_with_nothing_stored_is_one_line(toy, db, capsys):
-    assert _run(["best", "toy", *SHAPE, "--db", db]) == 2
+def test_best_with_nothing_stored_is_one_line(toy, empty_db, capsys):
+    assert _run(["best", "toy", *SHAPE, "--db", empty_db]) == 2
     assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
 
 
-def test_show_unknown_study_is_one_line(db, capsys):
-    assert _run(["show", "nope", "--db", db]) == 2
+def test_show_unknown_study_is_one_line(empty_db, capsys):
+    assert _run(["show", "nope", "--db", empty_db]) == 2
     assert "no study named 'nope'" in _error_line(capsys)
 
 
@@ -78,6 +79,17 @@ def test_no_gpu_is_one_line_and_non_zero(toy, db, monkeypatch, capsys):
     assert _run(["tune", "toy", *SHAPE, "--db", db]) == 2
     line = _error_line(capsys)
     assert "no GPU is visible" in line and "--replay" in line
+    assert not Path(db.removeprefix("sqlite:///")).exists()  # no database created
+
+
+@pytest.mark.parametrize("argv", [["studies"], ["studies", "--json"], ["show", "1"], ["best", "toy", *SHAPE],
+                                  ["export", "toy", *SHAPE, "-o", "out"], ["landscape", "1", "-o", "l.json"]])
+def test_reading_a_database_that_does_not_exist_says_so_and_creates_none(toy, tmp_path, argv, capsys):
+    missing = tmp_path / "tunr.db"  # a mistyped path
+    assert _run([*argv, "--db", f"sqlite:///{missing}"]) == 2
+    assert _error_line(capsys) == (f"tuner: error: no database at {missing}: nothing is stored there "
+                                   "(check --db or $TUNER_DB, or tune first)")
+    assert not missing.exists() and capsys.readouterr().out == ""
 
 
 def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
@@ -132,6 +144,7 @@ def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
     done = run_cli("tune", "attention", "--shape", "4,16,4096,128", "--dtype", "fp16",
                        "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert not (tmp_path / "tuner.db").exists()
     ours = [line for line in done.stderr.splitlines() if line.startswith("tuner:")]
     assert done.stderr.splitlines() == ours == [
         "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with "
