@@ -58,6 +58,20 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [path.name, "toy_2x4x1024x64-fp16.launch.json"]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_exports_are_written_with_the_mode_of_any_new_file(toy, db, tuned, tmp_path, umask):
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        path = tuner.export("toy", *PROBLEM, out_dir=tmp_path / "out", db=db)
+    finally:
+        os.umask(before)
+    for written in (path, path.with_suffix(".launch.json")):
+        assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask, written
+
+
 def test_export_refuses_a_winner_of_another_template_version(toy, db, tuned, tmp_path):
     (toy.folder / "kernel.cu.j2").write_text("__global__ void toy_kernel() { /* v2 */ }\n")
     with pytest.raises(tuner.TemplateMismatch, match="tune again"):
