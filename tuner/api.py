@@ -112,6 +112,8 @@ def tune(
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
+    if not 0 < measure_timeout_s < float("inf"):
+        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
     if warm_start < 0:
         raise UsageError(f"warm_start takes a number of problems, 0 or more, not {warm_start}")
     url = database.url(db)

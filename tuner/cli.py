@@ -59,6 +59,16 @@ def _whole_number(text: str, minimum: int, bound: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def _count(text: str) -> int:
     return _whole_number(text, 0, "0 or more")
 
@@ -99,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     tune.add_argument("--replay", metavar="FILE", help="answer from a recorded landscape (no GPU)")
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
-    tune.add_argument("--measure-timeout", type=float, default=60.0, metavar="SECONDS",
+    tune.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                       help="a measurement running longer is killed (default 60)")
     tune.add_argument("--warm-start", type=_count, default=3, metavar="N",
                       help="first try the family's starting points and the winners of the N nearest tuned problems (default 3; 0: neither)")

@@ -108,6 +108,8 @@ def test_bad_inputs_are_usage_errors(toy, db):
         tuner.tune("toy", *PROBLEM, sampler="cmaes", db=db)
     with pytest.raises(tuner.UsageError, match="warm_start takes a number of problems, 0 or more, not -1"):
         tuner.tune("toy", *PROBLEM, warm_start=-1, db=db)
+    with pytest.raises(tuner.UsageError, match="the measure timeout must be a positive number of seconds, not 0"):
+        tuner.tune("toy", *PROBLEM, measure_timeout_s=0, db=db)
     with pytest.raises(tuner.DatabaseError, match="cannot open database"):
         tuner.studies(db="postgresql://nobody@127.0.0.1:1/x")
 
