@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "storage.engine": ("default_url", "open_repository"),
+    "storage.engine": ("default_url", "missing_sqlite_file", "open_repository"),
     "storage.errors": ("StorageError",),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",

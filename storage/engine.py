@@ -54,6 +54,24 @@ def open_repository(url: str | None = None) -> Repository:
     return Repository(engine)
 
 
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file a SQLite ``url`` names, where it does not exist (opening it would create it);
+    None for any other URL, an in-memory one, one that is not a URL, or a file that exists."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # open_repository says what is wrong with it
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1"):  # sqlite:///file:PATH?mode=ro&uri=true
+        if parsed.query.get("mode") == "memory":
+            return None
+        database = database.removeprefix("file:").split("?")[0]
+    path = Path(database)
+    return None if path.exists() else path
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url`` with short connect timeouts and SQLite made transactional."""
     try:

@@ -112,10 +112,15 @@ def tune(
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
+    if not 0 < measure_timeout_s < float("inf"):
+        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
+    if warm_start < 0:
+        raise UsageError(f"warm_start takes a number of problems, 0 or more, not {warm_start}")
     url = database.url(db)
-    with database.repository(url) as repo, _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
+    # the workers first: without a GPU (or a replay file) nothing is opened, nor a database created
+    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
         with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
-                        measure_timeout_s=measure_timeout_s) as pool:
+                        measure_timeout_s=measure_timeout_s) as pool, database.repository(url) as repo:
             space = _space(fam, pool)
             if trials is None and time_budget is None:
                 trials = space.size if sampler == "grid" else DEFAULT_TRIALS
@@ -128,10 +133,10 @@ def tune(
             kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
             flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
             device = pool.device.name
-        winner = database.call(lambda: repo.best(
-            fam.name, problem.shape, problem.dtype, dict(problem.flags),
-            device_name=device, template_hash=fam.template_hash,
-        ))
+            winner = database.call(lambda: repo.best(
+                fam.name, problem.shape, problem.dtype, dict(problem.flags),
+                device_name=device, template_hash=fam.template_hash,
+            ))
     return TuneResult(
         study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
@@ -219,7 +224,7 @@ def best(
     """
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
-    with database.repository(database.url(db)) as repo:
+    with database.repository(database.url(db), create=False) as repo:
         return _best(repo, fam, problem, device)
 
 
@@ -241,7 +246,7 @@ def export(
     """
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
-    with database.repository(database.url(db)) as repo:
+    with database.repository(database.url(db), create=False) as repo:
         winner = _best(repo, fam, problem, device)
         if winner.template_hash != fam.template_hash:
             raise TemplateMismatch(
@@ -257,14 +262,16 @@ def export(
 
 def studies(db: str | None = None) -> list[Any]:
     """Every stored study with its counts and best (``storage.StudySummary``), oldest first."""
-    with database.repository(database.url(db)) as repo:
+    with database.repository(database.url(db), create=False) as repo:
         return database.call(repo.studies)
 
 
 def show(name: str, db: str | None = None) -> StudyDetail:
-    """One study, all its trials and its latest re-timing."""
-    with database.repository(database.url(db)) as repo:
-        found = [s for s in database.call(repo.studies) if s.name == name]
+    """One study, all its trials and its latest re-timing; ``name`` is its name, or the number
+    ``studies --json`` gives it as ``id``."""
+    with database.repository(database.url(db), create=False) as repo:
+        stored = database.call(repo.studies)
+        found = [s for s in stored if s.name == name] or [s for s in stored if str(s.id) == name.strip()]
         if not found:
             raise NotFound(f"no study named {name!r} (see `tuner studies`)")
         return StudyDetail(found[0], database.call(lambda: repo.trials(found[0].id)),

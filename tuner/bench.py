@@ -135,7 +135,7 @@ def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str
     if peers:
         prepare_peers(fam.name, wanted)
     rows = []
-    with database.repository(database.url(db)) as repo:
+    with database.repository(database.url(db), create=False) as repo:
         device = local.device.name
         for problem in wanted:
             winner = database.call(lambda: repo.best(

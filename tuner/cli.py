@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 from typing import Any, Sequence
@@ -58,6 +59,16 @@ def _whole_number(text: str, minimum: int, bound: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def _count(text: str) -> int:
     return _whole_number(text, 0, "0 or more")
 
@@ -98,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     tune.add_argument("--replay", metavar="FILE", help="answer from a recorded landscape (no GPU)")
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
-    tune.add_argument("--measure-timeout", type=float, default=60.0, metavar="SECONDS",
+    tune.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                       help="a measurement running longer is killed (default 60)")
-    tune.add_argument("--warm-start", type=int, default=3, metavar="N",
+    tune.add_argument("--warm-start", type=_count, default=3, metavar="N",
                       help="first try the family's starting points and the winners of the N nearest tuned problems (default 3; 0: neither)")
     tune.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                       help="time every candidate in full (for landscapes), not only those near the best")
@@ -142,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     landscape = sub.add_parser("landscape", parents=[common],
                                help="write a study's trials as a replay landscape (JSON)")
-    landscape.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
-    show.add_argument("study", metavar="STUDY", help="study name (see `tuner studies`)")
+    show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
@@ -165,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.flags = _family_flags(args, rest) if args.command in FAMILY_COMMANDS else None
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except BrokenPipeError:  # the reader has what it wanted (`tuner show ... | head`)
+        _stdout_to_devnull()
+        return 0
     except TunerError as error:
         print(f"tuner: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -341,6 +357,14 @@ _COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studie
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _stdout_to_devnull() -> None:
+    """After a closed pipe: what is left in stdout's buffer goes nowhere, so that Python's last
+    flush at exit does not fail again (and print a traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _setup_logging(verbose: bool) -> None:
     """Our progress on stderr; the workers' and storage's warnings too (everything with -v)."""
     handler = logging.StreamHandler(sys.stderr)

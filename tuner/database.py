@@ -27,10 +27,15 @@ def url(db: str | None) -> str:
 
 
 @contextmanager
-def repository(url: str) -> Iterator[Any]:
-    """A ``storage.Repository`` at ``url``, closed on the way out."""
-    from storage import StorageError, open_repository
+def repository(url: str, *, create: bool = True) -> Iterator[Any]:
+    """A ``storage.Repository`` at ``url``, closed on the way out. ``create=False`` (the calls
+    that only read) refuses a SQLite file that does not exist rather than create an empty one."""
+    from storage import StorageError, missing_sqlite_file, open_repository
 
+    missing = None if create else missing_sqlite_file(url)
+    if missing is not None:
+        raise DatabaseError(f"no database at {missing}: nothing is stored there "
+                            "(check --db or $TUNER_DB, or tune first)")
     try:
         repo = open_repository(url)
     except StorageError as error:

@@ -98,7 +98,16 @@ def _iso(value: datetime | str | None) -> str | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all, readable as any new file is (``0o666`` less the umask;
+    mkstemp alone gives ``0o600``)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # read by setting it; put back at once
+    os.umask(mask)
+    return mask

@@ -375,26 +375,34 @@ def compile_cubin(
 
 
 def _cache_read(cache: Path, key: str) -> Binary | None:
+    """The cached binary of ``key``, or None (a miss). An entry that does not read back as one
+    (a cubin whose hash is not the recorded one, metadata of another structure) is removed with
+    a warning, so that the compile that follows writes it anew."""
     meta, blob = cache / f"{key}.json", cache / f"{key}.cubin"
     try:
         data = json.loads(meta.read_text())
         cubin = blob.read_bytes()
     except (OSError, ValueError):
         return None
-    if hashlib.sha256(cubin).hexdigest() != data.get("cubin_hash"):
-        logger.warning("compile cache entry %s is corrupt; recompiling", key[:12])
+    try:
+        if hashlib.sha256(cubin).hexdigest() != data["cubin_hash"]:
+            raise ValueError("the cubin's hash is not the recorded one")
+        return Binary(
+            cubin=cubin,
+            kernel=str(data["kernel"]),
+            resources=Resources.from_json(data["resources"]) if data.get("resources") else None,
+            source_hash=key,
+            cubin_hash=data["cubin_hash"],
+            toolkit=str(data["toolkit"]),
+            options=tuple(str(o) for o in data["options"]),
+            compile_seconds=float(data["compile_seconds"]),
+            log=str(data.get("log") or ""),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning("compile cache entry %s is corrupt (%s); recompiling", key[:12], exc)
+        for path in (meta, blob):
+            path.unlink(missing_ok=True)
         return None
-    return Binary(
-        cubin=cubin,
-        kernel=data["kernel"],
-        resources=Resources.from_json(data["resources"]) if data.get("resources") else None,
-        source_hash=key,
-        cubin_hash=data["cubin_hash"],
-        toolkit=data["toolkit"],
-        options=tuple(data["options"]),
-        compile_seconds=float(data["compile_seconds"]),
-        log=data.get("log", ""),
-    )
 
 
 def _cache_write(cache: Path, binary: Binary) -> None:

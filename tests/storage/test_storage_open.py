@@ -76,3 +76,15 @@ def test_a_silent_server_times_out(monkeypatch):
         with pytest.raises(StorageError, match="cannot open database"):
             open_repository(f"postgresql://tuner@127.0.0.1:{port}/tuner")
         assert time.monotonic() - start < 10
+
+
+def test_missing_sqlite_file_names_the_file_a_url_would_create(tmp_path):
+    from storage import missing_sqlite_file, open_repository
+
+    path = tmp_path / "t.db"
+    for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?mode=ro&uri=true"):
+        assert missing_sqlite_file(url) == path
+    open_repository(f"sqlite:///{path}").close()
+    for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?mode=ro&uri=true", "sqlite://",
+                "sqlite:///:memory:", "postgresql://nobody@127.0.0.1:1/x", "not a url"):
+        assert missing_sqlite_file(url) is None, url

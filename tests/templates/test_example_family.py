@@ -68,6 +68,9 @@ def test_its_checks_accept_a_right_output_and_refuse_wrong_ones(dtype):
 
 
 def test_the_command_line_takes_it_by_path(tmp_path):
+    from storage import open_repository
+
+    open_repository(f"sqlite:///{tmp_path / 't.db'}").close()  # an empty database, not a missing one
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TUNER_DB", None)
     done = subprocess.run([sys.executable, "-m", "tuner", "best", str(FOLDER), "--shape", "64,512", "--dtype",

@@ -317,9 +317,11 @@ def test_render_module_names_its_kernel():
 
 # -- through the tuner ----------------------------------------------------------------------------
 def test_the_command_line_reads_gemms_flags_and_refuses_bad_ones(tmp_path, capsys):
+    from storage import open_repository
     from tuner.cli import main
 
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    open_repository(db).close()  # an empty database, not a missing one
     with pytest.raises(SystemExit) as exit_:  # argparse offers the flag's choices
         main(["best", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--layout", "tx", "--db", db])
     assert exit_.value.code == 2

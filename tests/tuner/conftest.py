@@ -29,6 +29,15 @@ def db(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def empty_db(db: str) -> str:
+    """``db`` created, with our tables and nothing in them (the read calls refuse a missing file)."""
+    from storage import open_repository
+
+    open_repository(db).close()
+    return db
+
+
+@pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
     """Make :func:`tuner.tune` measure on FakePools."""
     factory = PoolFactory()

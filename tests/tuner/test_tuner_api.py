@@ -24,11 +24,11 @@ def test_best_returns_the_fastest_validated_config(toy, db, tuned):
     assert tuner.best("toy", "2,4,1024,64", "fp16", db=db, device="NVIDIA H100 80GB HBM3") == winner
 
 
-def test_best_with_nothing_stored_is_not_found(toy, db):
+def test_best_with_nothing_stored_is_not_found(toy, empty_db):
     with pytest.raises(tuner.NotFound, match="no validated result stored for toy 2x4x1024x64-fp16"):
-        tuner.best("toy", *PROBLEM, db=db)
+        tuner.best("toy", *PROBLEM, db=empty_db)
     with pytest.raises(tuner.NotFound):
-        tuner.best("toy", *PROBLEM, {"causal": True}, db=db)
+        tuner.best("toy", *PROBLEM, {"causal": True}, db=empty_db)
 
 
 def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
@@ -56,6 +56,20 @@ def test_export_writes_source_and_launch_json(toy, db, tuned, tmp_path):
     assert launch["measured_at"].startswith("20")
     # named after its problem, so exports of several problems can share a folder
     assert sorted(p.name for p in out.iterdir()) == [path.name, "toy_2x4x1024x64-fp16.launch.json"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_exports_are_written_with_the_mode_of_any_new_file(toy, db, tuned, tmp_path, umask):
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        path = tuner.export("toy", *PROBLEM, out_dir=tmp_path / "out", db=db)
+    finally:
+        os.umask(before)
+    for written in (path, path.with_suffix(".launch.json")):
+        assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask, written
 
 
 def test_export_refuses_a_winner_of_another_template_version(toy, db, tuned, tmp_path):
@@ -92,6 +106,10 @@ def test_bad_inputs_are_usage_errors(toy, db):
         tuner.tune("toy", "2,4,1024,64", "fp64", db=db)
     with pytest.raises(tuner.UsageError, match="unknown sampler"):
         tuner.tune("toy", *PROBLEM, sampler="cmaes", db=db)
+    with pytest.raises(tuner.UsageError, match="warm_start takes a number of problems, 0 or more, not -1"):
+        tuner.tune("toy", *PROBLEM, warm_start=-1, db=db)
+    with pytest.raises(tuner.UsageError, match="the measure timeout must be a positive number of seconds, not 0"):
+        tuner.tune("toy", *PROBLEM, measure_timeout_s=0, db=db)
     with pytest.raises(tuner.DatabaseError, match="cannot open database"):
         tuner.studies(db="postgresql://nobody@127.0.0.1:1/x")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,11 @@ def _error_line(capsys) -> str:
     (["tune", "toy", *SHAPE, "--time-budget", "soon"], "not a duration"),
     (["tune", "toy", *SHAPE, "--trials", "0"], "must be at least 1"),
     (["tune", "toy", *SHAPE, "--trials", "5", "--time-budget", "1m"], "not allowed with"),
+    (["tune", "toy", *SHAPE, "--warm-start", "-1"], "--warm-start: must be 0 or more, not -1"),
+    (["tune", "toy", *SHAPE, "--retime", "-2"], "--retime: must be 0 or more, not -2"),
+    (["tune", "toy", *SHAPE, "--measure-timeout", "-1"], "--measure-timeout: must be a positive number of seconds, not -1"),
+    (["tune", "toy", *SHAPE, "--measure-timeout", "nan"], "--measure-timeout: must be a positive number of seconds"),
+    (["tune", "toy", *SHAPE, "--measure-timeout", "x"], "--measure-timeout: not a number of seconds: 'x'"),
     (["best", "toy", "--dtype", "fp16"], "the following arguments are required: --shape"),
     (["export", "toy", *SHAPE], "the following arguments are required: -o/--out"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
@@ -55,13 +61,13 @@ def test_unreachable_database_is_one_line(toy, capsys):
     assert "cannot open database postgresql://nobody@127.0.0.1:1/x" in _error_line(capsys)
 
 
-def test_best_with_nothing_stored_is_one_line(toy, db, capsys):
-    assert _run(["best", "toy", *SHAPE, "--db", db]) == 2
+def test_best_with_nothing_stored_is_one_line(toy, empty_db, capsys):
+    assert _run(["best", "toy", *SHAPE, "--db", empty_db]) == 2
     assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
 
 
-def test_show_unknown_study_is_one_line(db, capsys):
-    assert _run(["show", "nope", "--db", db]) == 2
+def test_show_unknown_study_is_one_line(empty_db, capsys):
+    assert _run(["show", "nope", "--db", empty_db]) == 2
     assert "no study named 'nope'" in _error_line(capsys)
 
 
@@ -76,6 +82,17 @@ def test_no_gpu_is_one_line_and_non_zero(toy, db, monkeypatch, capsys):
     assert _run(["tune", "toy", *SHAPE, "--db", db]) == 2
     line = _error_line(capsys)
     assert "no GPU is visible" in line and "--replay" in line
+    assert not Path(db.removeprefix("sqlite:///")).exists()  # no database created
+
+
+@pytest.mark.parametrize("argv", [["studies"], ["studies", "--json"], ["show", "1"], ["best", "toy", *SHAPE],
+                                  ["export", "toy", *SHAPE, "-o", "out"], ["landscape", "1", "-o", "l.json"]])
+def test_reading_a_database_that_does_not_exist_says_so_and_creates_none(toy, tmp_path, argv, capsys):
+    missing = tmp_path / "tunr.db"  # a mistyped path
+    assert _run([*argv, "--db", f"sqlite:///{missing}"]) == 2
+    assert _error_line(capsys) == (f"tuner: error: no database at {missing}: nothing is stored there "
+                                   "(check --db or $TUNER_DB, or tune first)")
+    assert not missing.exists() and capsys.readouterr().out == ""
 
 
 def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
@@ -104,6 +121,10 @@ def test_tune_best_export_studies_show(toy, db, pools, tmp_path, capsys):
     assert len(capsys.readouterr().out.strip().splitlines()) == 13
     assert _run(["show", study["name"], "--json", "--db", db]) == 0
     assert len(json.loads(capsys.readouterr().out)["trials"]) == 12
+    assert _run(["show", str(study["id"]), "--json", "--db", db]) == 0  # the id `studies --json` prints
+    assert json.loads(capsys.readouterr().out)["study"]["name"] == study["name"]
+    assert _run(["show", str(study["id"] + 1), "--db", db]) == 2
+    assert f"no study named '{study['id'] + 1}'" in _error_line(capsys)
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("2h", 7200),
@@ -126,6 +147,7 @@ def test_tune_without_a_gpu_says_so_in_one_line(tmp_path):
     done = run_cli("tune", "attention", "--shape", "4,16,4096,128", "--dtype", "fp16",
                        "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert not (tmp_path / "tuner.db").exists()
     ours = [line for line in done.stderr.splitlines() if line.startswith("tuner:")]
     assert done.stderr.splitlines() == ours == [
         "tuner: error: no GPU is visible (to tune without one, replay a recorded landscape with "
@@ -141,3 +163,21 @@ def test_a_family_flag_on_the_command_line_is_the_problem_flag(toy, db, pools, c
     assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
     assert _run(["best", "toy", *SHAPE, "--causal", "--db", db, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["flags"] == {"causal": True}
+
+
+@pytest.mark.parametrize("command", [["show", "1"], ["show", "1", "--json"], ["studies"]])
+def test_a_reader_that_stops_early_leaves_no_traceback(toy, db, pools, tmp_path, command):
+    """``tuner show ... | head``: the pipe closes before the output is written."""
+    import os
+    import subprocess
+    import sys
+
+    from tuner_doubles import ROOT
+
+    assert _run(["tune", "toy", *SHAPE, "--trials", "12", "--seed", "1", "--db", db]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    reader = subprocess.Popen([sys.executable, "-m", "tuner", *command, "--db", db], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader.stdout.close()  # as `head` does, before a line was read
+    stderr = reader.stderr.read()
+    assert reader.wait(timeout=60) == 0 and stderr == ""

@@ -175,3 +175,26 @@ def test_nvrtc_is_asked_not_to_cache_so_ptxas_reports_every_compile():
     options = compile_mod._nvrtc_options(CompileRequest(KERNEL, "scale", ("-O3",)))
     assert b"--no-cache" in options and b"-Xptxas=-v" in options and b"-O3" not in options
     assert compile_mod._release_at_least("13.0", (12, 9)) and not compile_mod._release_at_least("12.8", (12, 9))
+
+
+@pytest.mark.parametrize("metadata", ['[1, 2]', '{"cubin_hash": 7}', '"text"', '{"kernel": "scale"}',
+                                      '{"resources": {"registers": "x"}}'])
+def test_a_cache_entry_of_the_wrong_structure_is_a_miss_and_is_rewritten(metadata, tmp_path, monkeypatch,
+                                                                           caplog):
+    """JSON that parses but is not an entry: a warning, a recompile, and the entry written anew."""
+    compiled = []
+    monkeypatch.setattr(compile_mod, "resolve_backend", lambda backend="auto": "nvrtc")
+    monkeypatch.setattr(compile_mod, "toolkit_version", lambda backend="auto": "nvrtc 13.0.0")
+    monkeypatch.setattr(compile_mod, "_run_nvrtc", lambda *a: compiled.append(1) or (b"\x7fELF cubin", ""))
+    monkeypatch.setattr(compile_mod, "_cuobjdump_resources", lambda *a: None)
+    request = CompileRequest(KERNEL, "scale", ("-O3",))
+    first = compile_cubin(request, cache_dir=tmp_path)
+    meta = tmp_path / f"{first.source_hash}.json"
+    if metadata.startswith("{") and "cubin_hash\": 7" not in metadata:  # right type, wrong fields
+        metadata = metadata[:-1] + f', "cubin_hash": "{first.cubin_hash}"}}'
+    meta.write_text(metadata)
+    with caplog.at_level("WARNING", logger="workers"):
+        again = compile_cubin(request, cache_dir=tmp_path)
+    assert compiled == [1, 1] and again.cubin == first.cubin
+    assert any("compile cache entry" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
+    assert compile_cubin(request, cache_dir=tmp_path) == again and compiled == [1, 1]  # healed: a hit
