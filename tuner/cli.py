@@ -16,8 +16,11 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
-from typing import Any, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from tuner import api
 from tuner import cli_text as report
@@ -172,6 +175,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     _setup_logging(args.verbose)
+    with _terminate_as_interrupt():
+        return _main(parser, args, rest)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (what ``kill`` and a batch system send) ends a command as Ctrl-C does: a study
+    keeps what finished, leaves what was in flight to the next run, and its Ray stops with it.
+    Python's default for SIGTERM is to die where it stands: with Ray's threads up, an abort and
+    a native stack dump. Only where this is the main thread (signals go to it alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
     try:
         args.flags = _family_flags(args, rest) if args.command in FAMILY_COMMANDS else None
         if rest:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -49,9 +51,26 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     else:
         _check_reachable(address)
         _token_auth(only_with_token=True)
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-             runtime_env=runtime_env)
+    with _sigterm_kept():
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                 runtime_env=runtime_env)
     return True
+
+
+@contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """``ray.init`` puts in a SIGTERM handler of its own (a native stack dump, then death):
+    where the process had chosen a Python one (``tuner``'s ends a study as Ctrl-C does), that
+    one is put back. Signal handlers belong to the main thread; elsewhere nothing is touched."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    chosen = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(chosen):
+            signal.signal(signal.SIGTERM, chosen)
 
 
 def _token_auth(*, only_with_token: bool) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from tuner.cli import main, parse_duration
-from tuner_doubles import PROBLEM, run_cli
+from tuner_doubles import PROBLEM, FakePool, run_cli
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
 
@@ -181,3 +183,26 @@ def test_a_reader_that_stops_early_leaves_no_traceback(toy, db, pools, tmp_path,
     reader.stdout.close()  # as `head` does, before a line was read
     stderr = reader.stderr.read()
     assert reader.wait(timeout=60) == 0 and stderr == ""
+
+
+class _TerminatedPool(FakePool):
+    """A pool during whose fifth poll the process gets SIGTERM (as `kill PID` sends it)."""
+
+    def poll(self, timeout):
+        if self.polls == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().poll(timeout)
+
+
+def test_sigterm_ends_a_study_as_ctrl_c_does_and_the_next_run_goes_on(toy, db, pools, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    pools.queued.append(_TerminatedPool(per_poll=1))
+    assert _run(["tune", "toy", *SHAPE, "--trials", "25", "--db", db, "--seed", "0"]) == 130
+    out = capsys.readouterr().out
+    assert "status    interrupted: interrupted by the user" in out
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler was the command's alone
+    assert _run(["tune", "toy", *SHAPE, "--trials", "25", "--db", db, "--seed", "0"]) == 0
+    again = capsys.readouterr().out
+    assert "25 measured" not in again and "from earlier runs" in again
+    earlier = int(again.split(" from earlier runs")[0].rsplit(" ", 1)[1])
+    assert 0 < earlier < 25

@@ -106,3 +106,37 @@ def test_a_replayed_study_resumes_where_it_stopped(replayed):
     assert again.study == result.study and again.previous == 30 and again.measured == 6
     trials = tuner.show(result.study, db=db).trials
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == len(trials) == 36
+
+
+def test_sigterm_mid_study_ends_it_as_ctrl_c_and_the_same_command_finishes_it(tmp_path):
+    """`kill PID` in the middle of a study through real Ray: the command says it was interrupted
+    (exit 130, no native stack dump from Ray's own SIGTERM handler), its Ray goes with it, and the
+    same command then completes the study without measuring a config twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tuner_doubles import ROOT
+
+    db = f"sqlite:///{tmp_path / 'term.db'}"
+    argv = [sys.executable, "-m", "tuner", "tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16",
+            "--causal", "--replay", str(LANDSCAPE), "--trials", "200", "--db", db, "--seed", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TUNER_DB", None)
+    child = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    for line in child.stderr:  # the study is under way once its first trial is measured
+        if "new best" in line or time.monotonic() > deadline:
+            break
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=90)
+    assert child.returncode == 130, err[-2000:]
+    assert "status    interrupted" in out and "logging.cc" not in err
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (study,) = tuner.studies(db=db)
+    trials = tuner.show(study.name, db=db).trials
+    assert len(trials) == 200
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 200  # none measured twice
