@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 import numpy as np
 
+from templates.elements import from_bits, normal_inputs, to_bits  # noqa: F401 - to_bits: for the tests
 from templates.family import BufferSpec, Problem, TemplateError, Validation
 
 HEAD_DIMS = (64, 128)
@@ -19,7 +18,6 @@ TOLERANCE = {"fp16": 4e-3, "bf16": 3e-2}
 POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
 ROWS_PER_HEAD = 48  # float64 reference rows per checked (b, h)
 CHECKED_HEADS = 4
-INPUT_BLOCK = 1 << 22  # elements drawn from one random stream
 
 
 def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int, int]:
@@ -54,41 +52,9 @@ def min_bytes(problem: Problem) -> int:
     return 4 * b * h * s * d * 2  # read Q, K, V once, write O once
 
 
-def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 -> raw 16-bit patterns of `dtype` (round to nearest even)."""
-    if dtype == "fp16":
-        return values.astype(np.float16).view(np.uint16)
-    bits = values.astype(np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
-
-
-def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
-    """Raw 16-bit patterns -> float64."""
-    if dtype == "fp16":
-        return bits.view(np.float16).astype(np.float64)
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
-    """Standard normal Q, K and V, drawn in blocks of INPUT_BLOCK elements, each from its own
-    stream of ``seed`` (the same values whatever the number of threads). numpy draws without
-    the GIL, so the blocks are drawn on threads: an 8x16x2048x128 problem took 1.9 s on one."""
-    total = math.prod(problem.shape)
-    blocks = -(-total // INPUT_BLOCK)
-    names = ("q", "k", "v")
-    streams = np.random.SeedSequence(seed).spawn(len(names) * blocks)
-    out = {name: np.empty(total, dtype=np.uint16) for name in names}
-
-    def draw(job: int) -> None:
-        name, block = names[job // blocks], job % blocks
-        lo, hi = block * INPUT_BLOCK, min(total, (block + 1) * INPUT_BLOCK)
-        values = np.random.default_rng(streams[job]).standard_normal(hi - lo, dtype=np.float32)
-        out[name][lo:hi] = to_bits(values, problem.dtype)
-
-    with ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool:
-        list(pool.map(draw, range(len(names) * blocks)))
-    return {name: values.reshape(problem.shape) for name, values in out.items()}
+    """Standard normal Q, K and V (``templates.elements.normal_inputs``)."""
+    return normal_inputs({name: problem.shape for name in ("q", "k", "v")}, problem.dtype, seed)
 
 
 def outputs(problem: Problem) -> tuple[BufferSpec, ...]:

@@ -4,12 +4,11 @@ accumulation. A is M x K and B is K x N; each is stored row-major or transposed 
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 import numpy as np
 
+from templates.elements import from_bits, normal_inputs, to_bits
 from templates.family import BufferSpec, Problem, TemplateError, Validation
 
 DTYPES = ("fp16", "bf16")
@@ -26,7 +25,6 @@ REFERENCE_DEPTH = 4096
 POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
 CHECKED_ROWS = 48  # float64 reference rows of C
 EDGE_ROWS = 8  # of which the first and the last
-INPUT_BLOCK = 1 << 22  # elements drawn from one random stream
 MAX_ELEMENTS = 2**31 - 1  # per operand: the kernel's row offsets are 64-bit, its indices 32-bit
 
 
@@ -89,46 +87,14 @@ def tolerance(problem: Problem) -> float:
     return TOLERANCE[problem.dtype] * max(1.0, math.sqrt(problem.shape[2] / REFERENCE_DEPTH))
 
 
-def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 -> raw 16-bit patterns of `dtype` (round to nearest even)."""
-    if dtype == "fp16":
-        return values.astype(np.float16).view(np.uint16)
-    bits = values.astype(np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
-
-
-def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
-    """Raw 16-bit patterns -> float64."""
-    if dtype == "fp16":
-        return bits.view(np.float16).astype(np.float64)
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
     """Standard normal A and B in their stored layouts and, with a bias epilogue, a bias of
-    sqrt(K) times standard normal (the size of C's elements, so that a lost bias shows), drawn in
-    blocks of INPUT_BLOCK elements, each from its own stream of ``seed`` (the same values whatever
-    the number of threads)."""
+    sqrt(K) times standard normal (the size of C's elements, so that a lost bias shows)
+    (``templates.elements.normal_inputs``)."""
     shapes = {"a": a_shape(problem), "b": b_shape(problem)}
     if has_bias(problem):
         shapes["bias"] = (problem.shape[1],)
-    names = tuple(shapes)
-    blocks = {name: -(-math.prod(shape) // INPUT_BLOCK) for name, shape in shapes.items()}
-    jobs = [(name, block) for name in names for block in range(blocks[name])]
-    streams = np.random.SeedSequence(seed).spawn(len(jobs))
-    out = {name: np.empty(math.prod(shape), dtype=np.uint16) for name, shape in shapes.items()}
-    scale = {"a": 1.0, "b": 1.0, "bias": math.sqrt(problem.shape[2])}
-
-    def draw(job: int) -> None:
-        name, block = jobs[job]
-        lo, hi = block * INPUT_BLOCK, min(out[name].size, (block + 1) * INPUT_BLOCK)
-        values = np.random.default_rng(streams[job]).standard_normal(hi - lo, dtype=np.float32)
-        out[name][lo:hi] = to_bits(values * np.float32(scale[name]), problem.dtype)
-
-    with ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool:
-        list(pool.map(draw, range(len(jobs))))
-    return {name: values.reshape(shapes[name]) for name, values in out.items()}
+    return normal_inputs(shapes, problem.dtype, seed, scale={"bias": math.sqrt(problem.shape[2])})
 
 
 def outputs(problem: Problem) -> tuple[BufferSpec, ...]:

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from templates import get_family
+from templates import elements, get_family
 from templates.attention import problem as attn
 from templates.attention import space
 from templates.family import (
@@ -300,9 +300,9 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
 
 def test_inputs_are_the_same_whatever_the_threads(monkeypatch):
     problem = FAMILY.parse_problem("2,3,1000,64", "bf16")
-    monkeypatch.setattr(attn, "INPUT_BLOCK", 4096)  # many blocks on a small problem
+    monkeypatch.setattr(elements, "INPUT_BLOCK", 4096)  # many blocks on a small problem
     many = FAMILY.inputs(problem, seed=7)
-    monkeypatch.setattr(attn.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(elements.os, "cpu_count", lambda: 1)
     one = FAMILY.inputs(problem, seed=7)
     assert all(np.array_equal(many[n], one[n]) for n in ("q", "k", "v"))
     assert not np.array_equal(many["q"], FAMILY.inputs(problem, seed=8)["q"])
