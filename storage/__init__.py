@@ -19,11 +19,12 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "storage.engine": ("default_url", "missing_sqlite_file", "open_repository"),
-    "storage.errors": ("StorageError",),
+    "storage.engine": ("default_url", "missing_sqlite_file", "open_repository", "refuse_newer_schema"),
+    "storage.errors": ("ClaimRefused", "StorageError"),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",
-                        "StudySummary", "TrialOutcome", "TrialRecord", "params_key"),
+                        "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",
+                        "config_key", "params_key"),
     "storage.repository": ("Repository",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

@@ -22,10 +22,16 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from storage.errors import StorageError
-from storage.migrate import upgrade
+from storage.migrate import current_revision, refuse_newer, upgrade
 from storage.repository import Repository, one_line
 
+# PostgreSQL's driver is an extra: SQLite users need none.
+POSTGRES_DRIVER = ("PostgreSQL's driver is not installed: pip install 'kernel-tuner-service[postgres]' "
+                   "(psycopg, for postgresql:// and postgresql+psycopg:// URLs)")
 CONNECT_TIMEOUT_S = 5  # a server that does not answer fails in seconds, never hangs
+# How long a SQLite writer waits for another's write lock (several coordinators, or studies, on
+# one file: each commit holds it for milliseconds, a migration or a slow disk for longer).
+SQLITE_BUSY_TIMEOUT_S = 30
 
 
 def default_url() -> str:
@@ -52,6 +58,31 @@ def open_repository(url: str | None = None) -> Repository:
         engine.dispose()
         raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
     return Repository(engine)
+
+
+def refuse_newer_schema(url: str | None = None) -> None:
+    """StorageError (the line :func:`open_repository` would give) where the database at ``url``
+    was written by a newer version of the tuner; nothing is created or changed. Any other
+    problem (no file yet, no server) is left to :func:`open_repository` to report."""
+    url = url or default_url()
+    if missing_sqlite_file(url) is not None:
+        return
+    try:
+        engine = make_engine(url)
+    except StorageError:
+        return
+    try:
+        with engine.connect() as connection:
+            current = current_revision(connection)
+    except Exception:  # noqa: BLE001 - reported by open_repository, in its place
+        return
+    finally:
+        engine.dispose()
+    try:
+        refuse_newer(current)
+    except RuntimeError as error:
+        shown = engine.url.render_as_string(hide_password=True)
+        raise StorageError(f"cannot open database {shown}: {error}") from None
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -87,6 +118,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(parsed, **options)
     except Exception as error:  # unknown dialect, missing driver module, bad options
         shown = parsed.render_as_string(hide_password=True)
+        if isinstance(error, ImportError) and parsed.get_backend_name() == "postgresql":
+            raise StorageError(f"cannot open database {shown}: {POSTGRES_DRIVER} ({one_line(error)})") from error
         raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
     if engine.dialect.name == "sqlite":
         _make_sqlite_transactional(engine)
@@ -103,7 +136,7 @@ def _connect_args(url: URL) -> dict[str, Any]:
     if backend == "postgresql":
         return {"connect_timeout": CONNECT_TIMEOUT_S}  # libpq rounds values under 2 up to 2
     if backend == "sqlite":
-        return {"timeout": CONNECT_TIMEOUT_S}  # seconds to wait on another writer's lock
+        return {"timeout": SQLITE_BUSY_TIMEOUT_S}  # seconds to wait on another writer's lock
     return {}
 
 

@@ -9,3 +9,15 @@ class StorageError(Exception):
     Every SQLAlchemy, Alembic or driver error that leaves :mod:`storage` is turned into this
     type, so callers catch one class and print ``str(error)``.
     """
+
+
+class ClaimRefused(StorageError):
+    """A config's lease was not granted (``Repository.claim_trial``) or was lost before its result
+    was stored (``Repository.record_trial`` with ``owner``). ``why``: ``"measured"`` (stored
+    already), ``"held"`` (another coordinator's live lease holds it), ``"full"`` (the study's
+    trial count is reached by its measured and running trials) or ``"lost"`` (the lease went stale
+    and was taken over or dropped)."""
+
+    def __init__(self, why: str, message: str) -> None:
+        super().__init__(message)
+        self.why = why

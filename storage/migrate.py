@@ -42,6 +42,16 @@ def current_revision(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
+def refuse_newer(current: str | None) -> None:
+    """RuntimeError when ``current`` is a revision this version does not know (a newer one's)."""
+    script = ScriptDirectory.from_config(alembic_config())
+    if current is not None and current not in {s.revision for s in script.walk_revisions()}:
+        raise RuntimeError(
+            f"the database's tuner schema is at revision {current}, newer than this "
+            f"version of the tuner knows (head {head_revision()})"
+        )
+
+
 def upgrade(engine: Engine) -> None:
     """Run every migration the database has not had yet (a no-op when it is up to date).
 
@@ -60,12 +70,7 @@ def upgrade(engine: Engine) -> None:
                 if connection.dialect.name == "postgresql":
                     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
                 current = current_revision(connection)
-                script = ScriptDirectory.from_config(alembic_config())
-                if current is not None and current not in {s.revision for s in script.walk_revisions()}:
-                    raise RuntimeError(
-                        f"the database's tuner schema is at revision {current}, newer than this "
-                        f"version of the tuner knows (head {head_revision()})"
-                    )
+                refuse_newer(current)
                 if current != head_revision():
                     command.upgrade(alembic_config(connection), "head")
                     if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():

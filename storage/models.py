@@ -20,6 +20,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     MetaData,
     String,
     Text,
@@ -159,12 +160,14 @@ class Trial(Base):
         UniqueConstraint("study_id", "number"),
         CheckConstraint("status IN ('ok', 'failed')", name="status"),
         CheckConstraint("status <> 'ok' OR median_ms IS NOT NULL", name="ok_timed"),
+        Index(None, "config_key", "study_id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
     number: Mapped[int]
     params: Mapped[dict[str, Any]]
+    config_key: Mapped[str] = mapped_column(String)  # storage.records.config_key(params)
     status: Mapped[str] = mapped_column(String)
     failure: Mapped[str | None] = mapped_column(String)
     reason: Mapped[str | None] = mapped_column(Text)
@@ -198,17 +201,23 @@ class RunningTrial(Base):
     ``Repository.record_trial`` replaces it by the measured trial in one transaction, so a trial
     is in one table or the other, never both. A row whose owner is gone (a killed run) or None
     (a run that stopped and left it to be measured again) is settled by the next run.
+
+    It is the lease of its config: one running row per (study, config), so coordinators sharing
+    a study never measure one config together; its owner renews ``heartbeat_at`` while it
+    measures, and a row not renewed for ``storage.records.LEASE_TTL_S`` may be taken over.
     """
 
     __tablename__ = "tuner_running_trials"
-    __table_args__ = (UniqueConstraint("study_id", "number"),)
+    __table_args__ = (UniqueConstraint("study_id", "number"), UniqueConstraint("config_key", "study_id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
     number: Mapped[int]
     params: Mapped[dict[str, Any]]
+    config_key: Mapped[str] = mapped_column(String)  # storage.records.config_key(params)
     owner: Mapped[str | None] = mapped_column(String)  # host:pid of the coordinator measuring it
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)  # the owner's last renewal
 
 
 class Retime(Base):

@@ -11,6 +11,7 @@ They are frozen and free of database handles, so they can be logged, pickled and
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,11 +20,21 @@ from typing import Any
 
 STUDY_STATUSES = ("running", "finished", "interrupted")
 TRIAL_STATUSES = ("ok", "failed")
+# A running trial is its config's lease: its owner renews it every LEASE_RENEW_S while it
+# measures; one not renewed for LEASE_TTL_S is stale (its coordinator was killed or hangs).
+LEASE_RENEW_S = 10.0
+LEASE_TTL_S = 60.0
 
 
 def params_key(params: Mapping[str, Any]) -> str:
     """The canonical text of a parameter set: equal configs give equal keys."""
     return json.dumps(dict(params), sort_keys=True)
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    """The key a config is leased and found by in the database: the SHA-256 of its
+    :func:`params_key`."""
+    return hashlib.sha256(params_key(params).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ class RunningRecord:
     params: dict[str, Any]
     owner: str | None  # host:pid of the coordinator measuring it; None: to be measured again
     started_at: datetime
+    heartbeat_at: datetime | None = None  # the owner's last renewal of the lease
 
     @property
     def key(self) -> str:

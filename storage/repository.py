@@ -6,8 +6,10 @@
         space=space, shape=[4, 16, 4096, 128], dtype="fp16", flags={"causal": True},
         device=info.to_json(), sampler="tpe", replay=False, settings={"n_trials": 200},
     )
-    number = repo.claim_trial(study.id, params, owner="host:pid")   # sent to a GPU: RUNNING
-    repo.record_trial(study.id, number, params, TrialOutcome("ok", median_ms=0.41, tflops=612.0))
+    number = repo.claim_trial(study.id, params, owner="host:pid", limit=200)  # the config's lease
+    repo.renew_leases(study.id, "host:pid")                          # every LEASE_RENEW_S meanwhile
+    repo.record_trial(study.id, number, params, TrialOutcome("ok", median_ms=0.41, tflops=612.0),
+                      owner="host:pid")
     repo.record_retiming(study.id, [RetimeEntry(trial.number, median_ms=0.42, ...), ...])
     winner = repo.best("attention", [4, 16, 4096, 128], "fp16", True)
 
@@ -28,9 +30,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
-from storage.errors import StorageError
+from storage.errors import ClaimRefused, StorageError
 from storage.models import Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
+    LEASE_TTL_S,
     STUDY_STATUSES,
     TRIAL_STATUSES,
     BestRecord,
@@ -41,6 +44,7 @@ from storage.records import (
     StudySummary,
     TrialOutcome,
     TrialRecord,
+    config_key,
     params_key,
 )
 
@@ -204,14 +208,25 @@ class Repository:
             raise StorageError(f"no study named {name!r}")
         return found[0]
 
+    def find_study(self, name: str) -> StudySummary | None:
+        """The summary of the study ``name``, or None when there is none."""
+        with self._session(f"cannot read study {name!r}") as session:
+            found = queries.summaries(session, name)
+        return found[0] if found else None
+
     # -- trials -----------------------------------------------------------------------------
 
     def record_trial(self, study_id: int, number: int, params: Mapping[str, Any],
-                     outcome: TrialOutcome) -> TrialRecord:
+                     outcome: TrialOutcome, *, owner: str | None = None) -> TrialRecord:
         """Store trial ``number`` of a study, in place of its running trial (claimed by
         :meth:`claim_trial`) when it has one; in the same transaction, make it the best of its
         (template version, problem, device) when it is ok and strictly faster than the stored
         best. Failed trials never become best. NaN floats are stored as None (unknown).
+
+        ``owner``: the lease holder storing its result; where its running trial is no longer
+        its own (the lease went stale and another coordinator took it over or dropped it),
+        nothing is stored and :class:`ClaimRefused` (``why="lost"``) is raised: the config is
+        measured by whoever holds it now, once.
         """
         status, median_ms = outcome.status, outcome.median_ms
         if status not in TRIAL_STATUSES:
@@ -227,14 +242,19 @@ class Repository:
             gpu_state = queries.plain_json("gpu_state", gpu_state)
         values = {name: getattr(outcome, name) for name in rows.TRIAL_FIELDS}
         values.update({name: queries.known(value) for name, value in values.items() if isinstance(value, float)})
-        trial = Trial(study_id=study_id, number=number, params=queries.plain_json("params", params), status=status,
-                      replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
+        plain = queries.plain_json("params", params)
+        trial = Trial(study_id=study_id, number=number, params=plain, config_key=config_key(plain),
+                      status=status, replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
         with self._session(
             f"cannot record trial {number} of study {study_id}", write=True
         ) as session:
-            study = queries.study(session, study_id)
-            session.execute(delete(RunningTrial).where(
-                RunningTrial.study_id == study_id, RunningTrial.number == number))
+            study = queries.study(session, study_id, lock=owner is not None)
+            done = session.execute(delete(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.number == number,
+                *([RunningTrial.owner == owner] if owner is not None else [])))
+            if owner is not None and not done.rowcount:
+                raise ClaimRefused("lost", f"trial {number} of study {study_id}: the lease of "
+                                           f"{owner} was taken over; its result is not stored")
             session.add(trial)
             study.updated_at = utcnow()
             session.flush()
@@ -242,18 +262,53 @@ class Repository:
                 queries.offer_best(session, study, trial)
             return rows.trial_record(trial)
 
-    def claim_trial(self, study_id: int, params: Mapping[str, Any], *, owner: str | None) -> int:
-        """A running trial of ``params`` for ``owner`` (host:pid), under the study's next free
-        number (one past every measured or running trial's), which this returns. Coordinators
-        sharing a study take numbers one at a time (the study row is locked meanwhile)."""
+    def claim_trial(self, study_id: int, params: Mapping[str, Any], *, owner: str | None,
+                    limit: int | None = None, ttl_s: float = LEASE_TTL_S) -> int:
+        """The lease of ``params`` for ``owner`` (host:pid): a running trial under the study's
+        next free number (one past every measured or running trial's), which this returns.
+
+        In one transaction, with the study row locked (coordinators sharing a study claim one
+        at a time), it is refused (:class:`ClaimRefused`) when the config is measured already
+        (``why="measured"``), when another owner's lease renewed within ``ttl_s`` holds it
+        (``"held"``), or when the study's measured and running trials reach ``limit``
+        (``"full"``). A lease of the config left without an owner (a run that stopped), not
+        renewed within ``ttl_s`` (a killed run) or ``owner``'s own (an earlier run of this
+        process) is taken over, under a new number."""
         plain = queries.plain_json("params", params)
+        key = config_key(plain)
         with self._session(f"cannot start a trial of study {study_id}", write=True) as session:
             queries.study(session, study_id, lock=True)
+            if session.scalar(select(Trial.id).where(Trial.study_id == study_id,
+                                                     Trial.config_key == key).limit(1)) is not None:
+                raise ClaimRefused("measured", f"config {key[:12]} of study {study_id} is measured")
+            held = session.scalars(select(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.config_key == key)).one_or_none()
+            if held is not None:
+                fresh = (utcnow() - held.heartbeat_at).total_seconds() < ttl_s
+                if held.owner not in (None, owner) and fresh:
+                    raise ClaimRefused("held", f"config {key[:12]} of study {study_id} is held by {held.owner}")
+                session.delete(held)  # a stopped or killed run's: taken over
+                session.flush()
+            if limit is not None:
+                count = sum(session.scalar(select(func.count()).select_from(model)
+                                           .where(model.study_id == study_id)) or 0
+                            for model in (Trial, RunningTrial))
+                if count >= limit:
+                    raise ClaimRefused("full", f"study {study_id} has its {limit} trials")
             taken = [session.scalar(select(func.max(model.number)).where(model.study_id == study_id))
                      for model in (Trial, RunningTrial)]
             number = max((n for n in taken if n is not None), default=-1) + 1
-            session.add(RunningTrial(study_id=study_id, number=number, params=plain, owner=owner))
+            now = utcnow()
+            session.add(RunningTrial(study_id=study_id, number=number, params=plain, config_key=key,
+                                     owner=owner, started_at=now, heartbeat_at=now))
             return number
+
+    def renew_leases(self, study_id: int, owner: str) -> int:
+        """Renew every lease ``owner`` holds in the study (its running trials): how many."""
+        with self._session(f"cannot renew the leases of study {study_id}", write=True) as session:
+            done = session.execute(update(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.owner == owner).values(heartbeat_at=utcnow()))
+            return int(done.rowcount or 0)
 
     def running(self, study_id: int) -> list[RunningRecord]:
         """The study's running trials (measured now, or left by a run that stopped), by number."""

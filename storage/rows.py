@@ -88,6 +88,7 @@ def running_record(running: RunningTrial) -> RunningRecord:
         params=dict(running.params),
         owner=running.owner,
         started_at=running.started_at,
+        heartbeat_at=running.heartbeat_at,
     )
 
 

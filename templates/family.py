@@ -227,8 +227,10 @@ class Launch:
 
     ``then``: the kernels after this one, each a Launch of its own (grid, block, shared memory,
     arguments; their ``then`` and ``workspace`` unused). ``workspace``: device buffers the kernels
-    share beside the inputs and outputs, (name, bytes) each, allocated for the trial and not
-    initialised (a kernel writes what a later one reads); a ``"buffer"`` argument names one.
+    share beside the inputs and outputs, (name, bytes) each, allocated for the trial and zeroed
+    once (a kernel writes what a later one reads; a kernel that counts in one, a persistent
+    kernel's tile counter, leaves it zero again for the next launch); a ``"buffer"`` argument
+    names one.
     """
 
     kernel: str
@@ -238,12 +240,24 @@ class Launch:
     args: tuple[KernelArg, ...]
     then: tuple["Launch", ...] = ()
     workspace: tuple[tuple[str, int], ...] = ()
+    # A persistent kernel: grid.x counts its work tiles, and the launch takes at most this many
+    # blocks per multiprocessor of them (each block loops over tiles; any grid computes the same
+    # outputs). 0: the grid as it is.
+    blocks_per_sm_cap: int = 0
 
     def __post_init__(self) -> None:
         if any(step.then or step.workspace for step in self.then):
             raise TemplateError(f"launch of {self.kernel!r}: a later kernel has its own later kernels or workspace")
         if any(int(nbytes) <= 0 for _, nbytes in self.workspace):
             raise TemplateError(f"launch of {self.kernel!r}: a workspace buffer of no bytes")
+        if self.blocks_per_sm_cap < 0:
+            raise TemplateError(f"launch of {self.kernel!r}: a negative blocks-per-SM cap")
+
+    def grid_on(self, sm_count: int) -> tuple[int, int, int]:
+        """The grid to launch on a device of ``sm_count`` multiprocessors."""
+        if not self.blocks_per_sm_cap:
+            return self.grid
+        return (max(1, min(self.grid[0], self.blocks_per_sm_cap * sm_count)), *self.grid[1:])
 
     @property
     def kernels(self) -> tuple["Launch", ...]:
@@ -262,6 +276,8 @@ class Launch:
             data["then"] = [step.to_json() for step in self.then]
         if self.workspace:
             data["workspace"] = [{"buffer": name, "bytes": int(nbytes)} for name, nbytes in self.workspace]
+        if self.blocks_per_sm_cap:
+            data["grid_x_max_blocks_per_sm"] = self.blocks_per_sm_cap
         return data
 
     @classmethod
@@ -269,7 +285,8 @@ class Launch:
         return cls(str(data["kernel"]), tuple(data["grid"]), tuple(data["block"]), int(data["dynamic_smem_bytes"]),
                    tuple(KernelArg(a["kind"], a["value"]) for a in data["args"]),
                    tuple(cls.from_json(step) for step in data.get("then", ())),
-                   tuple((w["buffer"], int(w["bytes"])) for w in data.get("workspace", ())))
+                   tuple((w["buffer"], int(w["bytes"])) for w in data.get("workspace", ())),
+                   int(data.get("grid_x_max_blocks_per_sm", 0)))
 
 
 @dataclass(frozen=True)

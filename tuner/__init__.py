@@ -32,8 +32,10 @@ from tuner.errors import (
 )
 
 _MODULES = {
-    "tuner.api": ("StudyDetail", "TuneResult", "best", "export", "export_optuna", "show", "studies",
-                  "tune"),
+    "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
+                  "studies", "tune", "validate"),
+    "tuner.covered": ("coverage",),
+    "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
@@ -41,6 +43,7 @@ _HOME = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = [
     "BenchRow",
     "DatabaseError",
+    "Derived",
     "NoGPU",
     "NotFound",
     "StudyDetail",
@@ -51,12 +54,15 @@ __all__ = [
     "WorkerFailure",
     "bench",
     "best",
+    "coverage",
     "export",
     "export_optuna",
     "record_landscape",
     "show",
     "studies",
     "tune",
+    "tune_many",
+    "validate",
 ]
 
 

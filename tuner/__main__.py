@@ -2,6 +2,10 @@
 
 import sys
 
-from tuner.cli import main
+try:
+    from tuner.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command is still being imported
+    print("tuner: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

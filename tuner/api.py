@@ -19,14 +19,15 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import optuna
 
 from templates import reference
-from templates.family import KernelFamily, Problem
+from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
 from tuner import retime as retiming
 from tuner import database, lookup, search, warmstart
+from tuner import rule as rules
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
@@ -42,7 +43,7 @@ class TuneResult:
     """What one call of :func:`tune` did, and the stored winner afterwards."""
 
     study: str
-    status: str  # "finished" | "interrupted"
+    status: str  # "finished" | "interrupted" | "skipped" (tune-many: at its budget already)
     reason: str  # why it stopped
     measured: int  # trials this call sent to the GPU (ok or failed)
     failed: int
@@ -57,6 +58,7 @@ class TuneResult:
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord: the top trials re-timed at the end, ranked
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
+    shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
 
 
 @dataclass(frozen=True)
@@ -104,46 +106,86 @@ def tune(
     """
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
-    if sampler not in search.SAMPLERS:
-        raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
-    if trials is not None and trials < 1:
-        raise UsageError(f"trials must be at least 1, not {trials}")
-    if time_budget is not None and time_budget <= 0:
-        raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
-    if retime < 0:
-        raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
-    if not 0 < measure_timeout_s < float("inf"):
-        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
-    if warm_start < 0:
-        raise UsageError(f"warm_start takes a number of problems, 0 or more, not {warm_start}")
+    check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
     url = database.url(db)
+    replay = landscape_file(fam, replay)
+    database.refuse_newer(url)  # a newer version's database: refused before Ray starts
     # the workers first: without a GPU (or a replay file) nothing is opened, nor a database created
     with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
-        with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
-                        measure_timeout_s=measure_timeout_s) as pool, database.repository(url) as repo:
-            space = _space(fam, pool)
-            if trials is None and time_budget is None:
-                trials = space.size if sampler == "grid" else DEFAULT_TRIALS
-            name, outcome, warm = _run_study(
-                fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
-                trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-                retime=retime, early_stop=early_stop,
-            )
-            gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
-            kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
-            flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
-            device = pool.device.name
-            winner = database.call(lambda: repo.best(
+        return tune_here(
+            fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
+            ray_address=ray_address, replay=replay, seed=seed, measure_timeout_s=measure_timeout_s,
+            warm_start=warm_start, retime=retime, early_stop=early_stop,
+        )
+
+
+def tune_here(
+    fam: KernelFamily,
+    problem: Problem,
+    url: str,
+    *,
+    trials: int | None,
+    time_budget: float | None,
+    sampler: str,
+    ray_address: str | None,
+    replay: str | Path | None,
+    seed: int | None,
+    measure_timeout_s: float,
+    warm_start: int,
+    retime: int,
+    early_stop: bool,
+    only: Mapping[str, Any] | None = None,
+    skip_at_budget: bool = False,
+) -> TuneResult:
+    """:func:`tune` once Ray is up (its arguments checked). ``only``: measure that one config
+    and nothing else (no warm start). ``skip_at_budget``: a study already at its budget
+    (``trials`` measured, or finished when the budget is a time) is not run again; the result
+    says ``status="skipped"``."""
+    with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
+                    measure_timeout_s=measure_timeout_s) as pool, database.repository(url) as repo:
+        space = _space(fam, pool)
+        if trials is None and time_budget is None:
+            trials = space.size if sampler == "grid" else DEFAULT_TRIALS
+        device = pool.device.name
+
+        def winner() -> Any:
+            return database.call(lambda: repo.best(
                 fam.name, problem.shape, problem.dtype, dict(problem.flags),
                 device_name=device, template_hash=fam.template_hash,
             ))
+
+        name = search.study_name(fam.name, fam.template_hash, problem, device, replay=replay is not None)
+        done = database.call(lambda: repo.find_study(name)) if skip_at_budget else None
+        if done is not None and _at_budget(done, trials, time_budget):
+            budget = f"{trials} trials" if trials is not None else "its time budget"
+            return TuneResult(
+                study=name, status="skipped", reason=f"at its budget ({budget}; {done.n_trials} measured)",
+                measured=0, failed=0, reused=0, invalid=0, previous=done.n_trials, elapsed_s=0.0,
+                gpu_busy_s=0.0, best=winner(), device=device,
+            )
+        name, outcome, warm = _run_study(
+            fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
+            trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
+            retime=retime, early_stop=early_stop, only=only,
+        )
+        gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
+        kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
+        flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
+        best_now = winner()
     return TuneResult(
         study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
         failed=outcome.failed, reused=outcome.reused, invalid=outcome.invalid,
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
-        best=winner, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
-        kernel_busy_s=kernel_busy, flush_busy_s=flush_busy,
+        best=best_now, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
+        kernel_busy_s=kernel_busy, flush_busy_s=flush_busy, shared=outcome.shared,
     )
+
+
+def _at_budget(study: Any, trials: int | None, time_budget: float | None) -> bool:
+    """Whether a stored study (``storage.StudySummary``) has had the budget asked for."""
+    if trials is not None:
+        return study.n_trials >= trials
+    return study.status == "finished"
 
 
 def _run_study(
@@ -160,10 +202,19 @@ def _run_study(
     time_budget: float | None,
     replay: str | Path | None,
     warm_start: int = warmstart.DEFAULT_PICKS,
+    only: Mapping[str, Any] | None = None,
     **loop_options: Any,
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
-    """Open (or resume) the study of this family version, problem and GPU, and run it."""
+    """Open (or resume) the study of this family version, problem and GPU, and run it
+    (``only``: on that one config)."""
     device = pool.device
+    if only is not None:
+        only = fam.complete(only)
+        reason = fam.check(only, problem, pool.limits) or (
+            None if space.contains(only) else "not in the recorded landscape")
+        if reason is not None:
+            raise UsageError(f"the config picked for {problem.key} cannot be measured here: {reason}")
+        warm_start = 0
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
     picks = warmstart.nearest_winners(fam, problem, database.call(lambda: repo.bests(
@@ -182,16 +233,21 @@ def _run_study(
                   "warm_start": [p.to_json() for p in picks],
                   "replay_file": str(replay) if replay is not None else None},
     ))
-    picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []]
+    picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []] if only is None else []
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
 
     points = [c for c in space.configs() if valid(c)] if sampler == "grid" else None
 
     stored = len(database.call(lambda: repo.trials(record.id)))
+    if only is not None:
+        from storage import params_key
+
+        done = params_key(only) in database.call(lambda: repo.measured(record.id))
+        trials, time_budget = stored + (0 if done else 1), None
     if stored:  # resumed: a shifted seed, so that it does not replay its first proposals
         seed = search.resume_seed(seed, stored)
-    first = [pick.params for pick in picks]
+    first = [pick.params for pick in picks] + ([dict(only)] if only is not None else [])
     if warm_start:  # a study begun before the family named its starting points still gets them
         first += [p.params for p in warmstart.family_points(fam, problem, pool.limits, picks)]
     for pick in picks:
@@ -208,6 +264,24 @@ def _run_study(
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
 
 
+@dataclass(frozen=True)
+class Derived:
+    """The answer of :func:`best` for a problem never tuned (on the GPU asked for): the config
+    the rule picks from the tuned problems (:mod:`tuner.rule`), not measured for this shape."""
+
+    family: str
+    shape: tuple[int, ...]
+    dtype: str
+    flags: dict[str, Any]
+    params: dict[str, Any]
+    source: str  # the problem it won on (its key), or the family's starting point
+    distance: float | None  # the family's distance to it (None: not finite, or a starting point)
+    source_best: Any  # the source's storage.BestRecord (None: a starting point)
+    passed_over: tuple[str, ...] = ()  # nearer winners the family's constraints refused here
+    rule: str = rules.RULE
+    measured: bool = False
+
+
 def best(
     family: str | KernelFamily,
     shape: str | Sequence[int],
@@ -216,16 +290,120 @@ def best(
     *,
     db: str | None = None,
     device: str | None = None,
+    derive: bool = True,
 ) -> Any:
     """The fastest validated config stored for the problem (``storage.BestRecord``).
 
     Results of the current template version win; an older version's winner is returned only
-    when the current one has none. ``device`` filters by GPU name.
+    when the current one has none. ``device`` filters by GPU name. A problem never tuned (there)
+    gets the config the rule picks from the tuned problems of the family: a :class:`Derived`,
+    ``measured=False``, with its ``source`` (``derive=False``: NotFound instead). NotFound when
+    nothing of the family is tuned.
     """
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
     with database.repository(database.url(db), create=False) as repo:
-        return _best(repo, fam, problem, device)
+        try:
+            return _best(repo, fam, problem, device)
+        except NotFound:
+            if not derive:
+                raise
+            picked = _derive(repo, fam, problem, device)
+            if picked is None:
+                raise
+            return picked
+
+
+def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Derived | None:
+    bests = database.call(lambda: repo.bests(fam.name, device_name=device))
+    if not bests:
+        return None
+    limits_of = device_limits(database.call(repo.studies))
+    pick = rules.pick_config(fam, problem, bests, limits_of, limits_of(bests[0]))
+    if pick is None:
+        return None
+    return Derived(fam.name, problem.shape, problem.dtype, dict(problem.flags), pick.params,
+                   pick.source, pick.distance, pick.winner, pick.passed_over)
+
+
+def device_limits(summaries: Sequence[Any]) -> Callable[[Any], DeviceLimits]:
+    """A stored best -> the limits of the GPU its study ran on (from the study's settings;
+    the defaults of ``H100_LIMITS`` for what a study does not say)."""
+    by_study = {s.name: s.settings.get("device") or {} for s in summaries}
+
+    def limits(best: Any) -> DeviceLimits:
+        info = by_study.get(best.study, {})
+        capability = best.device.compute_capability
+        return DeviceLimits(
+            best.device.name,
+            tuple(int(c) for c in (info.get("compute_capability") or str(capability).split("."))),
+            int(info.get("sm_count") or best.device.sm_count),
+            int(info.get("max_smem_per_block_optin") or H100_LIMITS.max_smem_per_block_optin),
+        )
+
+    return limits
+
+
+def check_budget(sampler: str, trials: int | None, time_budget: float | None, retime: int, warm_start: int,
+                 measure_timeout_s: float) -> None:
+    """The budget and search arguments of a tuning run, or one UsageError naming the first wrong one."""
+    if sampler not in search.SAMPLERS:
+        raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
+    if trials is not None and trials < 1:
+        raise UsageError(f"trials must be at least 1, not {trials}")
+    if time_budget is not None and time_budget <= 0:
+        raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
+    if retime < 0:
+        raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
+    if not 0 < measure_timeout_s < float("inf"):
+        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
+    if warm_start < 0:
+        raise UsageError(f"warm_start takes a number of problems, 0 or more, not {warm_start}")
+
+def validate(
+    family: str | KernelFamily,
+    shape: str | Sequence[int],
+    dtype: str,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    db: str | None = None,
+    device: str | None = None,
+    ray_address: str | None = None,
+    replay: str | Path | None = None,
+    measure_timeout_s: float = 60.0,
+) -> TuneResult | None:
+    """Measure the config :func:`best` picks for a problem never tuned (on the visible GPU, or a
+    replay file) and store it: the problem's study gets that one trial, and ``best`` answers
+    it as measured from then on. None, measuring nothing, when the problem has a measured best."""
+    fam = lookup.family(family)
+    problem = lookup.problem(fam, shape, dtype, flags)
+    answer = best(fam, shape, dtype, flags, db=db, device=device)
+    if not isinstance(answer, Derived):
+        return None
+    if not 0 < measure_timeout_s < float("inf"):
+        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
+    url = database.url(db)
+    database.refuse_newer(url)
+    replay = landscape_file(fam, replay)
+    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
+        return tune_here(
+            fam, problem, url, trials=None, time_budget=None, sampler="random",
+            ray_address=ray_address, replay=replay, seed=None, measure_timeout_s=measure_timeout_s,
+            warm_start=0, retime=0, early_stop=False, only=answer.params,
+        )
+
+
+def landscape_file(fam: KernelFamily, replay: str | Path | None) -> str | Path | None:
+    """``replay`` as a path: itself where a file is there, else the landscape of that name the
+    family ships (``landscapes/`` in its folder, ``.json`` optional); else itself (the workers say
+    that it cannot be read)."""
+    if replay is None or Path(replay).exists():
+        return replay
+    shipped = Path(fam.folder) / "landscapes"
+    for name in (str(replay), f"{replay}.json"):
+        if "/" not in name and (shipped / name).is_file():
+            return shipped / name
+    return replay
 
 
 def export(
@@ -293,6 +471,17 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
     except Exception as error:  # the target's driver, path or URL errors alike
         raise UsageError(f"cannot write the study to {target}: {one_line(error)}") from None
     return target
+
+
+def ray_for(address: str | None, replay: str | Path | None, *, family: KernelFamily) -> Any:
+    """The Ray that :func:`tune` runs in (:func:`_ray`), for callers that run several studies in
+    one (``tuner.many``): up for the ``with`` block, unless this process has it up already."""
+    return _ray(address, replay, family=reference(family))
+
+
+def quiet_optuna() -> Any:
+    """Optuna's INFO lines off for the ``with`` block (our progress lines say it better)."""
+    return _quiet_optuna()
 
 
 # -- seams: Ray and the workers come in here (tests replace _open_pool and _ray) ------------------

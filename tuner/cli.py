@@ -121,10 +121,47 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--retime", type=_count, default=5, metavar="N",
                       help="at the end, time the N fastest trials again interleaved and pick the "
                            "winner by those medians (default 5; 0: off)")
+    tune.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+
+    many = sub.add_parser("tune-many", parents=[common],
+                          help="tune a list of problems (a YAML file), each to the budget; resumable")
+    many.add_argument("family", help="kernel family, e.g. attention")
+    many.add_argument("--shapes", required=True, metavar="FILE",
+                      help="YAML: a list of problems, each {shape: 2,8,1024,64, dtype: fp16, flags: {...}}")
+    budget = many.add_mutually_exclusive_group()
+    budget.add_argument("--trials", type=_positive_int, metavar="N",
+                        help="each problem's study to N measured trials (default 100)")
+    budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
+                        help="each problem this long, e.g. 90s, 30m, 2h")
+    many.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
+    many.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
+    many.add_argument("--replay", nargs="+", metavar="FILE",
+                      help="answer from recorded landscapes: files or folders, one recording each problem")
+    many.add_argument("--seed", type=int, metavar="N", help="sampler seed")
+    many.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                      help="a measurement running longer is killed (default 60)")
+    many.add_argument("--warm-start", type=_count, default=3, metavar="N",
+                      help="start each study from the winners of the N nearest tuned problems and "
+                           "the family's starting points (default 3; 0: neither)")
+    many.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                      help="time every candidate in full")
+    many.add_argument("--retime", type=_count, default=5, metavar="N",
+                      help="re-time each study's N fastest trials at its end (default 5; 0: off)")
+    many.add_argument("--json", action="store_true", help="print each problem's summary as JSON")
+
+    cover = sub.add_parser("coverage", parents=[common],
+                           help="which problems are tuned, where, how fast and how long ago; the rule's score")
+    cover.add_argument("family", help="kernel family, e.g. attention")
+    cover.add_argument("--json", action="store_true", help="print JSON")
 
     best = sub.add_parser("best", parents=[problem, common], help="print the stored winner")
     best.add_argument("--json", action="store_true", help="print JSON")
     best.add_argument("--device", metavar="GPU", help="only results on this GPU name")
+    best.add_argument("--validate", action="store_true",
+                      help="for a problem never tuned: measure the config picked for it on the GPU "
+                           "(or --replay) and store it")
+    best.add_argument("--replay", metavar="FILE", help="with --validate: measure on a recorded landscape")
+    best.add_argument("--ray-address", metavar="ADDR", help="with --validate: join this Ray cluster")
 
     export = sub.add_parser("export", parents=[problem, common], help="write the winner's .cu and .launch.json")
     export.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
@@ -246,10 +283,15 @@ def _tune(args: argparse.Namespace) -> int:
         measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
         early_stop=args.early_stop,
     )
+    code = EXIT_INTERRUPTED if result.status == "interrupted" else 0
+    if args.json:
+        print(json.dumps(report.plain(result), indent=2))
+        return code
     print(f"study     {result.study}")
     print(f"status    {result.status}: {result.reason}")
     print(f"trials    {result.measured} measured ({result.failed} failed), {result.reused} reused, "
-          f"{result.invalid} invalid, {result.previous} from earlier runs")
+          f"{result.invalid} invalid, {result.previous} from earlier runs"
+          + (f", {result.shared} by other coordinators" if result.shared else ""))
     print(f"time      {report.time_line(result)}")
     if result.best is None:
         print("best      no validated config yet")
@@ -260,13 +302,62 @@ def _tune(args: argparse.Namespace) -> int:
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
-    return EXIT_INTERRUPTED if result.status == "interrupted" else 0
+    return code
+
+
+def _tune_many(args: argparse.Namespace) -> int:
+    from tuner.many import tune_many
+
+    done = tune_many(
+        args.family, args.shapes, trials=args.trials, time_budget=args.time_budget,
+        sampler=args.sampler, db=args.db, ray_address=args.ray_address, replay=args.replay,
+        seed=args.seed, measure_timeout_s=args.measure_timeout, warm_start=args.warm_start,
+        retime=args.retime, early_stop=args.early_stop,
+    )
+    stopped = any(d.result is None or d.result.status == "interrupted" for d in done)
+    if args.json:
+        print(json.dumps([{"problem": d.problem, "result": report.plain(d.result)} for d in done], indent=2))
+        return EXIT_INTERRUPTED if stopped else 0
+    for d in done:
+        r = d.result
+        if r is None:
+            print(f"{d.problem}  not reached")
+            continue
+        best = report.best_line(r.best) if r.best is not None else "no validated config yet"
+        print(f"{d.problem}  {r.status}: {r.reason}; {r.measured} measured now, {r.previous} before; "
+              f"best {best}")
+    return EXIT_INTERRUPTED if stopped else 0
+
+
+def _coverage(args: argparse.Namespace) -> int:
+    from tuner.covered import coverage, table
+
+    found = coverage(args.family, db=args.db)
+    if args.json:
+        print(json.dumps(report.plain(found), indent=2))
+        return 0
+    print("\n".join(table(found)))
+    return 0
 
 
 def _best(args: argparse.Namespace) -> int:
+    if not args.validate and (args.replay or args.ray_address):
+        raise UsageError("--replay and --ray-address go with --validate")
     winner = api.best(args.family, args.shape, args.dtype, args.flags, db=args.db, device=args.device)
+    if args.validate and isinstance(winner, api.Derived):
+        result = api.validate(args.family, args.shape, args.dtype, args.flags, db=args.db,
+                              device=args.device, ray_address=args.ray_address, replay=args.replay)
+        if result is not None and result.status == "interrupted":
+            print("tuner: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        print(f"validated: measured on {result.device if result else '-'} in study "
+              f"{result.study if result else '-'}", file=sys.stderr)
+        winner = api.best(args.family, args.shape, args.dtype, args.flags, db=args.db,
+                          device=result.device if result else args.device, derive=False)
+    if isinstance(winner, api.Derived):
+        return _derived(args, winner)
     if args.json:
-        print(json.dumps(report.plain(winner), indent=2))
+        print(json.dumps({**report.plain(winner), "measured": True, "source": _key(winner)}, indent=2))
         return 0
     rows = [
         ("config", format_params(winner.params)),
@@ -280,6 +371,33 @@ def _best(args: argparse.Namespace) -> int:
         ("study", f"{winner.study}, trial {winner.trial_number}" + (" (replayed)" if winner.replayed else "")),
         ("when", report.when(winner.measured_at)),
     ]
+    for label, value in rows:
+        print(f"{label:<10}{value}")
+    return 0
+
+
+def _key(winner: Any) -> str:
+    from templates.family import Problem
+
+    return Problem(tuple(winner.shape), winner.dtype, tuple(sorted(winner.flags.items()))).key
+
+
+def _derived(args: argparse.Namespace, derived: Any) -> int:
+    if args.json:
+        print(json.dumps(report.plain(derived), indent=2))
+        return 0
+    away = f", distance {derived.distance:.2f}" if derived.distance is not None else ""
+    there = derived.source_best
+    rows = [
+        ("config", format_params(derived.params)),
+        ("measured", "no: not measured for this shape (--validate measures it)"),
+        ("source", f"{derived.source}{away}"),
+    ]
+    if there is not None:
+        rows += [("there", f"{report.best_line(there)} on {there.device.name}"),
+                 ("template", there.template_hash)]
+    rows += [("rule", derived.rule)]
+    rows += [("passed", line) for line in derived.passed_over]
     for label, value in rows:
         print(f"{label:<10}{value}")
     return 0
@@ -380,7 +498,7 @@ def _landscape(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"tune": _tune, "best": _best, "export": _export, "studies": _studies, "show": _show,
+_COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
 
 

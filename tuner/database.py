@@ -26,6 +26,17 @@ def url(db: str | None) -> str:
     return db or default_url()
 
 
+def refuse_newer(url: str) -> None:
+    """A DatabaseError where the database at ``url`` was written by a newer version of the
+    tuner (before anything starts); nothing created or changed, other problems left for later."""
+    from storage import StorageError, refuse_newer_schema
+
+    try:
+        refuse_newer_schema(url)
+    except StorageError as error:
+        raise DatabaseError(one_line(error)) from None
+
+
 @contextmanager
 def repository(url: str, *, create: bool = True) -> Iterator[Any]:
     """A ``storage.Repository`` at ``url``, closed on the way out. ``create=False`` (the calls

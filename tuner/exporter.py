@@ -47,7 +47,7 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
         "block": launch["block"],
         "dynamic_smem_bytes": launch["dynamic_smem_bytes"],
         "args": launch["args"],
-        **{key: launch[key] for key in ("then", "workspace") if key in launch},
+        **{key: launch[key] for key in ("then", "workspace", "grid_x_max_blocks_per_sm") if key in launch},
         "compile_flags": flags,
         "params": dict(best.params),
         "problem": problem.to_json(),

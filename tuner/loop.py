@@ -21,11 +21,17 @@ Rules it keeps:
   sharing it) is never measured again: the sampler's trial fails (:meth:`MirroredStudy.repeated`:
   the sampler holds each config once); one asked again while in flight here waits for that
   result, one in flight elsewhere is dropped;
+- a config goes to the GPU only under its lease (``Repository.claim_trial``: a running trial,
+  one per config and study, granted in one transaction): coordinators sharing a study never
+  measure a config together or twice, and together stop at the study's ``trials``; the leases
+  are renewed while they are measured (``storage.LEASE_RENEW_S``);
 - it stops after ``trials`` measured trials of the study, after ``time_budget`` seconds of this
   run, when every valid config has been measured, or after ``max_idle_asks`` asks in a row that
-  brought nothing new;
-- running trials of a killed or interrupted run are settled: dropped when their config is
-  measured, else measured first (a trial whose coordinator still runs is left to it);
+  brought nothing new; where the rest of the study's trials are in flight elsewhere, it waits
+  for them (and measures any whose coordinator dies);
+- running trials of a killed or interrupted run are settled, at the start and at every sync:
+  dropped when their config is measured, else measured first (a trial whose coordinator still
+  runs and renews its lease is left to it: :func:`tuner.search.owner_alive`);
 - on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
@@ -44,7 +50,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import optuna
 
-from storage import TrialOutcome, params_key
+from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
@@ -94,6 +100,7 @@ class LoopOutcome:
     previous: int  # measured by earlier runs of the study
     elapsed_s: float
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
+    shared: int = 0  # measured meanwhile by other coordinators sharing the study
 
 
 def default_lookahead(pool: Pool) -> int:
@@ -144,6 +151,9 @@ class Coordinator:
         self._in_flight_keys: dict[str, int] = {}
         self._tickets = itertools.count()
         self._previous = 0
+        self._shared = 0  # stored meanwhile by other coordinators
+        self._full = False  # the study's trial count is reached with trials in flight elsewhere
+        self._queued: set[str] = set()  # configs enqueued to be measured first
         self._idle = 0
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
         self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
@@ -178,7 +188,7 @@ class Coordinator:
         retimed = self._retime() if status == "finished" else []
         c = self.progress.counts
         return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
-                           self._previous, self.clock() - self._started, tuple(retimed))
+                           self._previous, self.clock() - self._started, tuple(retimed), self._shared)
 
     def _retime(self) -> list[Any]:
         """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
@@ -194,18 +204,28 @@ class Coordinator:
     def _loop(self) -> str:
         while True:
             stop = self._stop_reason()
-            if stop is None:
+            if stop is None and not self._full:
                 self._fill()
                 stop = self._stop_reason()
+            self._mirror.renew()
             if self._in_flight:
                 self._collect(self.poll_interval)
                 self.progress.tick(len(self._in_flight))
             elif stop is not None:
                 return stop
+            elif self._full:
+                self._wait_for_others()
+
+    def _wait_for_others(self) -> None:
+        """The rest of the study's trials are in flight elsewhere: wait for them to be stored,
+        taking over those whose coordinator is gone (:meth:`_synced` queues them)."""
+        time.sleep(self.poll_interval)
+        self.progress.tick(0)
+        self._synced(self._mirror.sync(force=True))
 
     def _stop_reason(self) -> str | None:
         """Why no new trial should be asked now, or None."""
-        measured = self._previous + self.progress.counts.measured
+        measured = self._previous + self._shared + self.progress.counts.measured
         if self.trials is not None and measured + len(self._in_flight) >= self.trials:
             return f"{self.trials} trials measured"
         if self.time_budget is not None and self.clock() - self._started >= self.time_budget:
@@ -221,7 +241,7 @@ class Coordinator:
         self._synced(self._mirror.sync())
         idle_this_round = 0
         while len(self._in_flight) < self.lookahead and idle_this_round < 2 * self.lookahead:
-            if self._stop_reason() is not None:
+            if self._stop_reason() is not None or self._full:
                 return
             if self._ask_one():
                 idle_this_round = 0
@@ -267,7 +287,11 @@ class Coordinator:
             self._reject(proposal, key, reason)
             self._idle += 1
             return False
-        self._mirror.record(proposal, params)
+        try:
+            self._mirror.record(proposal, params, limit=self.trials)
+        except ClaimRefused as refused:
+            self._refused(proposal, key, refused.why)
+            return False
         ticket = next(self._tickets)
         self.pool.submit(ticket, params, source, launch, options)
         self._in_flight[ticket] = _InFlight(proposal, params, key)
@@ -276,6 +300,19 @@ class Coordinator:
         self._idle = 0
         logger.debug("ticket %d submitted %s", ticket, params)
         return True
+
+    def _refused(self, proposal: Proposal, key: str, why: str) -> None:
+        """The config's lease was not granted: measured or held by another coordinator (its
+        result reaches the sampler through a later sync), or the study's trial count is reached
+        by its measured and running trials (then no more is asked until something changes)."""
+        self._mirror.drop(proposal)
+        if why == "full":
+            self._full = True
+            return
+        if why == "held":
+            self._elsewhere.add(key)
+        self.progress.reused()
+        self._idle += 1
 
     def _reject(self, proposal: Proposal, key: str, reason: str) -> None:
         """Tell a config the family rejected: ``inf`` at once, nothing compiled or stored."""
@@ -290,12 +327,31 @@ class Coordinator:
         if synced is None:  # not read this time
             return
         for trial in synced.finished:
+            self._shared += 1
             if trial.key not in self._known:
                 self._known[trial.key] = objective(trial)
                 self._unmeasured.discard(trial.key)
-        self._elsewhere = {t.key for t in synced.running if t.owner is not None}
+        self._elsewhere = {t.key for t in synced.running if not self._settle(t)}
         if synced.finished:
             self._set_early_stop()
+
+    def _settle(self, running: Any) -> bool:
+        """A running trial of another coordinator (``storage.RunningRecord``): False when its
+        owner is alive and renews its lease (left to it); else settled here, True: dropped when
+        its config is measured, else dropped and its config queued to be measured first (by
+        whichever coordinator drops it first)."""
+        if search.owner_alive(running.owner, running.heartbeat_at or running.started_at):
+            return False
+        if running.key in self._known:
+            self.repository.drop_trial(self.record.id, running.number)
+        elif self.repository.drop_trial(self.record.id, running.number):  # not settled elsewhere
+            if self.space.contains(running.params) and running.key not in self._queued \
+                    and running.key not in self._in_flight_keys:
+                self._mirror.enqueue(running.params)
+                self._queued.add(running.key)
+                self._full = False
+            logger.info("trial %d was left running by a run that stopped or died: queued", running.number)
+        return True
 
     def _collect(self, timeout: float) -> None:
         for ticket, measurement in self.pool.poll(timeout):
@@ -332,7 +388,14 @@ class Coordinator:
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
         self._set_early_stop()
-        self._mirror.finish(flight.proposal, value, flight.params, outcome)
+        try:
+            self._mirror.finish(flight.proposal, value, flight.params, outcome)
+        except ClaimRefused:  # this run stalled past its leases' life; another took the config
+            logger.warning("trial %d: its lease was taken over meanwhile; the result is not stored",
+                           flight.proposal.number)
+            for follower in flight.followers:
+                self._mirror.drop(follower)
+            return
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(
@@ -355,23 +418,15 @@ class Coordinator:
             self._previous += 1
             if trial.ok and trial.median_ms is not None and (best is None or trial.median_ms < best.median_ms):
                 best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
-        queued: set[str] = set()
         for running in synced.running:
-            if running.key in self._known:
-                self.repository.drop_trial(self.record.id, running.number)
-            elif search.owner_alive(running.owner, running.started_at):
+            if not self._settle(running):
                 logger.info("trial %d is being measured by %s: left to it", running.number,
                             running.owner)
-            elif self.repository.drop_trial(self.record.id, running.number):  # not settled elsewhere
-                if self.space.contains(running.params) and running.key not in queued:
-                    self._mirror.enqueue(running.params)
-                    queued.add(running.key)
-                logger.info("trial %d was left running by an earlier run: queued", running.number)
         for params in self.first:
             key = params_key(params)
-            if key not in self._known and key not in queued and self.space.contains(params):
+            if key not in self._known and key not in self._queued and self.space.contains(params):
                 self._mirror.enqueue(params)
-                queued.add(key)
+                self._queued.add(key)
         self._unmeasured = valid - self._known.keys()
         self._synced(self._mirror.sync(force=True))
         self.progress.resumed(self._previous, best)

@@ -13,11 +13,14 @@ resumes, and takes in those that other coordinators sharing it (PostgreSQL) stor
     proposal = mirror.ask(space.distributions)    # in memory
     mirror.tell(proposal, float("inf"))           # rejected: in memory only
     mirror.repeated(proposal)                     # measured before: FAIL in memory
-    number = mirror.record(proposal, params)      # going to the GPU: a running trial, numbered
+    number = mirror.record(proposal, params, limit=200)  # going to the GPU: its config's lease
+    mirror.renew()                                # the leases renewed, every LEASE_RENEW_S
     mirror.finish(proposal, 0.0213, params, outcome)  # told in memory, stored in place of the running one
     mirror.abandon(proposal)                      # never measured: left to the next run
 
-``sync`` reads the stored and running trials at most every ``sync_interval_s``.
+``sync`` reads the stored and running trials at most every ``sync_interval_s``. ``record``
+raises ``storage.ClaimRefused`` where the config's lease is not granted (measured, held by
+another coordinator, or the study's trial count reached), and ``finish`` where it was lost.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
+from storage import LEASE_RENEW_S
 from tuner import search
 
 SYNC_INTERVAL_S = 5.0
@@ -73,7 +77,7 @@ class MirroredStudy:
         self._taken: set[int] = set()  # stored trial numbers the memory study holds
         self._mine: set[int] = set()  # running trials this mirror recorded
         self._interval, self._clock = sync_interval_s, clock
-        self._last_sync = -math.inf
+        self._last_sync = self._last_renew = -math.inf
 
     @property
     def sampler(self) -> optuna.samplers.BaseSampler:
@@ -86,11 +90,20 @@ class MirroredStudy:
     def ask(self, distributions: Mapping[str, BaseDistribution]) -> Proposal:
         return Proposal(self.memory.ask(dict(distributions)))
 
-    def record(self, proposal: Proposal, params: Mapping[str, Any]) -> int:
-        """A running trial of ``params`` (the proposal, decoded) in the database: its number."""
-        proposal.number = self.repository.claim_trial(self.study_id, params, owner=self.owner)
+    def record(self, proposal: Proposal, params: Mapping[str, Any], *, limit: int | None = None) -> int:
+        """A running trial of ``params`` (the proposal, decoded) in the database, the lease of
+        its config: its number. ``limit``: the study's trial count, measured and running."""
+        proposal.number = self.repository.claim_trial(self.study_id, params, owner=self.owner, limit=limit)
         self._mine.add(proposal.number)
         return proposal.number
+
+    def renew(self, force: bool = False) -> None:
+        """Renew the leases of the trials this mirror recorded, at most every ``LEASE_RENEW_S``."""
+        now = self._clock()
+        if self.owner is None or not self._mine or (not force and now - self._last_renew < LEASE_RENEW_S):
+            return
+        self._last_renew = now
+        self.repository.renew_leases(self.study_id, self.owner)
 
     def tell(self, proposal: Proposal, value: float) -> None:
         """Tell the sampler alone (a config the family rejected)."""
@@ -110,9 +123,9 @@ class MirroredStudy:
         if proposal.number is None:
             raise ValueError("finish takes a recorded proposal")
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
-        self.repository.record_trial(self.study_id, proposal.number, params, outcome)
-        self._taken.add(proposal.number)
         self._mine.discard(proposal.number)
+        self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
+        self._taken.add(proposal.number)
 
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told by this run: FAIL in memory; its running trial is left without an

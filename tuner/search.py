@@ -39,6 +39,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from storage import LEASE_TTL_S
 from templates.family import Param, Problem
 from tuner.errors import UsageError
 
@@ -275,43 +276,42 @@ def stored_trial(space: SearchSpace, params: Mapping[str, Any], value: float) ->
                                      value=value)
 
 
-# -- several coordinators on one study (PostgreSQL shared by several machines) ------------------
-STALE_AFTER_S = 3600.0  # a RUNNING trial of another host is presumed orphaned after this
-
-
+# -- several coordinators on one study (one machine, or PostgreSQL shared by several) -------------
 def owner_id() -> str:
     """Who is measuring a trial: ``host:pid`` of this coordinator."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def owner_alive(owner: str | None, started: datetime | None, now: datetime | None = None) -> bool:
-    """Whether the coordinator that asked a RUNNING trial may still tell it.
+def owner_alive(owner: str | None, heartbeat: datetime | None, now: datetime | None = None) -> bool:
+    """Whether the coordinator holding a running trial's lease may still tell it.
 
-    On this host the process is asked directly (this process itself counts as gone: an earlier
-    run in it has already settled what it could); another host's trial is presumed alive until
-    ``STALE_AFTER_S`` after it started. A trial with no owner comes from an older version: gone.
+    A lease not renewed for ``storage.LEASE_TTL_S`` (its owner renews every ``LEASE_RENEW_S``
+    while it measures) is stale, whoever holds it. Within that time, on this host the process is
+    asked directly, so a coordinator killed with ``kill -9`` is known gone at once (this process
+    itself counts as gone: an earlier run in it has already settled what it could); another
+    host's is presumed alive. A trial with no owner was left by a run that stopped: gone.
     """
-    if not owner or ":" not in owner:
+    if not owner or ":" not in owner or heartbeat is None:
+        return False
+    now = now or datetime.now(heartbeat.tzinfo)
+    if (now - heartbeat).total_seconds() >= LEASE_TTL_S:
         return False
     host, _, pid_text = owner.rpartition(":")
-    if host == socket.gethostname():
-        try:
-            pid = int(pid_text)
-        except ValueError:
-            return False
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    if host != socket.gethostname():
         return True
-    if started is None:
+    try:
+        pid = int(pid_text)
+    except ValueError:
         return False
-    now = now or datetime.now(started.tzinfo)
-    return (now - started).total_seconds() < STALE_AFTER_S
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resume_seed(seed: int | None, stored: int) -> int | None:

@@ -1,6 +1,6 @@
 """How fast each sampler finds a near-best config, on landscapes recorded on a GPU.
 
-    report = bench_search(["tests/data/attention_2x8x1024x64-fp16-causal_h200.json"], seeds=20)
+    report = bench_search(["templates/attention/landscapes/attention_2x8x1024x64-fp16-causal_h200.json"], seeds=20)
     report.samplers["tpe"].median_2pct     # measured trials to come within 2% of the best
 
 A replay runner in the manner of Kernel Tuner's: each run is an Optuna study in memory that asks,

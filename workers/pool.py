@@ -38,7 +38,7 @@ from templates.family import DeviceLimits, KernelFamily, Launch, Problem, Templa
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
-from workers.ray_session import start_ray
+from workers.ray_session import start_ray, stop_ray
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
@@ -385,7 +385,7 @@ class WorkerPool:
         for slot in getattr(self, "_slots", []):
             ray.kill(slot.actor, no_restart=True)
         if self._owns_ray:
-            ray.shutdown()
+            stop_ray()
 
     def __enter__(self) -> "WorkerPool":
         return self

@@ -23,8 +23,14 @@ import ray
 
 from workers.driver import gpu_count
 from workers.errors import ClusterUnreachable, NoGPUError
+from workers.watchdog import Watchdog
+
+logger = logging.getLogger("workers")
 
 CONNECT_TIMEOUT_S = 3.0  # how long an address given may take to accept a connection
+DEFERRED = (signal.SIGINT, signal.SIGTERM)  # held while Ray starts or stops, acted on after
+
+_watchdog: Watchdog | None = None  # of the local Ray this process started
 
 
 def start_ray(address: str | None = None, *, need_gpu: bool = False,
@@ -38,7 +44,12 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     cluster left behind (``RAY_ADDRESS``, the address file of ``ray start``); ``"auto"``, a
     ``host:port`` of the head's GCS and a ``ray://host:port`` of its client server join that
     cluster, each the way ``"auto"`` does in Ray (with this machine's token, where there is
-    one). Nothing answering there is :class:`ClusterUnreachable`, within seconds."""
+    one). Nothing answering there is :class:`ClusterUnreachable`, within seconds.
+
+    Ctrl-C and SIGTERM while Ray starts are held until it is up (:func:`_signals_deferred`):
+    then Ray is stopped again and the signal delivered, to the handler the process chose. A
+    local Ray's processes end with this process, even one killed (:mod:`workers.watchdog`)."""
+    global _watchdog
     if ray.is_initialized():
         return False
     if address in (None, "", "local"):
@@ -51,26 +62,56 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     else:
         _check_reachable(address)
         _token_auth(only_with_token=True)
-    with _sigterm_kept():
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-                 runtime_env=runtime_env)
+    watchdog = Watchdog.start() if address == "local" else None
+    try:
+        with _signals_deferred(starting=True) as caught:
+            logger.debug("starting Ray (%s)", address)
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                     runtime_env=runtime_env)
+            logger.debug("Ray is up")
+    except BaseException:
+        if watchdog is not None:
+            watchdog.stop()
+        raise
+    _watchdog = watchdog
+    if caught:
+        stop_ray()
+        signal.raise_signal(caught[0])  # KeyboardInterrupt, or the process's SIGTERM handler
     return True
 
 
 @contextmanager
-def _sigterm_kept() -> Iterator[None]:
-    """``ray.init`` puts in a SIGTERM handler of its own (a native stack dump, then death):
-    where the process had chosen a Python one (``tuner``'s ends a study as Ctrl-C does), that
-    one is put back. Signal handlers belong to the main thread; elsewhere nothing is touched."""
+def _signals_deferred(*, starting: bool = False) -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM while Ray starts or stops: the list yielded gets each one that
+    came, and the handlers the process chose are back on leaving.
+
+    A Ctrl-C raised inside ``ray.init`` was either lost (the study then ran to its end) or
+    left Ray half started; blocking the signals instead (``pthread_sigmask``) would hand the
+    block down to the processes Ray starts. ``starting``: Ray's own handlers are kept out of
+    this process too: the SIGTERM handler ``ray.init`` puts in (``sys.exit`` from wherever it
+    stands) and the native one of its core worker (a stack dump on SIGTERM, then the handler
+    before it). Ray's other processes keep theirs. Only in the main thread (signals go to it
+    alone); elsewhere nothing is touched."""
+    caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield caught
         return
-    chosen = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in DEFERRED}
+    utils, constants = ray._private.utils, ray._private.ray_constants
+    ray_sets_sigterm = utils.set_sigterm_handler
+    native = constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    for signum in DEFERRED:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
+    if starting:
+        utils.set_sigterm_handler = lambda handler: None
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # read as the driver's core worker starts
     try:
-        yield
+        yield caught
     finally:
-        if callable(chosen):
-            signal.signal(signal.SIGTERM, chosen)
+        utils.set_sigterm_handler = ray_sets_sigterm
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = native
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _token_auth(*, only_with_token: bool) -> None:
@@ -140,7 +181,15 @@ def shared_ray(address: str | None = None, *, need_gpu: bool = False) -> Iterato
 
 
 def stop_ray() -> None:
-    ray.shutdown()
+    """Stop Ray (a Ctrl-C or SIGTERM meanwhile is acted on once it is down) and its watchdog."""
+    global _watchdog
+    with _signals_deferred() as caught:
+        ray.shutdown()
+        if _watchdog is not None:
+            _watchdog.stop()
+            _watchdog = None
+    if caught:
+        signal.raise_signal(caught[0])
 
 
 def ray_running() -> bool:

@@ -166,7 +166,9 @@ class Trial:
         for name, nbytes in self.launch.workspace:
             if name in taken or name in self._workspace:
                 raise ValueError(f"workspace {name!r} has the name of another buffer")
-            self._workspace[name] = (self._check("cuMemAlloc", self._d.cuMemAlloc(int(nbytes))), int(nbytes))
+            ptr = self._check("cuMemAlloc", self._d.cuMemAlloc(int(nbytes)))
+            self._workspace[name] = (ptr, int(nbytes))
+            self._check("cuMemsetD8", self._d.cuMemsetD8(ptr, 0, int(nbytes)))  # zero once, as documented
 
     def _pack(self, step: Launch, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
         """``step``'s arguments on ``buffers``, as kernelParams (and the values it points at)."""
@@ -193,9 +195,11 @@ class Trial:
         d = self._d
         self.stage = "launch"
         stream = self.bench.stream if stream is None else stream
+        capped = any(step.blocks_per_sm_cap for step in self.launch.kernels)
+        sm_count = self.bench.device_info().sm_count if capped else 0
         for function, step, (params, _) in zip(self.functions, self.launch.kernels, self._params[which]):
             self._check("cuLaunchKernel", d.cuLaunchKernel(
-                function, *step.grid, *step.block, step.smem_bytes, stream, ctypes.addressof(params), 0))
+                function, *step.grid_on(sm_count), *step.block, step.smem_bytes, stream, ctypes.addressof(params), 0))
 
     def launch_on(self, stream: Any) -> None:
         """Queue one launch on ``stream`` (a CUstream of the bench's context, e.g. torch's), on the

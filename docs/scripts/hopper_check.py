@@ -37,7 +37,8 @@ SEQS = (1, 65, 1000, 4097)
 TIMED = (("4,16,4096,128", False), ("4,16,4096,128", True), ("8,16,2048,128", False),
          ("16,16,2048,64", False), ("1,32,8192,128", False))
 BASE = dict(SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, MMA="wgmma", LOADS="tma")
-NEW = ("BLOCK_M", "BLOCK_N", "STAGES", "PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE", "Q_IN_REGS")
+NEW = ("BLOCK_M", "BLOCK_N", "STAGES", "PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE", "Q_IN_REGS",
+       "SCHEDULE", "BLOCKS_PER_SM")
 
 
 def tile(bm, bn, stages, regs, overlap, pingpong, epilogue="st16", q_regs=0):
@@ -58,7 +59,7 @@ CANDIDATES = {
 
 def short(c):
     return ("{BLOCK_M}x{BLOCK_N} s{STAGES} r{PRODUCER_REGS} ov{INTRA_OVERLAP} pp{PINGPONG} "
-            "{EPILOGUE} q{Q_IN_REGS}").format(**c)
+            "{EPILOGUE} q{Q_IN_REGS} {SCHEDULE} b{BLOCKS_PER_SM}").format(**c)
 
 
 def problem_of(d, dtype, causal, seq):
@@ -259,7 +260,7 @@ def time_child(candidates_file, out_file):
 
             def run():
                 check_call("cuLaunchKernel", d.cuLaunchKernel(
-                    func, *launch.grid, *launch.block, launch.smem_bytes, torch.cuda.current_stream().cuda_stream,
+                    func, *launch.grid_on(torch.cuda.get_device_properties(0).multi_processor_count), *launch.block, launch.smem_bytes, torch.cuda.current_stream().cuda_stream,
                     ctypes.addressof(packed), 0))
 
             o.fill_(float("nan"))

@@ -2,7 +2,7 @@
 measured, and what the GPU actor waited for between two measurements.
 
     OUT=/tmp PYTHONPATH=<checkout> python3 docs/scripts/timeline.py "2,8,1024,64 fp16 1 100" ...
-    ... --replay tests/data/attention_2x8x1024x64-fp16-causal_h200.json "2,8,1024,64 fp16 1 100"
+    ... --replay templates/attention/landscapes/attention_2x8x1024x64-fp16-causal_h200.json "2,8,1024,64 fp16 1 100"
 
 Studies run one after another in one Ray session, as in ``throughput.py`` (same defaults). The
 GPU worker (or the replay worker) is swapped for a subclass that writes the start and end of each

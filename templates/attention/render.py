@@ -27,6 +27,7 @@ _ENVIRONMENT = jinja2.Environment(
 _TEMPLATES = {"cp.async": _ENVIRONMENT.get_template("kernel.cu.j2"), "tma": _ENVIRONMENT.get_template("hopper.cu.j2")}
 # Rows of one TMA store box of O (one consumer warpgroup's).
 STORE_ROWS = 64
+TILE_COUNTER = "tile_counter"
 
 
 def source(params: Params, problem: Problem) -> str:
@@ -63,22 +64,25 @@ def source(params: Params, problem: Problem) -> str:
 
 def launch(params: Params, problem: Problem) -> Launch:
     b, h, s, d = problem.shape
-    grid = ((s + params["BLOCK_M"] - 1) // params["BLOCK_M"], h, b)
-    if _space.tma(params):
-        maps = tuple(KernelArg("tensormap", tensor_map(name, rows, problem))
-                     for name, rows in (("q", params["BLOCK_M"]), ("k", params["BLOCK_N"]),
-                                        ("v", params["BLOCK_N"]), ("o", STORE_ROWS)))
-        args = maps + (KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("f32", _space.scale_log2(d)))
-    else:
-        args = (
-            KernelArg("buffer", "q"),
-            KernelArg("buffer", "k"),
-            KernelArg("buffer", "v"),
-            KernelArg("buffer", "o"),
-            KernelArg("i32", s),
-            KernelArg("f32", _space.scale_log2(d)),
-        )
-    return Launch(KERNEL_NAME, grid, (_space.threads(params), 1, 1), _space.smem_bytes(params, d), args)
+    m_blocks = (s + params["BLOCK_M"] - 1) // params["BLOCK_M"]
+    block, smem = (_space.threads(params), 1, 1), _space.smem_bytes(params, d)
+    if not _space.tma(params):
+        args = (KernelArg("buffer", "q"), KernelArg("buffer", "k"), KernelArg("buffer", "v"),
+                KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("f32", _space.scale_log2(d)))
+        return Launch(KERNEL_NAME, (m_blocks, h, b), block, smem, args)
+    # the TMA path: a 1-D grid over the work tiles (persistent: at most the SMs' blocks)
+    maps = tuple(KernelArg("tensormap", tensor_map(name, rows, problem))
+                 for name, rows in (("q", params["BLOCK_M"]), ("k", params["BLOCK_N"]),
+                                    ("v", params["BLOCK_N"]), ("o", STORE_ROWS)))
+    args = maps + (KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("i32", b * h),
+                   KernelArg("f32", _space.scale_log2(d)))
+    grid = (m_blocks * b * h, 1, 1)
+    if not _space.persistent(params):
+        return Launch(KERNEL_NAME, grid, block, smem, args)
+    # the next tile to take, and how many blocks have taken their last (zeroed when allocated,
+    # and zero again after each launch)
+    return Launch(KERNEL_NAME, grid, block, smem, args + (KernelArg("buffer", TILE_COUNTER),),
+                  workspace=((TILE_COUNTER, 8),), blocks_per_sm_cap=_space.blocks_per_sm(params))
 
 
 def tensor_map(buffer: str, rows: int, problem: Problem) -> TensorMap:

@@ -32,12 +32,23 @@ PARAMS: tuple[Param, ...] = (
           "products (named barriers), one's softmax under the other's products"),
     Param("EPILOGUE", ("st16", "tma"), "O staged in shared memory, then 16-byte stores with a row check, "
           "or a TMA store (TMA path)"),
+    Param("SCHEDULE", ("grid", "persistent"), "TMA path: a block a work tile (BLOCK_M rows of one head), or "
+          "as many blocks as the SMs hold, each taking the next tile from a counter while its producer "
+          "loads that tile's Q and K (O staged apart from Q)"),
+    Param("TILE_ORDER", ("head", "lpt"), "TMA path, causal: the tiles head by head (a head's longest "
+          "first), or the longest of all first, head by head in sections whose K and V fit the L2"),
+    Param("BLOCKS_PER_SM", (1, 2), "TMA path: blocks an SM holds at once (the launch bound): two "
+          "halve each thread's registers and need both blocks' shared memory to fit"),
 )
 
 HOPPER_ONLY = {"BLOCK_M": (192,), "BLOCK_N": (96, 160, 176, 192), "NUM_WARPS": (12,), "STAGES": (4,)}
-HOPPER_PARAMS = ("PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE")
-# Registers of a thread that the launch bound (one block an SM) leaves each warpgroup count.
+HOPPER_PARAMS = ("PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE", "SCHEDULE", "TILE_ORDER",
+                 "BLOCKS_PER_SM")
+# Registers of a thread that the launch bound (BLOCKS_PER_SM blocks an SM) leaves each warpgroup count.
 REGISTER_FILE = 65536
+# Hopper's shared memory per SM (228 KiB), and what the hardware keeps of it for each block.
+SMEM_PER_SM = 233472
+SMEM_RESERVED_PER_BLOCK = 1024
 MAX_CONSUMER_REGS = 240
 # TMA path: registers a consumer thread keeps free beside its fragments (fragment_registers).
 # ptxas' reports of 1,570 configs (D 64 and 128, causal bf16, every setmaxnreg, overlap,
@@ -47,6 +58,10 @@ MAX_CONSUMER_REGS = 240
 TIGHT_BUDGET = 224
 TIGHT_RESERVE = 24
 PINGPONG_RESERVE = 32
+# Two blocks an SM: ptxas' reports of every such config of D 64 and 128 (tenth session): at 104
+# and 128 registers they spilled with 24 and 32 to spare, not with 48; at 200-232 none spilled.
+TWO_BLOCK_LOW_BUDGET = 128
+TWO_BLOCK_LOW_RESERVE = 48
 
 REGISTER_LIMIT = 255
 # Fragment registers a compute thread may hold before the compiler must spill; the rest of the
@@ -79,9 +94,18 @@ def threads(params: Mapping[str, Any]) -> int:
     return 32 * (params["NUM_WARPS"] + params["WARP_SPECIALIZED"])
 
 
+def blocks_per_sm(params: Mapping[str, Any]) -> int:
+    """The launch bound's blocks per SM (one on the cp.async paths)."""
+    return params["BLOCKS_PER_SM"] if tma(params) else 1
+
+
+def persistent(params: Mapping[str, Any]) -> bool:
+    return tma(params) and params["SCHEDULE"] == "persistent"
+
+
 def launch_registers(params: Mapping[str, Any]) -> int:
-    """The register cap a thread gets from __launch_bounds__(threads, 1)."""
-    return min(255, REGISTER_FILE // threads(params) // 8 * 8)
+    """The register cap a thread gets from __launch_bounds__(threads, blocks_per_sm)."""
+    return min(255, REGISTER_FILE // (threads(params) * blocks_per_sm(params)) // 8 * 8)
 
 
 def consumer_registers(params: Mapping[str, Any]) -> int:
@@ -100,9 +124,11 @@ def scale_log2(head_dim: int) -> float:
 
 
 def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
-    if tma(params):  # Q, K/V stages, 1024 bytes to align the base, the mbarriers (8 bytes each)
-        return 2 * head_dim * (params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
-            8 * (1 + 4 * params["STAGES"])
+    if tma(params):  # Q (and O apart when persistent), K/V stages, 1024 bytes to align the base, the
+        # mbarriers (8 bytes each) and the tile's slot
+        q_tiles = 2 if persistent(params) else 1
+        return 2 * head_dim * (q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
+            8 * (3 + 4 * params["STAGES"])
     rows = params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
     # wgmma's swizzle atoms must start on 1024-byte boundaries: room to align the base.
     slack = 1024 if params["MMA"] == "wgmma" else 0
@@ -227,6 +253,8 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
         return "tile: the TMA path takes BLOCK_N of 64 and more"
     if params["STAGES"] < 2:
         return "stages: the TMA path keeps two K/V stages or more"
+    if params["TILE_ORDER"] != "head" and not problem.flag("causal"):
+        return "irrelevant: without the causal mask every tile is as long (TILE_ORDER=head)"
     if params["PINGPONG"] and consumers(params) != 2:
         return "irrelevant: ping-pong takes turns between two consumer warpgroups (BLOCK_M=128)"
     if params["EPILOGUE"] == "tma" and head_dim % 64:
@@ -234,11 +262,16 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
     smem = smem_bytes(params, head_dim)
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    blocks = blocks_per_sm(params)
+    if blocks > 1 and blocks * (smem + SMEM_RESERVED_PER_BLOCK) > SMEM_PER_SM:
+        return f"shared memory: {blocks} blocks of {smem} bytes do not fit an SM's {SMEM_PER_SM}"
     regs = fragment_registers(params, head_dim)
     budget = consumer_registers(params)
     reserve = TIGHT_RESERVE if budget < TIGHT_BUDGET else 0
     if params["PINGPONG"] and not params["INTRA_OVERLAP"]:
         reserve = PINGPONG_RESERVE
+    if blocks > 1 and budget <= TWO_BLOCK_LOW_BUDGET:
+        reserve = TWO_BLOCK_LOW_RESERVE
     if regs + reserve > budget:
         return f"registers: {regs} fragment registers (+{reserve} kept free) per consumer thread > {budget}"
     return None

@@ -26,12 +26,18 @@ FIRST_AT_D128 = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOU
 # path's candidates on the H200 (docs/scripts/hopper_check.py, 2026-11-23): at D=128 128 rows with
 # 160 or 176 keys (530-570 TFLOPS, 0.93-0.98x cuDNN, without the causal mask), 128 keys with the
 # TMA store under the causal mask; at D=64 128 x 128 and FA3's 192 x 128 (375 TFLOPS both).
+# Then the schedules (docs/scripts/schedule_sweep.py, tenth session, H200): at D=64 persistent
+# blocks with 176 keys and the TMA store (1.04-1.07x the one-block-a-tile 128 x 128); under the
+# causal mask the longest tiles first (1.37x on 2x16x1000x64, 1.05x persistent on 4x16x4096x128).
+# The constraints drop what does not apply (TILE_ORDER=lpt without the mask).
 TMA = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, Q_IN_REGS=0,
            MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1, PINGPONG=1, EPILOGUE="st16")
+LPT = dict(TMA, TILE_ORDER="lpt")
 TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
-    128: (dict(TMA, BLOCK_N=160), dict(TMA, BLOCK_N=176), dict(TMA, EPILOGUE="tma"), dict(TMA),
-          dict(TMA, PINGPONG=0, BLOCK_N=160)),
-    64: (dict(TMA), dict(TMA, BLOCK_M=192, NUM_WARPS=12, INTRA_OVERLAP=0, PINGPONG=0),
+    128: (dict(TMA, BLOCK_N=160), dict(TMA, BLOCK_N=176), dict(LPT, SCHEDULE="persistent"), dict(LPT),
+          dict(TMA, EPILOGUE="tma"), dict(TMA), dict(TMA, SCHEDULE="persistent"), dict(TMA, PINGPONG=0, BLOCK_N=160)),
+    64: (dict(TMA, BLOCK_N=176, SCHEDULE="persistent", EPILOGUE="tma"), dict(LPT), dict(LPT, SCHEDULE="persistent"),
+         dict(TMA), dict(TMA, SCHEDULE="persistent"), dict(TMA, BLOCK_M=192, NUM_WARPS=12, INTRA_OVERLAP=0, PINGPONG=0),
          dict(TMA, BLOCK_N=192), dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=96, PINGPONG=0)),
 }
 

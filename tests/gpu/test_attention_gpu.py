@@ -69,11 +69,20 @@ TMA_PROBLEMS = [
     for dtype in ("fp16", "bf16")
     for causal in (False, True)
 ]
+# More tiles than the SMs hold: a persistent block takes several, under both orders.
+MANY_TILES = [
+    FAMILY.parse_problem(shape.format(d=d), dtype, {"causal": causal})
+    for shape in ("8,16,1000,{d}", "3,11,4097,{d}")
+    for d in (64, 128)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
 
 
 @pytest.fixture(scope="module")
 def tma_sample(bench, tmp_path_factory):
-    """Per problem, two random configs of the TMA path (LOADS=tma) and its starting points."""
+    """Per problem, two random configs of the TMA path (LOADS=tma) and its starting points (on the
+    problems of many tiles, its starting points)."""
     rng = random.Random(14)
     limits = _limits(bench)
     jobs = []
@@ -81,6 +90,8 @@ def tma_sample(bench, tmp_path_factory):
         valid = [c for c in FAMILY.valid_configs(problem, limits) if c["LOADS"] == "tma"]
         starts = [c for c in FAMILY.starting_points(problem, limits) if c["LOADS"] == "tma"]
         jobs += [(problem, params) for params in rng.sample(valid, 2) + starts]
+    for problem in MANY_TILES:
+        jobs += [(problem, c) for c in FAMILY.starting_points(problem, limits) if c["LOADS"] == "tma"]
     return _compiled(jobs, tmp_path_factory.mktemp("tma_cubins"))
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import tuner
 from templates import get_family
-from templates.family import KernelArg, Launch
+from templates.family import Launch
 from tuner.exporter import launch_path
 from tuner.retime import candidates
 from workers.results import Binary
@@ -66,10 +66,7 @@ def test_exported_kernel_compiles_alone_and_reproduces_the_stored_time(study):
         cubin=cubin.read_bytes(), kernel=doc["kernel"], resources=None, source_hash="export",
         cubin_hash="export", toolkit="nvcc", options=tuple(doc["compile_flags"]), compile_seconds=0.0,
     )
-    launch = Launch(
-        doc["kernel"], tuple(doc["grid"]), tuple(doc["block"]), doc["dynamic_smem_bytes"],
-        tuple(KernelArg(a["kind"], a["value"]) for a in doc["args"]),
-    )
+    launch = Launch.from_json(doc)  # grid, block, arguments, workspace and grid cap, as documented
     family = get_family("attention")
     problem = family.parse_problem(SHAPE, DTYPE, FLAGS)
     bench = GpuBench(0)

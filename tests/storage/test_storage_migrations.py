@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import optuna
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -187,3 +189,35 @@ def test_a_database_of_revision_0003_keeps_every_problem_with_its_flags(url):
         assert repo.study("s1").flags == {"causal": True} and repo.study("s3").flags == {}
         assert repo.ensure_problem("attention", [4, 16, 4096, 128], "fp16", {"causal": True}) == 1
     assert _version(url) == [head_revision()]
+
+
+def test_a_database_at_0005_gets_config_leases_and_keeps_one_running_row_per_config(url, study_args):
+    """0006: measured and running trials carry their config's key; a config running twice (two
+    coordinators of an older version) keeps its lowest-numbered row; its lease is then held."""
+    from storage import ClaimRefused, config_key
+
+    with open_repository(url) as repo:
+        study = repo.open_study("old", **study_args())
+        repo.record_trial(study.id, 0, {"a": 0}, TrialOutcome(status="ok", median_ms=2.0))
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0005")
+        for number, owner in ((1, "h:1"), (2, "h:2"), (3, "h:1")):
+            connection.execute(text(
+                "INSERT INTO tuner_running_trials (study_id, number, params, owner, started_at) "
+                "VALUES (:s, :n, :p, :o, :t)"),
+                {"s": study.id, "n": number, "p": '{"a": 1}' if number < 3 else '{"a": 3}', "o": owner,
+                 "t": datetime.now(timezone.utc).replace(tzinfo=None)})
+    engine.dispose()
+    with open_repository(url) as repo:
+        assert _version(url) == [head_revision()]
+        assert [(r.number, r.params) for r in repo.running(study.id)] == [(1, {"a": 1}), (3, {"a": 3})]
+        with pytest.raises(ClaimRefused, match="measured"):
+            repo.claim_trial(study.id, {"a": 0}, owner="h:9")
+        with pytest.raises(ClaimRefused, match="held"):
+            repo.claim_trial(study.id, {"a": 1}, owner="h:9")
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        keys = connection.execute(text("SELECT config_key FROM tuner_trials")).scalars().all()
+    engine.dispose()
+    assert keys == [config_key({"a": 0})]

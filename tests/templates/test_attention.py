@@ -17,6 +17,7 @@ from templates.family import (
     H100_LIMITS,
     DeviceLimits,
     KernelArg,
+    Launch,
     KernelFamily,
     TemplateError,
     TensorMap,
@@ -60,7 +61,8 @@ def test_the_default_config_is_the_one_before_the_tma_path():
     default = FAMILY.default_params()
     assert default == dict(BLOCK_M=64, BLOCK_N=32, NUM_WARPS=4, STAGES=1, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=0,
                            Q_IN_REGS=1, MMA="sync", LOADS="cp.async", PRODUCER_REGS=0, INTRA_OVERLAP=0, PINGPONG=0,
-                           EPILOGUE="st16")
+                           EPILOGUE="st16", SCHEDULE="grid", TILE_ORDER="head",
+                           BLOCKS_PER_SM=1)
 
 
 def test_tma_path_parameters_take_their_first_value_elsewhere():
@@ -171,9 +173,12 @@ def test_tma_launch_carries_tensor_maps_as_plain_json():
     params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=176, STAGES=2, SMEM_LAYOUT="swizzle",
                   WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
     launch = FAMILY.launch(params, problem)
-    assert launch.grid == (math.ceil(4097 / 128), 5, 3) and launch.block == (3 * 128, 1, 1)
-    assert launch.smem_bytes == space.smem_bytes(params, 128) == 2 * 128 * (128 + 4 * 176) + 1024 + 8 * 9
-    assert [a.kind for a in launch.args] == ["tensormap"] * 4 + ["buffer", "i32", "f32"]
+    tiles = math.ceil(4097 / 128) * 5 * 3  # a 1-D grid of work tiles, a block each
+    assert launch.grid == (tiles, 1, 1) and launch.block == (3 * 128, 1, 1)
+    assert launch.blocks_per_sm_cap == 0 and launch.grid_on(132) == launch.grid
+    assert launch.smem_bytes == space.smem_bytes(params, 128) == 2 * 128 * (128 + 4 * 176) + 1024 + 8 * 11
+    assert [a.kind for a in launch.args] == ["tensormap"] * 4 + ["buffer", "i32", "i32", "f32"]
+    assert [a.value for a in launch.args[5:7]] == [4097, 15]  # S, and B*H: the tiles' heads
     maps = [a.value for a in launch.args[:4]]
     assert [m.buffer for m in maps] == ["q", "k", "v", "o"]
     assert [m.box for m in maps] == [(64, 128, 1), (64, 176, 1), (64, 176, 1), (64, 64, 1)]
@@ -186,6 +191,50 @@ def test_tma_launch_carries_tensor_maps_as_plain_json():
         "box": [64, 128, 1], "swizzle": 128, "l2_promotion": 128}}
     again = tuple(KernelArg(a["kind"], a["value"]) for a in document["args"])  # as an exported launch is read
     assert again == launch.args
+
+
+def test_persistent_launch_caps_its_grid_at_the_blocks_the_sms_hold():
+    problem = FAMILY.parse_problem("3,5,4097,64", "fp16", {"causal": True})
+    params = dict(FAMILY.default_params(), BLOCK_M=64, NUM_WARPS=4, BLOCK_N=128, STAGES=2, SMEM_LAYOUT="swizzle",
+                  WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1,
+                  SCHEDULE="persistent", BLOCKS_PER_SM=2)
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    launch = FAMILY.launch(params, problem)
+    tiles = math.ceil(4097 / 64) * 15
+    assert launch.grid == (tiles, 1, 1) and launch.blocks_per_sm_cap == 2
+    assert launch.grid_on(132) == (264, 1, 1) and launch.grid_on(1000) == (tiles, 1, 1)
+    document = json.loads(json.dumps(launch.to_json()))
+    assert document["grid_x_max_blocks_per_sm"] == 2 and Launch.from_json(document) == launch
+    # its tile counter: a workspace buffer, the kernel's last argument
+    assert launch.workspace == (("tile_counter", 8),) and launch.args[-1] == KernelArg("buffer", "tile_counter")
+    assert "int* __restrict__ tile_counter" in FAMILY.render(params, problem)
+    # O is staged apart from Q: one more Q-sized tile of shared memory than a block a tile
+    grid = FAMILY.launch(dict(params, SCHEDULE="grid"), problem)
+    assert launch.smem_bytes - grid.smem_bytes == 2 * 64 * 64 and grid.blocks_per_sm_cap == 0
+    assert grid.workspace == () and "int* __restrict__ tile_counter" not in FAMILY.render(dict(params, SCHEDULE="grid"), problem)
+    source = FAMILY.render(params, problem)
+    assert "__launch_bounds__(NTHREADS, BLOCKS_PER_SM)" in source and "#define BLOCKS_PER_SM 2" in source
+    assert "#define PERSISTENT 1" in source
+
+
+def test_two_blocks_an_sm_halve_the_registers_and_must_share_its_shared_memory():
+    problem = FAMILY.parse_problem("2,4,1000,128", "fp16", {"causal": False})
+    one = dict(FAMILY.default_params(), BLOCK_M=64, NUM_WARPS=4, BLOCK_N=64, STAGES=2, SMEM_LAYOUT="swizzle",
+               WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
+    two = dict(one, BLOCKS_PER_SM=2)
+    assert space.launch_registers(one) == 255 and space.launch_registers(two) == 128
+    assert space.consumer_registers(two) == 232  # 2 x 128 a thread pair, less the producer's 24
+    assert FAMILY.check(two, problem, H100_LIMITS) is None
+    reason = FAMILY.check(dict(two, BLOCK_N=128), problem, H100_LIMITS)  # 148 KB a block
+    assert reason and reason.startswith("shared memory: 2 blocks")
+    assert FAMILY.check(dict(two, BLOCK_M=128, NUM_WARPS=8, BLOCK_N=64), problem, H100_LIMITS).startswith("registers")
+    # without setmaxnreg two blocks leave the consumers 128 registers: 48 kept free (ptxas spilled with 32)
+    plain = FAMILY.parse_problem("2,4,1000,64", "fp16", {"causal": False})
+    lean = dict(two, PRODUCER_REGS=0, INTRA_OVERLAP=0)
+    assert space.fragment_registers(lean, 64) == 80 and FAMILY.check(lean, plain, H100_LIMITS) is None
+    assert FAMILY.check(dict(lean, INTRA_OVERLAP=1), plain, H100_LIMITS).startswith("registers: 96 fragment registers (+48")
+    # off the TMA path the choice does not exist
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCKS_PER_SM=2), problem, H100_LIMITS).startswith("irrelevant")
 
 
 def test_tensor_maps_refuse_what_the_driver_cannot_encode():
@@ -289,7 +338,11 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert points[0]["LOADS"] == "tma" and any(p["MMA"] == "sync" for p in points)
         first = (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["INTRA_OVERLAP"], points[0]["PINGPONG"])
-        assert first == ((128, 160, 1, 1) if problem.shape[3] == 128 else (128, 128, 1, 1))  # the H200's fastest
+        assert first == ((128, 160, 1, 1) if problem.shape[3] == 128 else (128, 176, 1, 1))  # the H200's fastest
+        if problem.shape[3] == 64:  # persistent blocks with the TMA store (tenth session)
+            assert (points[0]["SCHEDULE"], points[0]["EPILOGUE"]) == ("persistent", "tma")
+        # under the causal mask the longest-first order is among them, without it never
+        assert any(p["TILE_ORDER"] == "lpt" for p in points) == problem.flag("causal")
         cp_async = [p for p in points if p["LOADS"] == "cp.async"]  # then the recorded landscapes' winners
         assert cp_async and (cp_async[0]["STAGES"], cp_async[0]["Q_IN_REGS"]) == (
             (3, 1) if problem.shape[3] == 128 else (2, 0))
@@ -321,7 +374,8 @@ def test_older_configs_complete_to_the_kernels_they_were():
     problem = PROBLEMS[0]
     for config in older:
         full = FAMILY.complete(config)
-        assert full == dict(config, LOADS="cp.async", PRODUCER_REGS=0, INTRA_OVERLAP=0, PINGPONG=0, EPILOGUE="st16")
+        assert full == dict(config, LOADS="cp.async", PRODUCER_REGS=0, INTRA_OVERLAP=0, PINGPONG=0, EPILOGUE="st16",
+                            SCHEDULE="grid", TILE_ORDER="head", BLOCKS_PER_SM=1)
         assert FAMILY.check(full, problem, H100_LIMITS) is None
     recorded = {p.name: p.choices for p in FAMILY.recorded_space(older)}
     assert recorded["LOADS"] == ("cp.async",) and recorded["EPILOGUE"] == ("st16",)
@@ -339,3 +393,14 @@ def test_valid_configs_are_those_of_the_whole_product(index):
     assert len(fast) == len({key(c) for c in fast})
     assert {key(c) for c in fast} == {key(c) for c in everything}
     assert any(c["LOADS"] == "tma" for c in fast) and any(c["LOADS"] == "cp.async" for c in fast)
+
+
+def test_the_longest_first_order_is_a_choice_under_the_causal_mask_only():
+    params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=128, STAGES=2, SMEM_LAYOUT="swizzle",
+                  WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1,
+                  PINGPONG=1, TILE_ORDER="lpt")
+    causal = FAMILY.parse_problem("2,3,1000,64", "fp16", {"causal": True})
+    plain = FAMILY.parse_problem("2,3,1000,64", "fp16", {"causal": False})
+    assert FAMILY.check(params, causal, H100_LIMITS) is None
+    assert "#define LPT_ORDER 1" in FAMILY.render(params, causal)
+    assert FAMILY.check(params, plain, H100_LIMITS).startswith("irrelevant")

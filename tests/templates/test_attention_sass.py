@@ -101,7 +101,11 @@ def test_tma_path_loads_by_tma_waits_on_mbarriers_and_moves_registers(tmp_path):
 def test_tma_path_variants_keep_out_of_local_memory(tmp_path):
     for variant in (dict(TMA, PINGPONG=1, EPILOGUE="tma"), dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0),
                     dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4),
-                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56)):
+                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56),
+                    dict(TMA, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"),
+                    dict(TMA, PINGPONG=1, SCHEDULE="persistent", INTRA_OVERLAP=0, BLOCK_N=64),
+                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=64, SCHEDULE="persistent"),
+                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=96, PRODUCER_REGS=0)):
         assert FAMILY.check(variant, PROBLEM, H100_LIMITS) is None, variant
         ops = opcodes(variant, tmp_path)
         assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0, variant

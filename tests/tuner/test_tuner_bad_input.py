@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner_doubles import PROBLEM, run_cli
+from tuner_doubles import LANDSCAPE, PROBLEM, run_cli
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -118,7 +118,7 @@ def test_a_missing_or_corrupt_replay_file(tmp_path, content, message):
 
 
 def test_the_bundled_replay_file_of_another_problem(tmp_path):
-    landscape = DATA / "attention_2x8x1024x64-fp16-causal_h200.json"
+    landscape = LANDSCAPE
     done = run_cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16",  # not causal
                    "--replay", str(landscape), "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""

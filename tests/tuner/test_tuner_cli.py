@@ -161,8 +161,10 @@ def test_a_family_flag_on_the_command_line_is_the_problem_flag(toy, db, pools, c
     """``--causal`` is toy's own switch (declared like attention's): it selects another problem."""
     assert _run(["tune", "toy", *SHAPE, "--causal", "--trials", "3", "--db", db, "--seed", "0"]) == 0
     assert "2x4x1024x64-fp16-causal" in capsys.readouterr().out
-    assert _run(["best", "toy", *SHAPE, "--db", db]) == 2  # the unmasked problem was not tuned
-    assert "no validated result stored for toy 2x4x1024x64-fp16" in _error_line(capsys)
+    # the unmasked problem was not tuned: answered from the causal one, not measured
+    assert _run(["best", "toy", *SHAPE, "--db", db, "--json"]) == 0
+    derived = json.loads(capsys.readouterr().out)
+    assert (derived["measured"], derived["source"], derived["flags"]) == (False, "2x4x1024x64-fp16-causal", {"causal": False})
     assert _run(["best", "toy", *SHAPE, "--causal", "--db", db, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["flags"] == {"causal": True}
 

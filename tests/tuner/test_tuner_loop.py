@@ -170,8 +170,15 @@ def test_resume_after_a_kill_settles_running_trials(toy, db, pools):
     done = {params_key(t.params) for t in repo.trials(record.id)}
     fresh = next(c for c in valid_configs(toy) if params_key(c) not in done)
     killed = f"{__import__('socket').gethostname()}:{_dead_pid()}"
-    for params in (stored.params, fresh):
-        repo.claim_trial(record.id, params, owner=killed)
+    repo.claim_trial(record.id, fresh, owner=killed)
+    # a config measured since (its lease lost, or left by an older version): written directly,
+    # since claim_trial refuses a measured config
+    from storage.models import RunningTrial
+    from storage.records import config_key
+
+    with repo._session("test", write=True) as session:
+        session.add(RunningTrial(study_id=record.id, number=99, params=stored.params,
+                                 config_key=config_key(stored.params), owner=killed))
     assert len(_running(db, first.study)) == 2
 
     second = _tune(trials=8, db=db)
@@ -239,17 +246,36 @@ def test_a_trial_of_a_running_coordinator_is_left_to_it(toy, db, pools, owner_is
     first = _tune(trials=3, db=db)
     done = {params_key(t.params) for t in tuner.show(first.study, db=db).trials}
     fresh = next(c for c in valid_configs(toy) if params_key(c) not in done)
-    pid = os.getppid() if owner_is_running else _dead_pid()
-    repo = open_repository(db)
-    number = repo.claim_trial(_study(db, first.study).id, fresh, owner=f"{socket.gethostname()}:{pid}")
+    import threading
+    import time
 
-    _tune(trials=5, db=db)
-    running = _running(db, first.study)
-    submitted = [params_key(p) for p in pools.used[-1].submitted]
+    from storage import TrialOutcome
+
+    pid = os.getppid() if owner_is_running else _dead_pid()
+    owner = f"{socket.gethostname()}:{pid}"
+    repo = open_repository(db)
+    study_id = _study(db, first.study).id
+    number = repo.claim_trial(study_id, fresh, owner=owner)
+
+    def other_coordinator() -> None:  # measures its trial in 3 s, renewing its lease meanwhile
+        for _ in range(6):
+            time.sleep(0.5)
+            repo.renew_leases(study_id, owner)
+        repo.record_trial(study_id, number, fresh, TrialOutcome(status="ok", median_ms=9.0), owner=owner)
+
+    other = threading.Thread(target=other_coordinator)
     if owner_is_running:
-        assert [r.number for r in running] == [number] and params_key(fresh) not in submitted
+        other.start()
+    second = _tune(trials=5, db=db)
+    submitted = [params_key(p) for p in pools.used[-1].submitted]
+    trials = tuner.show(first.study, db=db).trials
+    assert _running(db, first.study) == [] and len(trials) == 5
+    if owner_is_running:  # left to it, waited for: the two stop together at the study's 5 trials
+        other.join()
+        assert params_key(fresh) not in submitted and second.measured == 1
+        assert [params_key(t.params) for t in trials].count(params_key(fresh)) == 1
     else:
-        assert running == [] and submitted[0] == params_key(fresh)
+        assert submitted[0] == params_key(fresh) and second.measured == 2
 
 
 def test_a_killed_study_resumes_on_each_backend(toy, url, pools):
@@ -285,6 +311,7 @@ def test_owner_liveness():
     assert search.owner_alive(f"{here}:{os.getppid()}", now, now)
     assert not search.owner_alive(f"{here}:{os.getpid()}", now, now)  # this process: settled
     assert not search.owner_alive(f"{here}:{_dead_pid()}", now, now)
-    assert search.owner_alive("elsewhere:12", now - timedelta(minutes=5), now)
-    assert not search.owner_alive("elsewhere:12", now - timedelta(hours=2), now)
+    assert search.owner_alive("elsewhere:12", now - timedelta(seconds=30), now)
+    assert not search.owner_alive("elsewhere:12", now - timedelta(minutes=2), now)  # not renewed
+    assert not search.owner_alive(f"{here}:{os.getppid()}", now - timedelta(minutes=2), now)
     assert not search.owner_alive(None, now, now)

@@ -60,13 +60,30 @@ def test_only_recorded_proposals_reach_the_database(repo, study_id):
 
 
 def test_numbers_are_taken_once_across_measured_and_running_trials(repo, study_id):
-    one, two = _mirror(repo, study_id), _mirror(repo, study_id, owner="there:2")
+    one = _mirror(repo, study_id)
+    two = _mirror(repo, study_id, search.make_sampler("random", SPACE, seed=5), owner="there:2")
     a, b = one.ask(SPACE.distributions), two.ask(SPACE.distributions)
+    assert a.params != b.params
     numbers = [one.record(a, SPACE.decode(a.params)), two.record(b, SPACE.decode(b.params))]
     one.finish(a, 0.25, SPACE.decode(a.params), _result(0.25))
     c = one.ask(SPACE.distributions)
     numbers.append(one.record(c, SPACE.decode(c.params)))
     assert numbers == [0, 1, 2]
+
+
+def test_a_config_leased_by_another_mirror_is_refused_and_renewed_leases_stay_its_own(repo, study_id):
+    from storage import ClaimRefused
+
+    one, two = _mirror(repo, study_id), _mirror(repo, study_id, owner="there:2")
+    a, b = one.ask(SPACE.distributions), two.ask(SPACE.distributions)
+    assert a.params == b.params  # same sampler, same seed: the same config
+    one.record(a, SPACE.decode(a.params))
+    with pytest.raises(ClaimRefused) as refused:
+        two.record(b, SPACE.decode(b.params))
+    assert refused.value.why == "held" and b.number is None
+    before = repo.running(study_id)[0].heartbeat_at
+    one.renew(force=True)
+    assert repo.running(study_id)[0].heartbeat_at >= before
 
 
 def test_a_resumed_study_is_rebuilt_from_the_stored_trials(repo, study_id):

@@ -8,7 +8,7 @@ import pytest
 
 from tuner.searchbench import bench_search, load, plot, run_once
 from tuner import search
-from tuner_doubles import LANDSCAPE, run_cli
+from tuner_doubles import LANDSCAPE, ROOT, run_cli
 
 
 
@@ -81,7 +81,7 @@ def test_cli_json_and_bad_file(tmp_path):
 
 
 def test_tpe_warm_runs_only_where_a_study_would_warm_start():
-    data = LANDSCAPE.parent
+    data = ROOT / "tests" / "data"
     fp16_peer = data / "attention_4x8x512x64-fp16-causal_h200.json"
     bf16 = data / "attention_4x8x1024x64-bf16-causal_h200.json"  # no peer of its dtype here
     report = bench_search([LANDSCAPE, fp16_peer, bf16], seeds=1, samplers=("tpe-warm",))

@@ -263,7 +263,7 @@ def valid_configs(family: ToyFamily) -> list[dict[str, Any]]:
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every valid config of attention 2x8x1024x64 fp16 causal, measured on an H200 (docs/BENCHMARKS.md).
-LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x1024x64-fp16-causal_h200.json"
+LANDSCAPE = ROOT / "templates" / "attention" / "landscapes" / "attention_2x8x1024x64-fp16-causal_h200.json"
 
 
 def run_cli(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

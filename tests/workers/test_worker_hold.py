@@ -157,3 +157,31 @@ def test_a_run_of_several_kernels_queues_them_in_order_between_one_pair_of_event
     assert Launch.from_json(launch.to_json()) == launch
     with pytest.raises(TemplateError, match="a later kernel has its own"):
         Launch("k", (1, 1, 1), (1, 1, 1), 0, (), then=(launch,))
+
+
+def test_a_persistent_launch_is_capped_at_the_devices_sms_and_its_workspace_zeroed(monkeypatch):
+    """A persistent kernel's grid counts its tiles; the launch takes at most blocks_per_sm_cap
+    blocks per SM of the device it runs on. Its tile counter (a workspace buffer) starts at zero."""
+    log: list[Any] = []
+    driver = SimpleNamespace(
+        cuEventRecord=lambda event, stream: (log.append("event"), (0,))[1],
+        cuLaunchKernel=lambda function, *rest: (log.append((function, rest[:3])), (0,))[1],
+        cuMemAlloc=lambda nbytes: (log.append(("alloc", nbytes)), (0, 333))[1],
+        cuMemsetD8=lambda ptr, value, count: (log.append(("memset", ptr, value, count)), (0,))[1],
+    )
+    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    info = SimpleNamespace(sm_count=4)
+    bench = SimpleNamespace(stream="stream", last_event=None, event=lambda: object(), device_info=lambda: info)
+    launch = Launch("persistent", (1000, 1, 1), (384, 1, 1), 0, (KernelArg("buffer", "tile_counter"),),
+                    workspace=(("tile_counter", 8),), blocks_per_sm_cap=2)
+    trial = Trial(bench, None, launch)
+    trial.resident = None
+    trial._allocate_workspace()
+    assert log == [("alloc", 8), ("memset", 333, 0, 8)]
+    trial.functions = ["fn"]
+    trial._params = {"first": [trial._pack(launch, dict(trial._workspace))]}
+    trial._timed_run("first")
+    assert log[-2] == ("fn", (8, 1, 1))  # 2 blocks x 4 SMs of 1000 tiles
+    info.sm_count = 1000
+    trial._timed_run("first")
+    assert log[-2] == ("fn", (1000, 1, 1))  # never more blocks than tiles

@@ -1,0 +1,92 @@
+"""A lease per config (``Repository.claim_trial``): one holder at a time, never a measured config,
+never past the study's trial count, stale leases taken over; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from storage import ClaimRefused, TrialOutcome, config_key, open_repository
+from storage.models import utcnow
+
+
+def _refused(call) -> str:
+    with pytest.raises(ClaimRefused) as caught:
+        call()
+    return caught.value.why
+
+
+def test_a_config_has_one_lease_and_is_never_claimed_once_measured(repo, study_args):
+    study = repo.open_study("s", **study_args())
+    number = repo.claim_trial(study.id, {"a": 1}, owner="h:1")
+    assert _refused(lambda: repo.claim_trial(study.id, {"a": 1}, owner="h:2")) == "held"
+    assert repo.claim_trial(study.id, {"a": 2}, owner="h:2") == number + 1
+    repo.record_trial(study.id, number, {"a": 1}, TrialOutcome(status="ok", median_ms=1.0), owner="h:1")
+    assert _refused(lambda: repo.claim_trial(study.id, {"a": 1}, owner="h:2")) == "measured"
+    assert [r.params for r in repo.running(study.id)] == [{"a": 2}]
+
+
+def test_the_trial_count_counts_measured_and_running_trials(repo, study_args):
+    study = repo.open_study("s", **study_args())
+    first = repo.claim_trial(study.id, {"a": 0}, owner="h:1", limit=2)
+    repo.record_trial(study.id, first, {"a": 0}, TrialOutcome(status="failed", failure="crash"))
+    repo.claim_trial(study.id, {"a": 1}, owner="h:2", limit=2)
+    assert _refused(lambda: repo.claim_trial(study.id, {"a": 2}, owner="h:1", limit=2)) == "full"
+    assert repo.claim_trial(study.id, {"a": 2}, owner="h:1", limit=3) == 2
+
+
+def test_a_stale_or_abandoned_lease_is_taken_over_and_its_owner_cannot_store(repo, study_args, url):
+    study = repo.open_study("s", **study_args())
+    old = repo.claim_trial(study.id, {"a": 1}, owner="killed:1")
+    left = repo.claim_trial(study.id, {"a": 2}, owner="h:1")
+    repo.leave_trial(study.id, left)  # Ctrl-C: no owner
+    assert _refused(lambda: repo.claim_trial(study.id, {"a": 1}, owner="h:2")) == "held"
+    engine = create_engine(url)
+    with engine.begin() as connection:  # killed:1 stopped renewing two minutes ago
+        connection.execute(text("UPDATE tuner_running_trials SET heartbeat_at = :t WHERE owner = 'killed:1'"),
+                           {"t": (utcnow() - timedelta(minutes=2)).replace(tzinfo=None)})
+    engine.dispose()
+    taken = repo.claim_trial(study.id, {"a": 1}, owner="h:2")
+    again = repo.claim_trial(study.id, {"a": 2}, owner="h:2")
+    assert taken not in (old, left) and again not in (old, left)
+    assert {(r.owner, r.params["a"]) for r in repo.running(study.id)} == {("h:2", 1), ("h:2", 2)}
+    late = TrialOutcome(status="ok", median_ms=1.0)
+    assert _refused(lambda: repo.record_trial(study.id, old, {"a": 1}, late, owner="killed:1")) == "lost"
+    assert repo.trials(study.id) == []
+
+
+def test_renewing_keeps_a_lease_and_an_owners_own_leftover_is_its_to_take(repo, study_args):
+    study = repo.open_study("s", **study_args())
+    number = repo.claim_trial(study.id, {"a": 1}, owner="h:1")
+    before = repo.running(study.id)[0].heartbeat_at
+    assert repo.renew_leases(study.id, "h:1") == 1 and repo.renew_leases(study.id, "h:9") == 0
+    assert repo.running(study.id)[0].heartbeat_at >= before
+    assert _refused(lambda: repo.claim_trial(study.id, {"a": 1}, owner="h:2", ttl_s=3600)) == "held"
+    repo.claim_trial(study.id, {"a": 1}, owner="h:1")  # an earlier run's, in this process: taken anew
+    assert [(r.owner, r.params) for r in repo.running(study.id)] == [("h:1", {"a": 1})]
+    assert number == 0
+
+
+def test_coordinators_claiming_together_get_each_config_once_and_stop_at_the_count(url, study_args):
+    with open_repository(url) as repo:
+        study = repo.open_study("shared", **study_args())
+
+    def claim_all(owner: int) -> list[int]:
+        won = []
+        with open_repository(url) as mine:  # one repository per coordinator, like one per process
+            for a in range(40):
+                try:
+                    won.append(mine.claim_trial(study.id, {"a": a}, owner=f"h:{owner}", limit=30))
+                except ClaimRefused as refused:
+                    assert refused.why in ("held", "full")
+        return won
+
+    with ThreadPoolExecutor(3) as pool:
+        numbers = [n for won in pool.map(claim_all, range(3)) for n in won]
+    with open_repository(url) as repo:
+        running = repo.running(study.id)
+    assert len(numbers) == len(set(numbers)) == len(running) == 30
+    assert len({config_key(r.params) for r in running}) == 30

@@ -1,0 +1,129 @@
+"""Real ``tuner tune`` processes for the interruption and concurrency tests: started, watched
+(every process under each one is recorded, to check that its Ray ends with it), signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import storage
+import tuner
+from tuner_doubles import LANDSCAPE, ROOT
+from workers.watchdog import descendants, process_table
+
+DATA = ROOT / "tests" / "data"
+# A second problem with a landscape of its own: a second study on the same database.
+OTHER = ("4,8,512,64", DATA / "attention_4x8x512x64-fp16-causal_h200.json")
+
+
+def tune_argv(db: str, trials: int, *, shape: str = "2,8,1024,64", landscape: Path = LANDSCAPE,
+              seed: int = 0) -> list[str]:
+    return [sys.executable, "-m", "tuner", "tune", "attention", "--shape", shape, "--dtype", "fp16",
+            "--causal", "--replay", str(landscape), "--trials", str(trials), "--db", db,
+            "--seed", str(seed), "--retime", "0"]
+
+
+class Coordinator:
+    """One ``tuner tune`` process; the processes under it are recorded while it runs."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("TUNER_DB", None)
+        self.process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        self.started = time.monotonic()
+        self.spawned: dict[int, int] = {}  # pid -> start time, of every process seen under it
+        self.err_lines: list[str] = []
+        self._done = threading.Event()
+        self._first_trial = threading.Event()
+        self._reader_done = threading.Event()
+        threading.Thread(target=self._record, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _record(self) -> None:
+        while not self._done.is_set() and self.process.poll() is None:
+            self.spawned.update(descendants(self.process.pid))
+            time.sleep(0.1)
+
+    def _read_err(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.err_lines.append(line)
+            if "new best" in line or "measured (" in line:
+                self._first_trial.set()
+        self._reader_done.set()
+
+    def wait_for_line(self, text: str, timeout: float = 60) -> bool:
+        """Until a line of stderr holds ``text``; False after ``timeout`` seconds or at exit."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            lines = self.err_lines[seen:]
+            if any(text in line for line in lines):
+                return True
+            seen += len(lines)
+            if self.process.poll() is not None and self._reader_done.is_set():
+                return False
+            time.sleep(0.02)
+        return False
+
+    def wait_for_trials(self, timeout: float = 90) -> None:
+        """Until the study is under way (its first trial measured)."""
+        assert self._first_trial.wait(timeout), "".join(self.err_lines)[-2000:]
+
+    def kill_holding_a_lease(self, db: str, timeout: float = 30) -> int:
+        """``kill -9`` once the process holds a lease in the database (a config in flight), as
+        soon as one is seen: how many leases it left, read after its death."""
+        owner = f"{socket.gethostname()}:{self.process.pid}"
+        deadline = time.monotonic() + timeout
+        while not leases(db, owner) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.process.kill()
+        self.process.wait(30)
+        return len(leases(db, owner))
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        """Exit code, stdout and stderr."""
+        assert self.process.stdout is not None
+        out = self.process.stdout.read() if self.process.wait(timeout) is not None else ""
+        self._done.set()
+        self._reader_done.wait(10)  # the stderr reader's last lines
+        return self.process.returncode, out, "".join(self.err_lines)
+
+    def leftovers(self, grace: float = 10.0) -> list[str]:
+        """The processes it started that still run ``grace`` seconds after it ended."""
+        deadline = time.monotonic() + grace
+        while True:
+            table = process_table()
+            alive = [pid for pid, started in self.spawned.items() if table.get(pid, (0, -1))[1] == started]
+            if not alive or time.monotonic() > deadline:
+                return [_command(pid) for pid in alive]
+            time.sleep(0.25)
+
+
+def _command(pid: int) -> str:
+    try:
+        return f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return str(pid)
+
+
+def stored_keys(db: str) -> dict[str, list[str]]:
+    """Each study's stored configs, as canonical JSON."""
+    return {s.name: [json.dumps(t.params, sort_keys=True) for t in tuner.show(s.name, db=db).trials]
+            for s in tuner.studies(db=db)}
+
+
+def leases(db: str, owner: str) -> list[int]:
+    """The numbers of the running trials ``owner`` (host:pid) holds, over every study."""
+    repo = storage.open_repository(db)
+    try:
+        return [r.number for s in repo.studies() for r in repo.running(s.id) if r.owner == owner]
+    finally:
+        repo.close()

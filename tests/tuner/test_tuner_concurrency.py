@@ -1,0 +1,119 @@
+"""Interruption and concurrency through real processes (issue 16 §4): real ``tuner tune``
+commands, each with its own local Ray, on replayed landscapes (tests/data) and real databases,
+SQLite files and the local PostgreSQL (``url``)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from coordinators import OTHER, Coordinator, stored_keys, tune_argv
+
+
+def _measured(out: str) -> int:
+    found = re.search(r"trials\s+(\d+) measured", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def test_two_coordinators_share_one_study_and_stop_together_at_its_trial_count(url, tmp_path):
+    """The same command twice at once: each config measured by one of them, once; 150 stored in
+    all (not 300), and each says how many the other measured."""
+    argv = tune_argv(url, 150)
+    first, second = Coordinator(argv, tmp_path), Coordinator(argv, tmp_path)
+    results = [first.finish(), second.finish()]
+    for code, out, err in results:
+        assert code == 0, err[-2000:]
+        assert "status    finished: 150 trials measured" in out and "by other coordinators" in out
+    (keys,) = stored_keys(url).values()
+    assert len(keys) == len(set(keys)) == 150
+    assert sum(_measured(out) for _, out, _ in results) == 150
+    assert all(_measured(out) > 0 for _, out, _ in results)  # both did a share of the work
+
+
+def test_a_coordinator_killed_beside_another_leaves_it_the_study(url, tmp_path):
+    """Two coordinators on one study, one killed with ``kill -9`` mid-study: the other takes over
+    the configs its leases held (its pid is gone) and completes the study alone, to its count,
+    nothing measured twice."""
+    argv = tune_argv(url, 200)
+    survivor, killed = Coordinator(argv, tmp_path), Coordinator(argv, tmp_path)
+    killed.wait_for_trials()
+    survivor.wait_for_trials()
+    time.sleep(1.0)
+    left = killed.kill_holding_a_lease(url)
+    assert killed.finish()[0] == -signal.SIGKILL
+    code, out, err = survivor.finish()
+    assert code == 0, err[-2000:]
+    assert "status    finished: 200 trials measured" in out
+    # each lease the killed one held is settled by the survivor, once
+    assert err.count("left running by a run that stopped or died: queued") == left
+    (keys,) = stored_keys(url).values()
+    assert len(keys) == len(set(keys)) == 200
+    assert killed.leftovers() == [] and survivor.leftovers() == []
+
+
+def test_two_studies_on_one_sqlite_file_at_once_lose_nothing(tmp_path):
+    db = f"sqlite:///{tmp_path / 'shared.db'}"
+    shape, landscape = OTHER
+    one = Coordinator(tune_argv(db, 120), tmp_path)
+    two = Coordinator(tune_argv(db, 120, shape=shape, landscape=landscape), tmp_path)
+    for code, out, err in (one.finish(), two.finish()):
+        assert code == 0, err[-2000:]
+        assert "locked" not in err and "locked" not in out
+    studies = stored_keys(db)
+    assert len(studies) == 2
+    assert all(len(keys) == len(set(keys)) == 120 for keys in studies.values())
+
+
+def test_kill_9_mid_study_then_the_same_command_finishes_it(url, tmp_path):
+    """``kill -9`` of the coordinator: its Ray goes with it (every process it started ends within
+    seconds), and the same command keeps what was stored, measures what was in flight first,
+    and nothing twice."""
+    argv = tune_argv(url, 200)
+    killed = Coordinator(argv, tmp_path)
+    killed.wait_for_trials()
+    time.sleep(1.0)
+    left = killed.kill_holding_a_lease(url)
+    code, _, _ = killed.finish()
+    assert code == -signal.SIGKILL
+    assert killed.leftovers() == []
+    (before,) = stored_keys(url).values()
+    assert 0 < len(before) < 200
+
+    again = Coordinator(argv, tmp_path)
+    code, out, err = again.finish()
+    assert code == 0, err[-2000:]
+    assert f"{len(before)} from earlier runs" in out
+    assert err.count("left running by a run that stopped or died: queued") == left  # in flight at the kill
+    (after,) = stored_keys(url).values()
+    assert after[: len(before)] == before and len(after) == len(set(after)) == 200
+    assert again.leftovers() == []
+
+
+@pytest.mark.parametrize(("signum", "moment", "after_s"), [
+    (signal.SIGINT, "starting Ray", 0.0),
+    (signal.SIGINT, "starting Ray", 2.0),
+    (signal.SIGINT, "starting Ray", 4.5),
+    (signal.SIGINT, "Ray is up", 0.0),  # the workers starting
+    (signal.SIGTERM, "starting Ray", 2.0),
+    (signal.SIGTERM, "Ray is up", 0.0),
+])
+def test_a_signal_during_start_up_ends_the_command_with_its_ray(tmp_path, signum, moment, after_s):
+    """Ctrl-C or SIGTERM at moments of start-up (``after_s`` after the ``-v`` line ``moment``:
+    while ``ray.init`` runs, which takes 5-8 s here, and while the workers start): the command
+    says it was interrupted, exits 130 and leaves no Ray process behind; no crash, no native
+    stack dump, no study run to its end."""
+    db = f"sqlite:///{tmp_path / 'start.db'}"
+    coordinator = Coordinator([*tune_argv(db, 400), "-v"], tmp_path)
+    assert coordinator.wait_for_line(moment), "".join(coordinator.err_lines)[-2000:]
+    time.sleep(after_s)
+    coordinator.process.send_signal(signum)
+    code, out, err = coordinator.finish(timeout=60)
+    assert code == 130, (code, err[-3000:])
+    assert "tuner: interrupted" in err or "status    interrupted" in out, err[-2000:]
+    assert "Traceback" not in err and "SIGSEGV" not in err and "logging.cc" not in err, err[-3000:]
+    assert "400 trials measured" not in out
+    assert coordinator.leftovers() == []

@@ -1,0 +1,173 @@
+"""Many problems of one family tuned in a row, from a list in a YAML file.
+
+    results = tuner.tune_many("attention", "shapes.yaml", trials=50)
+    for done in results:
+        print(done.problem, done.result.status, done.result.best.median_ms)
+
+The file lists problems, each a shape, a dtype and the family's flags::
+
+    - {shape: "2,8,1024,64", dtype: fp16, flags: {causal: true}}
+    - shape: [4, 8, 512, 64]
+      dtype: fp16
+      flags: {causal: true}
+
+Each problem gets the whole budget (``trials`` measured trials of its study, or ``time_budget``
+seconds) and is tuned in the file's order, so that each warm-starts from the winners of those
+tuned before it (:mod:`tuner.warmstart`). Run again, the same call resumes: a problem whose study
+is at its budget (``trials`` measured; with a time budget, a study that finished) is skipped,
+the one that was interrupted goes on, the rest follow. One Ray serves every problem.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from templates.family import KernelFamily, Problem
+from tuner import api, database, lookup
+from tuner.errors import UsageError, one_line
+from tuner.progress import format_params
+
+logger = logging.getLogger("tuner")
+
+ENTRY_KEYS = ("shape", "dtype", "flags")
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One problem of :func:`tune_many`: its key and what its call did (None: not reached)."""
+
+    problem: str
+    result: api.TuneResult | None
+
+
+def read_problems(fam: KernelFamily, path: str | Path) -> list[Problem]:
+    """The problems a YAML file lists (each refused in one line naming its entry)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        entries = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise UsageError(f"{path} is not YAML: {one_line(error)}") from None
+    if not isinstance(entries, list) or not entries:
+        raise UsageError(f"{path}: expected a list of problems, each with shape, dtype and flags")
+    problems: list[Problem] = []
+    for number, entry in enumerate(entries, start=1):
+        problems.append(_entry(fam, entry, f"{path}: entry {number}"))
+    return problems
+
+
+def _entry(fam: KernelFamily, entry: Any, where: str) -> Problem:
+    if not isinstance(entry, Mapping):
+        raise UsageError(f"{where} is not a mapping of shape, dtype and flags")
+    unknown = sorted(str(key) for key in entry if key not in ENTRY_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(ENTRY_KEYS)})")
+    for key in ("shape", "dtype"):
+        if entry.get(key) is None:
+            raise UsageError(f"{where} has no {key!r}")
+    flags = entry.get("flags") or {}
+    if not isinstance(flags, Mapping):
+        raise UsageError(f"{where}: flags must be a mapping (name: value), not {flags!r}")
+    shape = entry["shape"]
+    if isinstance(shape, list):
+        shape = ",".join(str(d) for d in shape)
+    try:
+        return lookup.problem(fam, str(shape), str(entry["dtype"]), dict(flags))
+    except UsageError as error:
+        raise UsageError(f"{where}: {error}") from None
+
+
+def landscapes_for(fam: KernelFamily, problems: Sequence[Problem],
+                   replay: Sequence[str | Path]) -> dict[Problem, Path]:
+    """For each problem, the landscape among ``replay`` (files, folders of them, or the names of
+    those the family ships) that records it; UsageError naming a problem none records."""
+    files: list[Path] = []
+    for given in replay:
+        path = Path(api.landscape_file(fam, given) or given)
+        if path.is_dir():
+            files += sorted(path.glob("*.json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"cannot read landscape {given}: No such file or directory")
+    found: dict[Problem, Path] = {}
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            recorded = Problem.from_json(data["problem"]) if data.get("family") == fam.name else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a landscape: the folder may hold other files
+        if recorded is not None:
+            found.setdefault(recorded, path)
+    missing = [p for p in problems if p not in found]
+    if missing:
+        raise UsageError(f"no landscape given records {fam.name} {missing[0].key} "
+                         f"(--replay: one landscape per problem, or a folder of them)")
+    return {p: found[p] for p in problems}
+
+
+def tune_many(
+    family: str | KernelFamily,
+    problems: str | Path | Sequence[Problem],
+    *,
+    trials: int | None = None,
+    time_budget: float | None = None,
+    sampler: str = "tpe",
+    db: str | None = None,
+    ray_address: str | None = None,
+    replay: Sequence[str | Path] | None = None,
+    seed: int | None = None,
+    measure_timeout_s: float = 60.0,
+    warm_start: int = 3,
+    retime: int = 5,
+    early_stop: bool = True,
+) -> list[Tuned]:
+    """Tune each problem (a YAML file of them, or Problems) with the budget of :func:`tune`
+    each, in order; a problem at its budget already is skipped. ``replay``: landscapes (files or
+    folders) of which one records each problem. Ctrl-C stops after the problem being tuned (its
+    study keeps what finished); the problems not reached are in the list with ``result=None``."""
+    fam = lookup.family(family)
+    wanted = read_problems(fam, problems) if isinstance(problems, (str, Path)) else list(problems)
+    wanted = list(dict.fromkeys(wanted))  # each once, in order
+    api.check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
+    if trials is None and time_budget is None:
+        trials = api.DEFAULT_TRIALS
+    landscapes = landscapes_for(fam, wanted, replay) if replay else {}
+    url = database.url(db)
+    database.refuse_newer(url)  # a newer version's database: refused before Ray starts
+    done: list[Tuned] = []
+    first_replay = next(iter(landscapes.values()), None)
+    with api.quiet_optuna(), api.ray_for(ray_address, first_replay, family=fam):
+        for number, problem in enumerate(wanted, start=1):
+            head = f"problem {number}/{len(wanted)} {problem.key}"
+            logger.info("%s", head)
+            result = api.tune_here(
+                fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
+                ray_address=ray_address, replay=landscapes.get(problem), seed=seed,
+                measure_timeout_s=measure_timeout_s, warm_start=warm_start, retime=retime,
+                early_stop=early_stop, skip_at_budget=True,
+            )
+            done.append(Tuned(problem.key, result))
+            logger.info("%s: %s (%s); best %s", head, result.status, result.reason, _best_text(result))
+            if result.status == "interrupted":
+                break
+    done += [Tuned(p.key, None) for p in wanted[len(done):]]
+    tuned = [d for d in done if d.result is not None and d.result.best is not None]
+    logger.info("%d of %d problems have a validated best", len(tuned), len(wanted))
+    return done
+
+
+def _best_text(result: api.TuneResult) -> str:
+    best = result.best
+    if best is None:
+        return "none validated yet"
+    tflops = f", {best.tflops:.1f} TFLOPS" if best.tflops is not None else ""
+    return f"{best.median_ms:.4f} ms{tflops} {format_params(best.params)}"
