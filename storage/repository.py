@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
+from storage.batches import BatchedTrials, trial_row
 from storage.errors import ClaimRefused, StorageError
 from storage.models import Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
@@ -56,8 +57,9 @@ def one_line(error: BaseException) -> str:
     return " ".join(lines) or type(error).__name__
 
 
-class Repository:
-    """The tuner's results in one database (SQLite or PostgreSQL); see :func:`open_repository`."""
+class Repository(BatchedTrials):
+    """The tuner's results in one database (SQLite or PostgreSQL); see :func:`open_repository`.
+    Claims and results of many trials in one transaction each: :class:`storage.batches.BatchedTrials`."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -228,23 +230,7 @@ class Repository:
         nothing is stored and :class:`ClaimRefused` (``why="lost"``) is raised: the config is
         measured by whoever holds it now, once.
         """
-        status, median_ms = outcome.status, outcome.median_ms
-        if status not in TRIAL_STATUSES:
-            raise StorageError(
-                f"unknown trial status {status!r} (one of {', '.join(TRIAL_STATUSES)})"
-            )
-        if status == "ok" and (median_ms is None or not math.isfinite(median_ms)):
-            raise StorageError(
-                f"trial {number}: an ok trial needs a finite median_ms, not {median_ms}"
-            )
-        gpu_state = outcome.gpu_state
-        if gpu_state is not None:
-            gpu_state = queries.plain_json("gpu_state", gpu_state)
-        values = {name: getattr(outcome, name) for name in rows.TRIAL_FIELDS}
-        values.update({name: queries.known(value) for name, value in values.items() if isinstance(value, float)})
-        plain = queries.plain_json("params", params)
-        trial = Trial(study_id=study_id, number=number, params=plain, config_key=config_key(plain),
-                      status=status, replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
+        trial = trial_row(study_id, number, params, outcome)
         with self._session(
             f"cannot record trial {number} of study {study_id}", write=True
         ) as session:
@@ -258,7 +244,7 @@ class Repository:
             session.add(trial)
             study.updated_at = utcnow()
             session.flush()
-            if status == "ok":
+            if trial.status == "ok":
                 queries.offer_best(session, study, trial)
             return rows.trial_record(trial)
 

@@ -31,6 +31,7 @@ from tuner import rule as rules
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import write_export
 from tuner.loop import Coordinator, LoopOutcome
+from tuner.meter import Meter
 
 logger = logging.getLogger("tuner")
 
@@ -59,6 +60,7 @@ class TuneResult:
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
     shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
+    throughput: Any = None  # tuner.meter.ThroughputReport: asks, database calls, GPUs' busy shares
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ def tune(
     warm_start: int = warmstart.DEFAULT_PICKS,
     retime: int = retiming.DEFAULT_TOP,
     early_stop: bool = True,
+    simulate_gpus: int | None = None,
+    batch: bool = True,
+    constant_liar: bool = True,
 ) -> TuneResult:
     """Search the family's space for its problem (``shape``, ``dtype`` and the family's ``flags``:
     attention's ``{"causal": True}``) on the visible GPU (or a replay file).
@@ -103,19 +108,27 @@ def tune(
     (for exhaustive landscapes, whose every median is replayed later).
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
     call again resumes the study.
+    ``simulate_gpus``: with ``replay``, measure on that many simulated GPUs, each taking a
+    trial's GPU time (:mod:`workers.simulate`); the result's ``throughput`` says how busy the
+    coordinator kept them. ``batch=False``: ask, claim and store one trial at a time (the
+    coordinator before batching; for comparison). ``constant_liar=False``: TPE proposes without
+    counting the trials in flight as bad results.
     """
     fam = lookup.family(family)
+    if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
+        raise UsageError("--simulate-gpus needs --replay and a count of 1 or more")
     problem = lookup.problem(fam, shape, dtype, flags)
     check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
     url = database.url(db)
     replay = landscape_file(fam, replay)
     database.refuse_newer(url)  # a newer version's database: refused before Ray starts
     # the workers first: without a GPU (or a replay file) nothing is opened, nor a database created
-    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
+    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam), simulate_gpus=simulate_gpus):
         return tune_here(
             fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
             ray_address=ray_address, replay=replay, seed=seed, measure_timeout_s=measure_timeout_s,
             warm_start=warm_start, retime=retime, early_stop=early_stop,
+            simulate_gpus=simulate_gpus, batch=batch, constant_liar=constant_liar,
         )
 
 
@@ -136,12 +149,15 @@ def tune_here(
     early_stop: bool,
     only: Mapping[str, Any] | None = None,
     skip_at_budget: bool = False,
+    simulate_gpus: int | None = None,
+    batch: bool = True,
+    constant_liar: bool = True,
 ) -> TuneResult:
     """:func:`tune` once Ray is up (its arguments checked). ``only``: measure that one config
     and nothing else (no warm start). ``skip_at_budget``: a study already at its budget
     (``trials`` measured, or finished when the budget is a time) is not run again; the result
     says ``status="skipped"``."""
-    with _open_pool(fam, problem, ray_address=ray_address, replay=replay,
+    with _open_pool(fam, problem, ray_address=ray_address, replay=replay, simulate_gpus=simulate_gpus,
                     measure_timeout_s=measure_timeout_s) as pool, database.repository(url) as repo:
         space = _space(fam, pool)
         if trials is None and time_budget is None:
@@ -163,11 +179,18 @@ def tune_here(
                 measured=0, failed=0, reused=0, invalid=0, previous=done.n_trials, elapsed_s=0.0,
                 gpu_busy_s=0.0, best=winner(), device=device,
             )
+        meter = Meter()
         name, outcome, warm = _run_study(
             fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
             trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-            retime=retime, early_stop=early_stop, only=only,
+            retime=retime, early_stop=early_stop, only=only, meter=meter, batch=batch,
+            constant_liar=constant_liar,
         )
+        throughput = meter.report(
+            measured=outcome.measured, gpus=pool.num_gpus if simulate_gpus else 0,
+            intervals=pool.busy_intervals() if simulate_gpus else (),
+            simulator_cpu_s=pool.simulator_cpu_seconds() if simulate_gpus else 0.0,
+            lateness=pool.simulator_lateness() if simulate_gpus else ())
         gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
         kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
         flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
@@ -178,6 +201,7 @@ def tune_here(
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
         best=best_now, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
         kernel_busy_s=kernel_busy, flush_busy_s=flush_busy, shared=outcome.shared,
+        throughput=throughput,
     )
 
 
@@ -203,6 +227,8 @@ def _run_study(
     replay: str | Path | None,
     warm_start: int = warmstart.DEFAULT_PICKS,
     only: Mapping[str, Any] | None = None,
+    meter: Meter | None = None,
+    constant_liar: bool = True,
     **loop_options: Any,
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
     """Open (or resume) the study of this family version, problem and GPU, and run it
@@ -253,12 +279,18 @@ def _run_study(
     for pick in picks:
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
+    meter = meter or Meter()
     coordinator = Coordinator(
-        fam, problem, pool=pool, repository=repo, record=record, space=space,
-        sampler=search.make_sampler(sampler, space, seed, points, valid), first=first,
-        trials=trials, time_budget=time_budget, **loop_options,
+        fam, problem, pool=pool, repository=meter.repository(repo), record=record, space=space,
+        sampler=search.make_sampler(sampler, space, seed, points, valid, constant_liar=constant_liar),
+        first=first,
+        trials=trials, time_budget=time_budget, meter=meter, **loop_options,
     )
-    outcome = database.call(coordinator.run)
+    meter.start()
+    try:
+        outcome = database.call(coordinator.run)
+    finally:
+        meter.stop()
     summary = database.call(lambda: repo.study(name))
     measured = database.call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
@@ -493,17 +525,20 @@ def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
 
 
 @contextmanager
-def _ray(address: str | None, replay: str | Path | None, *, family: Any = None) -> Iterator[None]:
+def _ray(address: str | None, replay: str | Path | None, *, family: Any = None,
+         simulate_gpus: int | None = None) -> Iterator[None]:
     """Ray for the pool: started here, and stopped after, unless this process has it up
     already; without a GPU (and no replay, no cluster) nothing starts. Joining a cluster, the
     ``family`` reference's folder (if it is one) goes to every node in Ray's runtime_env."""
     from workers import ClusterUnreachable, NoGPUError
     from workers.ray_session import start_ray, stop_ray
     from workers.shipping import runtime_env
+    from workers.simulate import simulated_resources
 
     shipped = runtime_env(family) if address is not None and family is not None else None
     try:
-        started = start_ray(address, need_gpu=replay is None, runtime_env=shipped)
+        started = start_ray(address, need_gpu=replay is None, runtime_env=shipped,
+                            resources=simulated_resources(simulate_gpus))
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except ClusterUnreachable as error:

@@ -28,7 +28,9 @@ from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
 from tuner.bench import suite_of
 from tuner.errors import TunerError, UsageError
-from tuner.searchbench import SAMPLERS as SEARCH_SAMPLERS
+from tuner.searchbench import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
+from tuner.searchbench import IN_FLIGHT
+from tuner.searchbench import SAMPLERS as ALL_SEARCH_SAMPLERS
 from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
@@ -121,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--retime", type=_count, default=5, metavar="N",
                       help="at the end, time the N fastest trials again interleaved and pick the "
                            "winner by those medians (default 5; 0: off)")
+    tune.add_argument("--simulate-gpus", type=_positive_int, metavar="N",
+                      help="with --replay: N simulated GPUs, each taking a trial's GPU time "
+                           "(how many GPUs one coordinator keeps busy)")
+    tune.add_argument("--no-batch", dest="batch", action="store_false",
+                      help="ask, lease and store one trial at a time (the coordinator before batching)")
+    tune.add_argument("--no-constant-liar", dest="constant_liar", action="store_false",
+                      help="TPE: trials in flight do not count as bad results while proposing")
     tune.add_argument("--json", action="store_true", help="print the run's summary as JSON")
 
     many = sub.add_parser("tune-many", parents=[common],
@@ -183,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     searchbench.add_argument("landscapes", nargs="+", metavar="FILE", help="landscape JSON files")
     searchbench.add_argument("--seeds", type=_positive_int, default=20, help="runs per sampler (default 20)")
     searchbench.add_argument("--samplers", nargs="+", default=list(SEARCH_SAMPLERS),
-                             help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)})")
+                             help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)}; also "
+                                  f"{' '.join(s for s in ALL_SEARCH_SAMPLERS if s not in SEARCH_SAMPLERS)})")
+    searchbench.add_argument("--in-flight", type=_positive_int, default=IN_FLIGHT, metavar="K",
+                             help=f"trials in flight for tpe-flight and tpe-batch (default {IN_FLIGHT})")
     searchbench.add_argument("--family", metavar="REF",
                              help="the landscapes' family where it is not installed (a path or module:ATTR)")
     searchbench.add_argument("--png", metavar="FILE", help="also plot best-so-far curves to FILE")
@@ -281,7 +293,8 @@ def _tune(args: argparse.Namespace) -> int:
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
         measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
-        early_stop=args.early_stop,
+        early_stop=args.early_stop, simulate_gpus=args.simulate_gpus, batch=args.batch,
+        constant_liar=args.constant_liar,
     )
     code = EXIT_INTERRUPTED if result.status == "interrupted" else 0
     if args.json:
@@ -293,6 +306,8 @@ def _tune(args: argparse.Namespace) -> int:
           f"{result.invalid} invalid, {result.previous} from earlier runs"
           + (f", {result.shared} by other coordinators" if result.shared else ""))
     print(f"time      {report.time_line(result)}")
+    if args.simulate_gpus:
+        print(f"simulated {report.throughput_line(result.throughput)}")
     if result.best is None:
         print("best      no validated config yet")
     else:
@@ -466,7 +481,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_search(args: argparse.Namespace) -> int:
     report = bench_search(args.landscapes, seeds=args.seeds, samplers=args.samplers,
-                          progress=logging.getLogger("tuner").info, family=args.family)
+                          progress=logging.getLogger("tuner").info, family=args.family,
+                          in_flight=args.in_flight)
     if args.png:
         plot_search(report, args.png)
     if args.json:

@@ -64,6 +64,14 @@ def time_line(result: Any) -> str:
     return line
 
 
+def throughput_line(report: Any) -> str:
+    """A simulated run (``tuner.meter.ThroughputReport``): the GPUs' busy shares, trials, asks
+    and database writes a second."""
+    return (f"{report.gpus} GPUs busy {100 * report.busy_mean:.0f}% (min {100 * report.busy_min:.0f}%); "
+            f"{report.trials_per_s:.0f} trials/s; {report.asks_per_s:.0f} asks/s, {report.ask_ms:.2f} ms an ask; "
+            f"{report.db_writes_per_s:.0f} database writes/s, {report.db_ms_per_trial:.2f} ms a trial")
+
+
 def best_line(winner: Any) -> str:
     tflops = f", {winner.tflops:.1f} TFLOPS" if winner.tflops is not None else ""
     retimed = " re-timed" if winner.retime else ""

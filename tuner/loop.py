@@ -132,8 +132,12 @@ class Coordinator:
         retime: int = DEFAULT_TOP,
         early_stop: bool = True,
         first: Sequence[dict[str, Any]] = (),
+        meter: Any = None,
+        batch: bool = True,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
+        self.meter = meter  # tuner.meter.Meter: asks and tells timed
+        self.batch = batch  # claims and results stored in batches (see _fill_batch, _collect_batch)
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
         self.trials, self.time_budget = trials, time_budget
@@ -160,12 +164,13 @@ class Coordinator:
         self._n_valid = 0
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
+        self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._proposals = MirroredStudy(self.repository, self.record.id, self.space, self.sampler,
-                                        owner=search.owner_id(), clock=self.clock)
+                                        owner=search.owner_id(), clock=self.clock, meter=self.meter)
         self._resume()
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
@@ -205,11 +210,11 @@ class Coordinator:
         while True:
             stop = self._stop_reason()
             if stop is None and not self._full:
-                self._fill()
+                self._fill_batch() if self.batch else self._fill()
                 stop = self._stop_reason()
             self._mirror.renew()
             if self._in_flight:
-                self._collect(self.poll_interval)
+                self._collect_batch(self.poll_interval) if self.batch else self._collect(self.poll_interval)
                 self.progress.tick(len(self._in_flight))
             elif stop is not None:
                 return stop
@@ -257,24 +262,39 @@ class Coordinator:
 
     def _ask_one(self) -> bool:
         """Ask the sampler for one config; True when it went to the pool."""
-        proposal = self._mirror.ask(self.space.distributions)
+        ready = self._screen(self._mirror.ask(self.space.distributions))
+        if ready is None:
+            return False
+        proposal, params, key, work = ready
+        try:
+            self._mirror.record(proposal, params, limit=self.trials)
+        except ClaimRefused as refused:
+            self._refused(proposal, key, refused.why)
+            return False
+        self._submit(proposal, params, key, work)
+        return True
+
+    def _screen(self, proposal: Proposal) -> tuple[Proposal, dict[str, Any], str, tuple[Any, ...]] | None:
+        """A proposal that should go to the GPU: (proposal, params, key, (source, launch,
+        options)); None when it is measured, in flight, measured elsewhere or rejected (each
+        handled here)."""
         params = self.space.decode(proposal.params)
         key = params_key(params)
         if key in self._known:
             self._mirror.repeated(proposal)
             self.progress.reused()
             self._idle += 1
-            return False
+            return None
         if key in self._in_flight_keys:
             self._in_flight[self._in_flight_keys[key]].followers.append(proposal)
             self.progress.reused()
             self._idle += 1
-            return False
+            return None
         if key in self._elsewhere:  # its result reaches the sampler through a later sync
             self._mirror.drop(proposal)
             self.progress.reused()
             self._idle += 1
-            return False
+            return None
         reason = self.family.check(params, self.problem, self.pool.limits)
         if reason is None:
             try:
@@ -286,20 +306,91 @@ class Coordinator:
         if reason is not None:
             self._reject(proposal, key, reason)
             self._idle += 1
-            return False
-        try:
-            self._mirror.record(proposal, params, limit=self.trials)
-        except ClaimRefused as refused:
-            self._refused(proposal, key, refused.why)
-            return False
+            return None
+        return proposal, params, key, (source, launch, options)
+
+    def _submit(self, proposal: Proposal, params: dict[str, Any], key: str, work: tuple[Any, ...]) -> None:
+        """Send a leased config to the pool."""
         ticket = next(self._tickets)
-        self.pool.submit(ticket, params, source, launch, options)
+        self.pool.submit(ticket, params, *work)
         self._in_flight[ticket] = _InFlight(proposal, params, key)
         self._in_flight_keys[key] = ticket
         self._unmeasured.discard(key)
         self._idle = 0
         logger.debug("ticket %d submitted %s", ticket, params)
-        return True
+
+    # -- batches: many asks, one claim transaction; the results of a poll in one transaction -----
+    def _fill_batch(self) -> None:
+        """``_fill`` in batches: the free slots' configs proposed at once (TPE: one model for the
+        batch, :class:`tuner.batchtpe.BatchProposer`; other samplers ask one by one), screened,
+        and their leases claimed in one transaction (``Repository.claim_trials``)."""
+        self._synced(self._mirror.sync())
+        idle_rounds = 0
+        while idle_rounds < 4:
+            if self._stop_reason() is not None or self._full:
+                return
+            free = self.lookahead - len(self._in_flight)
+            if self.trials is not None:
+                measured = self._previous + self._shared + self.progress.counts.measured
+                free = min(free, self.trials - measured - len(self._in_flight))
+            if free <= 0:
+                return
+            ready = [r for r in map(self._screen, self._propose(free)) if r is not None]
+            granted = self._mirror.record_many([(r[0], r[1]) for r in ready], limit=self.trials)
+            sent = 0
+            for (proposal, params, key, work), number in zip(ready, granted):
+                if isinstance(number, ClaimRefused):
+                    self._refused(proposal, key, number.why)
+                else:
+                    self._submit(proposal, params, key, work)
+                    sent += 1
+            idle_rounds = 0 if sent else idle_rounds + 1
+
+    def _propose(self, count: int) -> list[Proposal]:
+        """``count`` proposals of the sampler: asked one by one where configs are enqueued (warm
+        start, settled trials) or the sampler is not TPE; else one batch of TPE's."""
+        batcher = self._batcher()
+        if batcher is None or self._mirror.waiting():
+            return [self._mirror.ask(self.space.distributions) for _ in range(count)]
+        began = time.perf_counter()
+        pending = [f.proposal.params for f in self._in_flight.values()]
+        picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)
+        if self.meter is not None:
+            self.meter.asked(time.perf_counter() - began, len(picks))
+        return [self._mirror.proposed(pick) for pick in picks]
+
+    def _batcher(self) -> Any:
+        """The batch proposer of a TPE study (None for the other samplers), made once."""
+        if self._proposer is None and isinstance(self.sampler, optuna.samplers.TPESampler):
+            from tuner.batchtpe import BatchProposer
+
+            valid = [c for c in self.family.valid_configs(self.problem, self.pool.limits)
+                     if self.space.contains(c)]
+            self._proposer = BatchProposer(self.space, valid, seed=getattr(self.sampler, "batch_seed", None),
+                                           liar=getattr(self.sampler, "constant_liar", True))
+        return self._proposer
+
+    def _collect_batch(self, timeout: float) -> None:
+        """``_collect`` in one transaction: every result of a poll told to the sampler and
+        stored together (``Repository.record_trials``)."""
+        done = []
+        for ticket, measurement in self.pool.poll(timeout):
+            flight = self._in_flight.pop(ticket, None)
+            if flight is None:
+                logger.warning("ignoring a result for unknown ticket %r", ticket)
+                continue
+            del self._in_flight_keys[flight.key]
+            done.append((flight, measurement, *self._outcome(flight, measurement)))
+        if not done:
+            return
+        self._set_early_stop()
+        stored = self._mirror.finish_many([(f.proposal, value, f.params, outcome)
+                                           for f, _, outcome, value in done])
+        for (flight, m, outcome, _), record in zip(done, stored):
+            if isinstance(record, ClaimRefused):
+                self._lost(flight)
+            else:
+                self._measured(flight, m, outcome)
 
     def _refused(self, proposal: Proposal, key: str, why: str) -> None:
         """The config's lease was not granted: measured or held by another coordinator (its
@@ -365,6 +456,17 @@ class Coordinator:
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
         """The sampler learns; the measured trial is stored in place of its running one, with
         the GPU's clocks and temperature as read for it (none for a failure)."""
+        outcome, value = self._outcome(flight, m)
+        self._set_early_stop()
+        try:
+            self._mirror.finish(flight.proposal, value, flight.params, outcome)
+        except ClaimRefused:  # this run stalled past its leases' life; another took the config
+            self._lost(flight)
+            return
+        self._measured(flight, m, outcome)
+
+    def _outcome(self, flight: _InFlight, m: Measurement) -> tuple[TrialOutcome, float]:
+        """A measurement as the trial to store and the value to tell; the config is known."""
         timing, res = m.timing, m.resources
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
@@ -387,21 +489,22 @@ class Coordinator:
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         self._known[flight.key] = value
-        self._set_early_stop()
-        try:
-            self._mirror.finish(flight.proposal, value, flight.params, outcome)
-        except ClaimRefused:  # this run stalled past its leases' life; another took the config
-            logger.warning("trial %d: its lease was taken over meanwhile; the result is not stored",
-                           flight.proposal.number)
-            for follower in flight.followers:
-                self._mirror.drop(follower)
-            return
+        return outcome, value
+
+    def _lost(self, flight: _InFlight) -> None:
+        """This run stalled past the trial's lease's life; another coordinator took the config."""
+        logger.warning("trial %d: its lease was taken over meanwhile; the result is not stored",
+                       flight.proposal.number)
+        for follower in flight.followers:
+            self._mirror.drop(follower)
+
+    def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome) -> None:
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(
             flight.proposal.number, flight.params,
             failure=None if m.ok else m.failure,
-            median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
+            median_ms=outcome.median_ms if m.ok else None, tflops=outcome.tflops,
         )
 
     # -- resume and interruption ------------------------------------------------------------------

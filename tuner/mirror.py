@@ -28,13 +28,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
-from storage import LEASE_RENEW_S
+from storage import LEASE_RENEW_S, ClaimRefused
 from tuner import search
 
 SYNC_INTERVAL_S = 5.0
@@ -42,14 +42,17 @@ SYNC_INTERVAL_S = 5.0
 
 @dataclass
 class Proposal:
-    """One asked config: its in-memory trial and, once recorded, its stored trial's number."""
+    """One asked config: its in-memory trial and, once recorded, its stored trial's number. A
+    config proposed outside Optuna's ask (a batch: :mod:`tuner.batchtpe`) has no trial but its
+    ``encoded`` params; told, it is added to the memory study as a finished trial."""
 
-    trial: Trial
+    trial: Trial | None
     number: int | None = None
+    encoded: dict[str, Any] | None = None
 
     @property
     def params(self) -> dict[str, Any]:
-        return self.trial.params
+        return self.trial.params if self.trial is not None else dict(self.encoded or {})
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,11 @@ class MirroredStudy:
     def __init__(self, repository: Any, study_id: int, space: search.SearchSpace,
                  sampler: optuna.samplers.BaseSampler, *, owner: str | None = None,
                  sync_interval_s: float = SYNC_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``owner``: who measures the trials this records (``search.owner_id()``)."""
+                 clock: Callable[[], float] = time.monotonic, meter: Any = None) -> None:
+        """``owner``: who measures the trials this records (``search.owner_id()``); ``meter``:
+        a :class:`tuner.meter.Meter` that times the sampler's asks and tells."""
         self.repository, self.study_id, self.space, self.owner = repository, study_id, space, owner
+        self.meter = meter
         self.memory = search.memory_study(sampler)
         self._taken: set[int] = set()  # stored trial numbers the memory study holds
         self._mine: set[int] = set()  # running trials this mirror recorded
@@ -88,7 +93,30 @@ class MirroredStudy:
         self.memory.enqueue_trial(self.space.encode(params))
 
     def ask(self, distributions: Mapping[str, BaseDistribution]) -> Proposal:
-        return Proposal(self.memory.ask(dict(distributions)))
+        if self.meter is None:
+            return Proposal(self.memory.ask(dict(distributions)))
+        began = time.perf_counter()
+        proposal = Proposal(self.memory.ask(dict(distributions)))
+        self.meter.asked(time.perf_counter() - began)
+        return proposal
+
+    def proposed(self, encoded: Mapping[str, Any]) -> Proposal:
+        """A config (as Optuna holds it) proposed outside the sampler's ask: no trial in the memory
+        study until it is told (:meth:`_tell` adds it, finished; Optuna's ask and tell cost 1 ms a
+        config more than adding it)."""
+        return Proposal(None, encoded=dict(encoded))
+
+    def _tell(self, trial: Trial | Proposal | None, value: float | None = None,
+              state: TrialState | None = None) -> None:
+        began = time.perf_counter()
+        if isinstance(trial, Proposal):  # asked outside Optuna: added once it has a value
+            if value is not None and state is None:
+                self.memory.add_trial(optuna.trial.create_trial(
+                    params=trial.params, distributions=self.space.distributions, value=value))
+        else:
+            self.memory.tell(trial, value, state=state, skip_if_finished=True)
+        if self.meter is not None:
+            self.meter.told(time.perf_counter() - began)
 
     def record(self, proposal: Proposal, params: Mapping[str, Any], *, limit: int | None = None) -> int:
         """A running trial of ``params`` (the proposal, decoded) in the database, the lease of
@@ -96,6 +124,29 @@ class MirroredStudy:
         proposal.number = self.repository.claim_trial(self.study_id, params, owner=self.owner, limit=limit)
         self._mine.add(proposal.number)
         return proposal.number
+
+    def record_many(self, items: Sequence[tuple[Proposal, Mapping[str, Any]]], *,
+                    limit: int | None = None) -> list[int | ClaimRefused]:
+        """:meth:`record` for many proposals, their leases claimed in one transaction
+        (``Repository.claim_trials``): each one's number, or why its lease was refused."""
+        if not items:
+            return []
+        granted = self.repository.claim_trials(self.study_id, [params for _, params in items],
+                                               owner=self.owner, limit=limit)
+        for (proposal, _), number in zip(items, granted):
+            if not isinstance(number, ClaimRefused):
+                proposal.number = number
+                self._mine.add(number)
+        return granted
+
+    def waiting(self) -> int:
+        """Configs enqueued and not asked yet (they come before the sampler's proposals)."""
+        return len(self.memory.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def observed(self) -> list[tuple[dict[str, Any], float]]:
+        """The sampler's completed trials: (params as Optuna holds them, value)."""
+        return [(t.params, float(t.value)) for t in self.memory.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
 
     def renew(self, force: bool = False) -> None:
         """Renew the leases of the trials this mirror recorded, at most every ``LEASE_RENEW_S``."""
@@ -107,7 +158,7 @@ class MirroredStudy:
 
     def tell(self, proposal: Proposal, value: float) -> None:
         """Tell the sampler alone (a config the family rejected)."""
-        self.memory.tell(proposal.trial, value, skip_if_finished=True)
+        self._tell(proposal.trial if proposal.trial is not None else proposal, value)
 
     def repeated(self, proposal: Proposal) -> None:
         """A config measured before, asked again: FAIL in memory, so that the sampler's data
@@ -115,22 +166,40 @@ class MirroredStudy:
         TPE's density of good trials with copies, and it proposed them ever more often: a
         300-trial study asked 1,069 times, each ask slower than the last (10 ms in the first
         quarter, 27 in the last)."""
-        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
+        self._tell(proposal.trial if proposal.trial is not None else proposal, state=TrialState.FAIL)
 
     def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> None:
         """A measured result: told to the sampler, then stored in place of the running trial
         (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number)."""
         if proposal.number is None:
             raise ValueError("finish takes a recorded proposal")
-        self.memory.tell(proposal.trial, value, skip_if_finished=True)
+        self._tell(proposal.trial if proposal.trial is not None else proposal, value)
         self._mine.discard(proposal.number)
         self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
         self._taken.add(proposal.number)
 
+    def finish_many(self, items: Sequence[tuple[Proposal, float, Mapping[str, Any], Any]]) -> list[Any]:
+        """:meth:`finish` for many results (proposal, value, params, outcome), stored in one
+        transaction (``Repository.record_trials``): each one's ``storage.TrialRecord``, or
+        ``ClaimRefused`` where its lease was lost (nothing stored for it)."""
+        if not items:
+            return []
+        for proposal, value, _, _ in items:
+            if proposal.number is None:
+                raise ValueError("finish takes a recorded proposal")
+            self._tell(proposal.trial if proposal.trial is not None else proposal, value)
+            self._mine.discard(proposal.number)
+        stored = self.repository.record_trials(
+            self.study_id, [(p.number, params, outcome) for p, _, params, outcome in items], owner=self.owner)
+        for (proposal, _, _, _), record in zip(items, stored):
+            if not isinstance(record, ClaimRefused):
+                self._taken.add(proposal.number)
+        return stored
+
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told by this run: FAIL in memory; its running trial is left without an
         owner, for the next run to measure first."""
-        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
+        self._tell(proposal.trial if proposal.trial is not None else proposal, state=TrialState.FAIL)
         if proposal.number is not None and proposal.number in self._mine:
             self.repository.leave_trial(self.study_id, proposal.number)
             self._mine.discard(proposal.number)
@@ -138,7 +207,7 @@ class MirroredStudy:
     def drop(self, proposal: Proposal) -> None:
         """Never to be told, nor asked again (another coordinator measures it): FAIL in memory,
         its running trial (if any) forgotten."""
-        self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
+        self._tell(proposal.trial if proposal.trial is not None else proposal, state=TrialState.FAIL)
         if proposal.number is not None and proposal.number in self._mine:
             self.repository.drop_trial(self.study_id, proposal.number)
             self._mine.discard(proposal.number)

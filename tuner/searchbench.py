@@ -28,7 +28,12 @@ logger = logging.getLogger("tuner")
 
 # tpe-start: TPE after the family's starting points, as a new study runs with nothing tuned near it;
 # tpe-warm: TPE after the winners of the nearest other landscapes.
-SAMPLERS = ("tpe", "random", "grid", "tpe-start", "tpe-warm")
+SAMPLERS = ("tpe", "random", "grid", "tpe-start", "tpe-warm", "tpe-flight", "tpe-flight-noliar",
+            "tpe-batch", "tpe-batch-noliar")
+# tpe-flight: TPE asked one config at a time with IN_FLIGHT trials in flight (constant liar; -noliar:
+# without), as the coordinator on many GPUs; tpe-batch: tuner.batchtpe's batches, as many in flight.
+IN_FLIGHT = 16
+DEFAULT_SAMPLERS = SAMPLERS[:5]
 NOT_APPLICABLE = {
     "cmaes": "Optuna's CMA-ES samples no categorical parameters (every parameter here is one)",
     "gp": "Optuna's GP sampler needs PyTorch, which the service does not install",
@@ -151,18 +156,81 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
     return hit5 or land.valid, hit2 or land.valid, curve
 
 
+def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tuple[int, int, list[float]]:
+    """:func:`run_once` with ``in_flight`` trials measured at once: the oldest eighth of them
+    (at least one) finish together, then the free slots are filled again (TPE: one ask each,
+    a config in flight asked again fails without counting; tpe-batch: one batch). Trials count
+    in the order they finish."""
+    from collections import deque
+
+    from storage import params_key
+    from tuner.batchtpe import BatchProposer
+
+    space, liar = land.space, not name.endswith("-noliar")
+    valid_check = lambda p: land.family.check(p, land.problem, land.limits) is None  # noqa: E731
+    sampler = search.make_sampler("tpe", space, seed, valid=valid_check, constant_liar=liar)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    batcher = None
+    if name.startswith("tpe-batch"):
+        valid = [c for c in space.configs() if params_key(c) in land.values]
+        batcher = BatchProposer(space, valid, seed=seed, liar=liar)
+    flying: deque[tuple[Any, str, dict[str, Any]]] = deque()  # (trial or None, key, encoded)
+    seen: dict[str, float] = {}
+    curve: list[float] = []
+    hit5 = hit2 = None
+    step = max(1, in_flight // 8)
+    for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
+        keys = {key for _, key, _ in flying}
+        free = min(in_flight - len(flying), land.valid - len(seen) - len(flying))
+        if batcher is not None and free > 0:
+            observed = [(t.params, t.value) for t in study.get_trials(deepcopy=False, states=(
+                optuna.trial.TrialState.COMPLETE,))]
+            for pick in batcher.propose(observed=observed, pending=[e for _, _, e in flying], count=free):
+                flying.append((None, params_key(space.decode(pick)), pick))
+        elif free > 0:
+            trial = study.ask(space.distributions)
+            key = params_key(space.decode(trial.params))
+            if key not in land.values:
+                study.tell(trial, math.inf)
+            elif key in seen or key in keys:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                flying.append((trial, key, trial.params))
+            continue
+        for _ in range(min(step, len(flying))):
+            trial, key, encoded = flying.popleft()
+            value = land.values[key]
+            if trial is None:
+                study.add_trial(optuna.trial.create_trial(params=encoded, distributions=space.distributions,
+                                                          value=value))
+            else:
+                study.tell(trial, value)
+            seen[key] = value
+            curve.append(min(seen.values()) / land.best)
+            if hit5 is None and curve[-1] <= 1.05:
+                hit5 = len(seen)
+            if hit2 is None and curve[-1] <= 1.02:
+                hit2 = len(seen)
+        if hit2 is not None or len(seen) == land.valid:
+            break
+    return hit5 or land.valid, hit2 or land.valid, curve
+
+
 def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
     """The sampler a study would run (TPE told the family's constraints, as ``tune`` does)."""
     return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed,
                                valid=lambda p: land.family.check(p, land.problem, land.limits) is None)
 
 
-def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = SAMPLERS,
-                 progress: Callable[[str], None] | None = None, family: Any = None) -> SearchReport:
+def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = DEFAULT_SAMPLERS,
+                 progress: Callable[[str], None] | None = None, family: Any = None,
+                 in_flight: int = IN_FLIGHT) -> SearchReport:
     """Run every sampler ``seeds`` times on every landscape; ``tpe-start`` starts each landscape
     from the family's starting points, ``tpe-warm`` from the winners of the nearest others that a
     study would warm-start from (at a finite family distance: for attention the same element type,
-    causal flag and head dimension; landscapes with none are skipped, and so is ``tpe-warm`` with a single landscape)."""
+    causal flag and head dimension; landscapes with none are skipped, and so is ``tpe-warm`` with a single landscape).
+    ``tpe-flight``, ``tpe-batch`` and their ``-noliar`` forms run with ``in_flight`` trials measured
+    at once (:func:`run_in_flight`), as a coordinator on many GPUs does."""
     unknown = [s for s in samplers if s not in SAMPLERS]
     if unknown:
         from tuner.errors import UsageError
@@ -184,7 +252,10 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
             if name == "tpe-warm" and not first[name]:
                 continue
             for seed in range(seeds):
-                five, two, curve = run_once(land, _samplers(name, seed, space, land), first.get(name, ()))
+                if name.startswith(("tpe-flight", "tpe-batch")):
+                    five, two, curve = run_in_flight(land, name, seed, in_flight)
+                else:
+                    five, two, curve = run_once(land, _samplers(name, seed, space, land), first.get(name, ()))
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)

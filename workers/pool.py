@@ -42,6 +42,7 @@ from workers.ray_session import start_ray, stop_ray
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
+from workers.simulate import simulated_resources
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +102,17 @@ class WorkerPool:
         measure_options: Mapping[str, Any] | None = None,
         screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,
         ship_folder: bool | None = None,
+        simulate_gpus: int | None = None,
     ) -> None:
         """``ship_folder``: a family given as a folder goes to the actors through Ray's
         ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
-        must be started with it (the pool does, when it starts Ray)."""
+        must be started with it (the pool does, when it starts Ray). ``simulate_gpus``: with
+        ``replay``, that many simulated GPUs that each take a trial's GPU time
+        (:mod:`workers.simulate`), on Ray's custom resource ``sim_gpu`` (the pool's own Ray
+        gets it; a Ray started elsewhere must have it)."""
+        if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
+            raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
+        self._simulate = simulate_gpus
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
@@ -117,7 +125,8 @@ class WorkerPool:
         self._abort_above_ms: float | None = None
         ship_folder = ray_address is not None if ship_folder is None else ship_folder
         self._owns_ray = start_ray(ray_address, need_gpu=replay is None and worker_cls is None,
-                                   runtime_env=runtime_env(family) if ship_folder else None)
+                                   runtime_env=runtime_env(family) if ship_folder else None,
+                                   resources=simulated_resources(simulate_gpus))
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         self._compile_workers = max(1, compile_workers or cpus)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(compile_task)
@@ -158,6 +167,9 @@ class WorkerPool:
                     f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
                     f"not {name} {self.problem.key}")
             self.recorded = tuple(params for params, _ in landscape.entries)
+            if self._simulate:
+                self._start_simulated(str(replay), self._simulate)
+                return
             cls, options = worker_cls or ReplayBench, {"num_gpus": 0}
             args = (str(replay), self._shipment.ref)
         else:
@@ -192,6 +204,44 @@ class WorkerPool:
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
 
+    def _start_simulated(self, replay: str, gpus: int) -> None:
+        """``gpus`` simulated GPUs on host actors (:mod:`workers.simulate`), a slot each."""
+        from workers.simulate import RESOURCE, SimulatedGpu, SimulatedGpus, host_counts
+
+        have = ray.cluster_resources().get(RESOURCE, 0)
+        if have < gpus:
+            raise WorkerError(f"{gpus} simulated GPUs asked, but Ray has {have:g} of the resource "
+                              f"{RESOURCE!r} (start it with resources={{{RESOURCE!r}: {gpus}}})")
+        self._hosts = []
+        for count in host_counts(gpus):
+            cls = ray.remote(SimulatedGpus).options(num_cpus=0, max_restarts=0,
+                                                    resources={RESOURCE: count})
+            self._hosts.append((cls.remote(replay, self._shipment.ref, count), count))
+        self._actor_cls, self._actor_args, self._prepares = None, (), False
+        self._slots = [_Slot(SimulatedGpu(host, i)) for host, count in self._hosts for i in range(count)]
+        try:
+            infos = ray.get([host.device_info.remote() for host, _ in self._hosts], timeout=_START_TIMEOUT_S)
+        except RayError as exc:
+            raise WorkerError(f"a simulated GPU host failed to start: {_one_line(exc)}") from None
+        self.device = infos[0]
+
+    def busy_intervals(self) -> list[tuple[int, float, float]]:
+        """Simulated GPUs: (gpu, start, end) of each measurement, ``time.monotonic`` seconds,
+        GPUs numbered across hosts; [] for real GPUs."""
+        out, first = [], 0
+        for host, count in getattr(self, "_hosts", []):
+            out += [(first + gpu, a, b) for gpu, a, b in ray.get(host.intervals.remote())]
+            first += count
+        return out
+
+    def simulator_lateness(self) -> list[float]:
+        """Simulated GPUs: how late (seconds) each measurement's sleep ended past its GPU time."""
+        return [late for host, _ in getattr(self, "_hosts", []) for late in ray.get(host.lateness.remote())]
+
+    def simulator_cpu_seconds(self) -> float:
+        """The CPU time the simulated GPUs' host processes used (0 for real GPUs)."""
+        return float(sum(ray.get([host.cpu_seconds.remote() for host, _ in getattr(self, "_hosts", [])])))
+
     def _family_name(self) -> str:
         """The family's name (a landscape records it), or the reference when it does not load."""
         try:
@@ -219,6 +269,8 @@ class WorkerPool:
     def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
         """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
         logger.warning("replacing a worker: %s", why)
+        if self._simulate:  # a host holds many simulated GPUs, and they do not die
+            raise WorkerError(f"a simulated GPU failed: {why}")
         ray.kill(slot.actor, no_restart=True)
         self._owners.pop(slot.ready_ref, None)
         for item, ref in reversed(slot.sent):  # sent after the culprit: measured again, first
@@ -243,7 +295,7 @@ class WorkerPool:
 
     @property
     def num_gpus(self) -> int:
-        return 0 if self._replay else len(self._slots)
+        return len(self._slots) if self._simulate or not self._replay else 0
 
     def submit(self, ticket: int, params: Mapping[str, Any], source: str, launch: Launch,
                options: tuple[str, ...]) -> None:
@@ -382,8 +434,10 @@ class WorkerPool:
         self._closed = True
         for ref in self._compiling:
             ray.cancel(ref, force=True)
-        for slot in getattr(self, "_slots", []):
+        for slot in getattr(self, "_slots", []) if not getattr(self, "_simulate", None) else []:
             ray.kill(slot.actor, no_restart=True)
+        for host, _ in getattr(self, "_hosts", []):
+            ray.kill(host, no_restart=True)
         if self._owns_ray:
             stop_ray()
 

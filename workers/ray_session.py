@@ -34,7 +34,8 @@ _watchdog: Watchdog | None = None  # of the local Ray this process started
 
 
 def start_ray(address: str | None = None, *, need_gpu: bool = False,
-              runtime_env: dict[str, Any] | None = None) -> bool:
+              runtime_env: dict[str, Any] | None = None,
+              resources: dict[str, float] | None = None) -> bool:
     """Start Ray, or join the cluster at ``address``, unless this process has it up already;
     True when it started it here. ``need_gpu``: a local Ray on a machine whose driver sees no
     GPU is refused (NoGPUError) before Ray starts, and prints, anything. ``runtime_env``: what
@@ -45,6 +46,7 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     ``host:port`` of the head's GCS and a ``ray://host:port`` of its client server join that
     cluster, each the way ``"auto"`` does in Ray (with this machine's token, where there is
     one). Nothing answering there is :class:`ClusterUnreachable`, within seconds.
+    ``resources``: Ray custom resources of a local Ray (simulated GPUs: :mod:`workers.simulate`).
 
     Ctrl-C and SIGTERM while Ray starts are held until it is up (:func:`_signals_deferred`):
     then Ray is stopped again and the signal delivered, to the handler the process chose. A
@@ -66,8 +68,9 @@ def start_ray(address: str | None = None, *, need_gpu: bool = False,
     try:
         with _signals_deferred(starting=True) as caught:
             logger.debug("starting Ray (%s)", address)
+            extra = {"resources": resources} if resources and address == "local" else {}
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-                     runtime_env=runtime_env)
+                     runtime_env=runtime_env, **extra)
             logger.debug("Ray is up")
     except BaseException:
         if watchdog is not None:

@@ -1,0 +1,190 @@
+"""How many GPUs one coordinator keeps busy, by simulation (issue 16 section 2).
+
+    python3 docs/scripts/scale_sim.py [--gpus 1 8 32 64 128] [--dbs sqlite postgresql]
+        [--modes before after] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]
+        [--pg postgresql://postgres@127.0.0.1:5432/test] [--profile 64]
+
+Each run is one ``tuner.tune`` of the shortest attention landscape (4x8x512x64 fp16 causal, kernels
+of 13-60 us: 27-36 ms of GPU time a trial, ``workers.simulate``) on N simulated GPUs, in a fresh
+database (a SQLite file, or a PostgreSQL database made for the run and dropped after), TPE, seed 1,
+no warm start, no re-timing; ``--trials`` trials or ``--time-limit`` seconds, whichever first.
+``before``: one ask, one lease and one stored result per transaction (``tune(batch=False)``);
+``after``: the batched coordinator (``batch=True``). One Ray for every run, with
+``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
+GPUs). ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
+(PostgreSQL when asked, else SQLite), its top functions printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+LANDSCAPE = ROOT / "tests/data/attention_4x8x512x64-fp16-causal_h200.json"
+PROBLEM = ("attention", "4,8,512,64", "fp16", {"causal": True})
+
+
+def fresh_database(kind: str, pg: str, tmp: Path) -> tuple[str, object]:
+    """A URL of an empty database, and how to drop it."""
+    if kind == "sqlite":
+        path = tmp / f"{uuid.uuid4().hex[:8]}.db"
+        return f"sqlite:///{path}", lambda: path.unlink(missing_ok=True)
+    import psycopg
+
+    name = f"scale_{uuid.uuid4().hex[:10]}"
+    admin = pg.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    base = admin.rsplit("/", 1)[0]
+    return f"postgresql+psycopg://{base.split('://', 1)[1]}/{name}", drop
+
+
+def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool) -> dict:
+    import tuner
+    import tuner.loop as loop
+
+    profiler = cProfile.Profile() if profile else None
+    original = loop.Coordinator._loop
+    if profiler is not None:
+        def profiled(self):  # the coordinator's loop alone, not Ray's start or the database's
+            profiler.enable()
+            try:
+                return original(self)
+            finally:
+                profiler.disable()
+        loop.Coordinator._loop = profiled
+    load = os.getloadavg()[0]
+    try:
+        result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(LANDSCAPE), db=db,
+                            seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode == "after")
+    finally:
+        loop.Coordinator._loop = original
+    row = {"gpus": gpus, "mode": mode, "status": result.status, "reason": result.reason,
+           "load_before": round(load, 1), **result.throughput.to_json()}
+    if profiler is not None:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        row["profile"] = out.getvalue()
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | asks/s | ms an ask "
+            "| DB writes/s | DB ms a trial | sim late ms | load |")
+    lines = [head, "|---" * 14 + "|"]
+    for r in rows:
+        lines.append(
+            f"| {r['db']} | {r['mode']} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
+            f"{r['trials_per_s']:.0f} | {100 * r['busy_min']:.0f}% | {100 * r['busy_mean']:.0f}% | "
+            f"{r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | {r['db_writes_per_s']:.0f} | "
+            f"{r['db_ms_per_trial']:.2f} | {r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (busy, rate) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for db in sorted({r["db"] for r in rows}):
+        for mode in ("before", "after"):
+            mine = sorted((r for r in rows if r["db"] == db and r["mode"] == mode), key=lambda r: r["gpus"])
+            if not mine:
+                continue
+            style = "-" if mode == "after" else "--"
+            marker = "o" if db == "postgresql" else "s"
+            x = [r["gpus"] for r in mine]
+            busy.plot(x, [100 * r["busy_mean"] for r in mine], style, marker=marker, label=f"{db}, {mode}")
+            rate.plot(x, [r["trials_per_s"] for r in mine], style, marker=marker, label=f"{db}, {mode}")
+    gpus = sorted({r["gpus"] for r in rows})
+    busy.axhline(90, color="grey", linewidth=0.8, linestyle=":")
+    rate.plot(gpus, [g / 0.031 for g in gpus], color="grey", linewidth=0.8, linestyle=":",
+              label="every GPU busy (31 ms a trial)")
+    for ax in (busy, rate):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gpus, [str(g) for g in gpus])
+        ax.set_xlabel("simulated GPUs (one coordinator)")
+    busy.set_ylabel("GPU busy share of the study's wall (mean, %)")
+    rate.set_ylabel("measured trials per second")
+    rate.set_yscale("log")
+    busy.legend(fontsize=8)
+    rate.legend(fontsize=8)
+    fig.suptitle("attention 4x8x512x64 fp16 causal replayed on simulated GPUs (2-core machine)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--dbs", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
+    parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "after"])
+    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
+    parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--png", type=Path, default=ROOT / "docs/img/scale_sim.png")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--profile", type=int, metavar="GPUS", help="cProfile the after run on GPUS")
+    args = parser.parse_args()
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    from workers.ray_session import start_ray, stop_ray
+    from workers.simulate import simulated_resources
+
+    start_ray(resources=simulated_resources(max(args.gpus)))
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for db_kind in args.dbs:
+                for mode in args.modes:
+                    for gpus in args.gpus:
+                        url, drop = fresh_database(db_kind, args.pg, Path(tmp))
+                        try:
+                            profile = args.profile == gpus and mode == "after" and db_kind == args.dbs[-1]
+                            row = run(gpus, url, mode, args.trials, args.time_limit, profile)
+                        finally:
+                            drop()
+                        row["db"] = db_kind
+                        rows.append(row)
+                        print(f"{db_kind} {mode} {gpus}: {row['measured']} trials, {row['trials_per_s']:.0f}/s, "
+                              f"busy mean {100 * row['busy_mean']:.0f}%", flush=True)
+    finally:
+        stop_ray()
+    print(table(rows))
+    for row in rows:
+        if "profile" in row:
+            print(f"\ncProfile of the coordinator's loop, {row['db']} {row['mode']} {row['gpus']} GPUs:")
+            print(row.pop("profile"))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.png:
+        args.png.parent.mkdir(parents=True, exist_ok=True)
+        plot(rows, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Many trials' leases, and many results, each in one transaction.
+
+A coordinator feeding tens of GPUs claims and stores hundreds of trials a second; one
+transaction a trial (two round trips and a commit each, the study row locked) made the database
+a limit of its own. These do what ``Repository.claim_trial`` and ``record_trial`` do, for a list::
+
+    granted = repo.claim_trials(study.id, [params_a, params_b], owner="host:pid", limit=200)
+    # [7, ClaimRefused("measured", ...)]: a number, or why that config's lease was refused
+    stored = repo.record_trials(study.id, [(7, params_a, outcome)], owner="host:pid")
+    # [TrialRecord(...)] or ClaimRefused("lost", ...) where the lease was taken over
+
+The rules are ``claim_trial``'s and ``record_trial``'s, in order along the list: a config
+measured or held by another live lease is refused, so is one past the study's ``limit``, and a
+config named twice in one list is granted once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, select
+
+from storage import queries, rows
+from storage.errors import ClaimRefused, StorageError
+from storage.models import RunningTrial, Trial, utcnow
+from storage.records import LEASE_TTL_S, TRIAL_STATUSES, TrialOutcome, TrialRecord, config_key
+
+
+def trial_row(study_id: int, number: int, params: Mapping[str, Any], outcome: TrialOutcome) -> Trial:
+    """A measured trial's row (not added to a session); StorageError for a malformed outcome.
+    NaN floats become None (unknown)."""
+    status, median_ms = outcome.status, outcome.median_ms
+    if status not in TRIAL_STATUSES:
+        raise StorageError(f"unknown trial status {status!r} (one of {', '.join(TRIAL_STATUSES)})")
+    if status == "ok" and (median_ms is None or not math.isfinite(median_ms)):
+        raise StorageError(f"trial {number}: an ok trial needs a finite median_ms, not {median_ms}")
+    gpu_state = outcome.gpu_state
+    if gpu_state is not None:
+        gpu_state = queries.plain_json("gpu_state", gpu_state)
+    values = {name: getattr(outcome, name) for name in rows.TRIAL_FIELDS}
+    values.update({name: queries.known(value) for name, value in values.items() if isinstance(value, float)})
+    plain = queries.plain_json("params", params)
+    return Trial(study_id=study_id, number=number, params=plain, config_key=config_key(plain),
+                 status=status, replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
+
+
+class BatchedTrials:
+    """``Repository``'s batched claims and results (it provides ``_session``)."""
+
+    def claim_trials(self, study_id: int, params: Sequence[Mapping[str, Any]], *, owner: str | None,
+                     limit: int | None = None, ttl_s: float = LEASE_TTL_S) -> list[int | ClaimRefused]:
+        """``claim_trial`` for each config of ``params``, in one transaction: for each, its new
+        running trial's number, or the :class:`ClaimRefused` saying why not."""
+        plain = [queries.plain_json("params", p) for p in params]
+        keys = [config_key(p) for p in plain]
+        out: list[int | ClaimRefused] = []
+        with self._session(f"cannot start trials of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
+            queries.study(session, study_id, lock=True)
+            measured = set(session.scalars(select(Trial.config_key).where(
+                Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
+            held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.config_key.in_(set(keys))))}
+            count = sum(session.scalar(select(func.count()).select_from(model)
+                                       .where(model.study_id == study_id)) or 0
+                        for model in (Trial, RunningTrial))
+            taken = [session.scalar(select(func.max(model.number)).where(model.study_id == study_id))
+                     for model in (Trial, RunningTrial)]
+            number = max((n for n in taken if n is not None), default=-1) + 1
+            now = utcnow()
+            granted: set[str] = set()
+            for config, key in zip(plain, keys):
+                if key in measured:
+                    out.append(ClaimRefused("measured", f"config {key[:12]} of study {study_id} is measured"))
+                    continue
+                if key in granted:
+                    out.append(ClaimRefused("held", f"config {key[:12]} is claimed twice in one batch"))
+                    continue
+                lease = held.get(key)
+                if lease is not None:
+                    fresh = (now - lease.heartbeat_at).total_seconds() < ttl_s
+                    if lease.owner not in (None, owner) and fresh:
+                        out.append(ClaimRefused("held", f"config {key[:12]} of study {study_id} is held by {lease.owner}"))
+                        continue
+                    session.delete(lease)  # a stopped or killed run's: taken over
+                    session.flush()
+                    count -= 1
+                if limit is not None and count >= limit:
+                    out.append(ClaimRefused("full", f"study {study_id} has its {limit} trials"))
+                    continue
+                session.add(RunningTrial(study_id=study_id, number=number, params=config, config_key=key,
+                                         owner=owner, started_at=now, heartbeat_at=now))
+                granted.add(key)
+                out.append(number)
+                number += 1
+                count += 1
+        return out
+
+    def record_trials(self, study_id: int, results: Sequence[tuple[int, Mapping[str, Any], TrialOutcome]],
+                      *, owner: str | None = None) -> list[TrialRecord | ClaimRefused]:
+        """``record_trial`` for each (number, params, outcome), in one transaction: each trial
+        stored in place of its running one, the fastest offered as the best; where ``owner``'s
+        lease of it was taken over, nothing is stored for it and its entry is ClaimRefused("lost")."""
+        made = [trial_row(study_id, number, params, outcome) for number, params, outcome in results]
+        out: list[TrialRecord | ClaimRefused] = []
+        with self._session(f"cannot record trials of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
+            study = queries.study(session, study_id, lock=owner is not None)
+            mine = None
+            if owner is not None:
+                mine = set(session.scalars(select(RunningTrial.number).where(
+                    RunningTrial.study_id == study_id, RunningTrial.owner == owner,
+                    RunningTrial.number.in_([t.number for t in made]))))
+            session.execute(delete(RunningTrial).where(
+                RunningTrial.study_id == study_id, RunningTrial.number.in_([t.number for t in made]),
+                *([RunningTrial.owner == owner] if owner is not None else [])))
+            kept = []
+            for trial in made:
+                if mine is not None and trial.number not in mine:
+                    out.append(ClaimRefused("lost", f"trial {trial.number} of study {study_id}: the lease of "
+                                                    f"{owner} was taken over; its result is not stored"))
+                    continue
+                session.add(trial)
+                kept.append(trial)
+                out.append(trial)  # type: ignore[arg-type]  # made a record below
+            study.updated_at = utcnow()
+            session.flush()
+            ok = [trial for trial in kept if trial.status == "ok"]
+            if ok:  # the fastest alone: offering each in turn ends the same (ties: the first)
+                queries.offer_best(session, study, min(ok, key=lambda t: t.median_ms))
+            return [o if isinstance(o, ClaimRefused) else rows.trial_record(o) for o in out]

@@ -1,0 +1,158 @@
+"""Scale (issue 16 section 2): batched asks, leases and results; TPE's batch proposer; simulated GPUs.
+
+The coordinator runs on the toy family and a fake pool (real Optuna, real storage), the batch
+proposer on its own, and one study on simulated GPUs through real Ray on a recorded landscape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+import tuner
+from storage import ClaimRefused, TrialOutcome, open_repository, params_key
+from tuner import search
+from tuner.batchtpe import BatchProposer
+from tuner.cli import main
+from tuner_doubles import PROBLEM, latency_ms, valid_configs
+from workers.results import Measurement, Timing
+from workers.simulate import EARLY_REPS, FLUSH_S, TRIAL_OVERHEAD_S, WARMUP_S, busy_shares, gpu_time, host_counts
+
+LANDSCAPE = "tests/data/attention_4x8x512x64-fp16-causal_h200.json"
+SIMULATED = ("attention", "4,8,512,64", "fp16", {"causal": True})
+
+
+def _stored_keys(db: str, name: str) -> list[str]:
+    repo = open_repository(db)
+    study = next(s for s in repo.studies() if s.name == name)
+    keys = [params_key(t.params) for t in repo.trials(study.id)]
+    assert repo.running(study.id) == []  # every lease settled
+    return keys
+
+
+@pytest.mark.parametrize("batch, liar", [(True, True), (True, False), (False, True), (False, False)])
+def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twice(toy, db, pools, batch, liar):
+    result = tuner.tune("toy", *PROBLEM, trials=30, db=db, seed=3, batch=batch, constant_liar=liar,
+                        warm_start=0)
+    assert result.status == "finished" and result.measured == 30
+    keys = _stored_keys(db, result.study)
+    assert len(keys) == len(set(keys)) == 30
+    assert pools.used[0].submitted and len(pools.used[0].submitted) == 30
+    throughput = result.throughput
+    assert throughput.measured == 30 and throughput.asks >= 30 and throughput.trials_per_s > 0
+    calls = throughput.db_calls
+    if batch:  # leases and results in batches: fewer transactions than trials
+        assert "claim_trial" not in calls and "record_trial" not in calls
+        assert calls["claim_trials"][0] < 30 and calls["record_trials"][0] < 30
+    else:
+        assert calls["claim_trial"][0] == 30 and calls["record_trial"][0] == 30
+
+
+def test_a_batched_study_resumes_to_a_larger_count_and_finds_what_tpe_finds(toy, db, pools):
+    first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1)
+    again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1)
+    assert again.previous == 20 and again.measured == 20
+    keys = _stored_keys(db, first.study)
+    assert len(keys) == len(set(keys)) == 40
+    best_ok = min(latency_ms(c) for c in valid_configs(toy) if c["WARPS"] != 4 or c["STAGES"] != 2)
+    assert again.best.median_ms <= 1.5 * best_ok
+
+
+def _proposer(toy, **options):
+    space = search.SearchSpace(toy.params)
+    return space, BatchProposer(space, valid_configs(toy), seed=0, **options)
+
+
+@pytest.mark.parametrize("liar", [True, False])
+def test_the_batch_proposer_proposes_new_valid_configs_only(toy, liar):
+    space, proposer = _proposer(toy, liar=liar)
+    valid = {params_key(c) for c in valid_configs(toy)}
+    configs = sorted(valid_configs(toy), key=latency_ms)
+    observed = [(space.encode(c), latency_ms(c)) for c in configs[::3]]
+    observed.append((space.encode({"BLOCK_M": 16, "BLOCK_N": 16, "WARPS": 1, "STAGES": 1}), math.inf))
+    pending = [space.encode(c) for c in configs[1::3]][:5]
+    picks = proposer.propose(observed=observed, pending=pending, count=8)
+    keys = [params_key(space.decode(p)) for p in picks]
+    assert len(keys) == len(set(keys)) == 8
+    seen = {params_key(space.decode(p)) for p, _ in observed} | {params_key(space.decode(p)) for p in pending}
+    assert all(k in valid and k not in seen for k in keys)
+    free = len(valid - seen)
+    assert len(proposer.propose(observed=observed, pending=pending, count=10 * free)) == free
+
+
+def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy):
+    """Told the fastest configs have BLOCK_M=128, its picks favour BLOCK_M=128 over a uniform pick."""
+    space, proposer = _proposer(toy)
+    configs = valid_configs(toy)
+    told = [(space.encode(c), 1.0 if c["BLOCK_M"] == 128 else 10.0) for c in configs[::2]]
+    picks = proposer.propose(observed=told, pending=[], count=6)
+    share = sum(space.decode(p)["BLOCK_M"] == 128 for p in picks) / len(picks)
+    left = [c for c in configs[1::2]]
+    uniform = sum(c["BLOCK_M"] == 128 for c in left) / len(left)
+    assert share > uniform
+
+
+def test_claims_and_results_in_batches_keep_the_lease_rules(url):
+    repo = open_repository(url)
+    study = repo.open_study("s", family="toy", template_hash="h", space={"A": [1, 2, 3, 4, 5]}, shape=[1],
+                            dtype="fp16", flags={}, device={"name": "g", "sm_count": 1,
+                                                            "compute_capability": "9.0", "driver_version": "1",
+                                                            "cuda_version": "13.0"},
+                            sampler="tpe", replay=True, settings={})
+    first = repo.claim_trial(study.id, {"A": 1}, owner="other:1")
+    repo.record_trial(study.id, first, {"A": 1}, TrialOutcome("ok", median_ms=2.0), owner="other:1")
+    repo.claim_trial(study.id, {"A": 2}, owner="h:999999")  # a live lease of another owner
+    got = repo.claim_trials(study.id, [{"A": 1}, {"A": 2}, {"A": 3}, {"A": 3}, {"A": 4}, {"A": 5}],
+                            owner="me:1", limit=4)
+    assert [g.why if isinstance(g, ClaimRefused) else "granted" for g in got] == [
+        "measured", "held", "granted", "held", "granted", "full"]
+    three, four = got[2], got[4]
+    assert three != four and {three, four}.isdisjoint({first})
+    stored = repo.record_trials(study.id, [(three, {"A": 3}, TrialOutcome("ok", median_ms=1.0)),
+                                           (four, {"A": 4}, TrialOutcome("failed", failure="wrong", reason="x"))],
+                                owner="me:1")
+    assert [s.number for s in stored] == [three, four]
+    assert repo.best("toy", [1], "fp16", {}).median_ms == 1.0
+    lost = repo.record_trials(study.id, [(three, {"A": 3}, TrialOutcome("ok", median_ms=0.5))], owner="me:1")
+    assert isinstance(lost[0], ClaimRefused) and lost[0].why == "lost"
+    assert sorted(t.number for t in repo.trials(study.id)) == sorted([first, three, four])
+
+
+def test_a_trials_gpu_time_follows_the_workers_timing():
+    timing = Timing(median_ms=0.02, min_ms=0.019, max_ms=0.021, iqr_ms=0.001, repetitions=200)
+    ok = Measurement(ok=True, timing=timing)
+    seconds, kernel, flush = gpu_time(ok)
+    assert kernel == pytest.approx(WARMUP_S + 205 * 20e-6)
+    assert flush == pytest.approx(200 * FLUSH_S)
+    assert seconds == pytest.approx(kernel + flush + TRIAL_OVERHEAD_S)
+    stopped, _, _ = gpu_time(ok, abort_above_ms=0.01)  # behind the bar: EARLY_REPS repetitions
+    assert stopped == pytest.approx(WARMUP_S + (5 + EARLY_REPS) * 20e-6 + EARLY_REPS * FLUSH_S + TRIAL_OVERHEAD_S)
+    assert gpu_time(Measurement.failed("screened", "spills")) == (0.0, 0.0, 0.0)
+    assert gpu_time(Measurement.failed("wrong", "NaN"))[0] == TRIAL_OVERHEAD_S
+    assert host_counts(128) == [64, 64] and host_counts(8) == [8] and sum(host_counts(100)) == 100
+    assert busy_shares([(0, 1.0, 2.0), (1, 0.0, 5.0), (0, 2.5, 3.0)], 2, 1.0, 3.0) == [0.75, 1.0]
+
+
+def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, tmp_path):
+    result = tuner.tune(*SIMULATED, trials=48, replay=LANDSCAPE, db=url, seed=2, retime=0, warm_start=0,
+                        simulate_gpus=8)
+    assert result.status == "finished" and result.measured == 48
+    throughput = result.throughput
+    assert throughput.gpus == 8 and len(throughput.busy) == 8
+    assert all(0 < share <= 1 for share in throughput.busy)  # every simulated GPU measured
+    # the GPU time of the study's trials, spread over the 8: their busy time is what they measured
+    busy_s = sum(throughput.busy) * throughput.wall_s
+    assert busy_s == pytest.approx(result.gpu_busy_s, rel=0.02)
+    assert 40 * 0.026 < result.gpu_busy_s < 48 * 0.05  # 27-48 ms a trial; a screened one takes none
+    keys = _stored_keys(url, result.study)
+    assert len(keys) == len(set(keys)) == 48
+
+
+def test_simulated_gpus_without_a_replay_is_one_line(tmp_path, capsys):
+    code = main(["tune", *SIMULATED[:1], "--shape", "4,8,512,64", "--dtype", "fp16", "--causal",
+                 "--simulate-gpus", "8", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--simulate-gpus needs --replay" in err and "Traceback" not in err
+    assert not (tmp_path / "x.db").exists()
