@@ -62,12 +62,12 @@ class BatchedTrials:
                 Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.config_key.in_(set(keys))))}
-            count = sum(session.scalar(select(func.count()).select_from(model)
-                                       .where(model.study_id == study_id)) or 0
-                        for model in (Trial, RunningTrial))
-            taken = [session.scalar(select(func.max(model.number)).where(model.study_id == study_id))
-                     for model in (Trial, RunningTrial)]
-            number = max((n for n in taken if n is not None), default=-1) + 1
+            counts = session.execute(select(*(  # one round trip: each table's count and last number
+                select(column).where(model.study_id == study_id).scalar_subquery()
+                for model in (Trial, RunningTrial)
+                for column in (func.count(model.id), func.max(model.number))))).one()
+            count = (counts[0] or 0) + (counts[2] or 0)
+            number = max((n for n in (counts[1], counts[3]) if n is not None), default=-1) + 1
             now = utcnow()
             granted: set[str] = set()
             for config, key in zip(plain, keys):
@@ -106,14 +106,11 @@ class BatchedTrials:
         out: list[TrialRecord | ClaimRefused] = []
         with self._session(f"cannot record trials of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             study = queries.study(session, study_id, lock=owner is not None)
-            mine = None
-            if owner is not None:
-                mine = set(session.scalars(select(RunningTrial.number).where(
-                    RunningTrial.study_id == study_id, RunningTrial.owner == owner,
-                    RunningTrial.number.in_([t.number for t in made]))))
-            session.execute(delete(RunningTrial).where(
+            mine = set(session.scalars(delete(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.number.in_([t.number for t in made]),
-                *([RunningTrial.owner == owner] if owner is not None else [])))
+                *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
+            if owner is None:
+                mine = None
             kept = []
             for trial in made:
                 if mine is not None and trial.number not in mine:

@@ -54,6 +54,9 @@ class BatchProposer:
                                  for e in encoded], dtype=np.int64).reshape(len(encoded), len(self.names))
         self._row = {tuple(row): i for i, row in enumerate(self._points.tolist())}
         self._rng = np.random.default_rng(seed)
+        # each observation's kernel over every valid config, computed once: a batch then sums
+        # columns instead of multiplying (configs x observations x parameters) again
+        self._columns: dict[tuple[int, ...], np.ndarray] = {}
 
     def row(self, encoded: Mapping[str, Any]) -> tuple[int, ...] | None:
         """A config (encoded, as Optuna holds it) as choice indices; None outside the space."""
@@ -83,8 +86,8 @@ class BatchProposer:
         above = np.array([obs[i][0] for i in order[gamma:]] + (flying if self.liar else []),
                          dtype=np.int64).reshape(-1, x.shape[1])
         prior = float(np.prod(1.0 / self._k))
-        log_l = np.log((self._kernels(x, below).sum(axis=1) + prior) / (len(below) + 1))
-        g_sum = self._kernels(x, above).sum(axis=1) + prior
+        log_l = np.log((self._summed(below, free) + prior) / (len(below) + 1))
+        g_sum = self._summed(above, free) + prior
         g_count = len(above) + 1
         alive = np.ones(x.shape[0], dtype=bool)
         picks = []
@@ -100,6 +103,17 @@ class BatchProposer:
                 g_sum += self._kernels(x, x[best][None, :])[:, 0]
                 g_count += 1
         return picks
+
+    def _summed(self, obs: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """The sum of the observations' kernels at the ``free`` valid configs."""
+        total = np.zeros(self._points.shape[0])
+        for row in obs.tolist():
+            key = tuple(row)
+            column = self._columns.get(key)
+            if column is None:
+                column = self._columns[key] = self._kernels(self._points, np.array([row]))[:, 0]
+            total += column
+        return total[free]
 
     def _kernels(self, x: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """(configs, observations): each observation's kernel's probability of each config."""

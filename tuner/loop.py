@@ -333,7 +333,7 @@ class Coordinator:
             if self.trials is not None:
                 measured = self._previous + self._shared + self.progress.counts.measured
                 free = min(free, self.trials - measured - len(self._in_flight))
-            if free <= 0:
+            if free <= 0 or (free < self._min_batch() and self._in_flight):
                 return
             ready = [r for r in map(self._screen, self._propose(free)) if r is not None]
             granted = self._mirror.record_many([(r[0], r[1]) for r in ready], limit=self.trials)
@@ -345,6 +345,13 @@ class Coordinator:
                     self._submit(proposal, params, key, work)
                     sent += 1
             idle_rounds = 0 if sent else idle_rounds + 1
+
+    def _min_batch(self) -> int:
+        """The fewest free slots worth a batch while trials are in flight: an eighth of the
+        lookahead. Each GPU holds its next trial (``workers.pool.ACTOR_DEPTH``), so slots left
+        free a while leave no GPU idle, and a batch's fixed costs (the model, two transactions)
+        are shared by more trials."""
+        return max(1, self.lookahead // 8)
 
     def _propose(self, count: int) -> list[Proposal]:
         """``count`` proposals of the sampler: asked one by one where configs are enqueued (warm

@@ -44,6 +44,19 @@ class ThroughputReport:
     busy: tuple[float, ...] = ()  # each simulated GPU's busy share of the wall
     simulator_cpu_s: float = 0.0
     simulator_late_ms: float = 0.0  # mean overrun of a simulated GPU's sleep (machine too busy)
+    cpu_s: float = 0.0  # the coordinator process's CPU time (its threads: Ray's driver, the database's client)
+    gpu_s_per_trial: float = 0.0  # mean simulated GPU time of a measured trial
+
+    @property
+    def cpu_ms_per_trial(self) -> float:
+        return 1e3 * self.cpu_s / max(self.measured, 1)
+
+    @property
+    def gpus_one_core_feeds(self) -> float:
+        """GPUs this coordinator would keep busy with a core of its own: its trials a second
+        on one core (1 / CPU time a trial) times a trial's GPU time. An estimate that a busy
+        machine does not skew; the database server's own CPU is not counted."""
+        return self.gpu_s_per_trial / (self.cpu_s / self.measured) if self.measured and self.cpu_s else 0.0
 
     @property
     def busy_min(self) -> float:
@@ -69,6 +82,9 @@ class ThroughputReport:
             "busy_min": round(self.busy_min, 4), "busy_mean": round(self.busy_mean, 4),
             "busy_median": round(self.busy_median, 4), "simulator_cpu_s": round(self.simulator_cpu_s, 2),
             "simulator_late_ms": round(self.simulator_late_ms, 3),
+            "cpu_s": round(self.cpu_s, 3), "cpu_ms_per_trial": round(self.cpu_ms_per_trial, 3),
+            "gpu_ms_per_trial": round(1e3 * self.gpu_s_per_trial, 3),
+            "gpus_one_core_feeds": round(self.gpus_one_core_feeds, 1),
         }
 
 
@@ -84,12 +100,16 @@ class Meter:
     db: dict[str, list[float]] = field(default_factory=dict)  # method -> [calls, seconds]
     started: float | None = None
     stopped: float | None = None
+    cpu_started: float = 0.0
+    cpu_stopped: float | None = None
 
     def start(self) -> None:
         self.started = self.clock()
+        self.cpu_started = time.process_time()
 
     def stop(self) -> None:
         self.stopped = self.clock()
+        self.cpu_stopped = time.process_time()
 
     def asked(self, seconds: float, count: int = 1) -> None:
         self.asks += count
@@ -121,6 +141,8 @@ class Meter:
             db_writes_per_s=writes / wall, db_ms_per_trial=1e3 * db_s / max(measured, 1),
             busy=busy, simulator_cpu_s=simulator_cpu_s,
             simulator_late_ms=1e3 * statistics.fmean(lateness) if lateness else 0.0,
+            cpu_s=(self.cpu_stopped if self.cpu_stopped is not None else time.process_time()) - self.cpu_started,
+            gpu_s_per_trial=sum(b - a for _, a, b in intervals) / max(len(intervals), 1),
         )
 
 

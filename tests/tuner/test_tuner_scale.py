@@ -96,11 +96,16 @@ def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy
 
 def test_claims_and_results_in_batches_keep_the_lease_rules(url):
     repo = open_repository(url)
-    study = repo.open_study("s", family="toy", template_hash="h", space={"A": [1, 2, 3, 4, 5]}, shape=[1],
-                            dtype="fp16", flags={}, device={"name": "g", "sm_count": 1,
-                                                            "compute_capability": "9.0", "driver_version": "1",
-                                                            "cuda_version": "13.0"},
-                            sampler="tpe", replay=True, settings={})
+    device = {"name": "g", "sm_count": 1, "compute_capability": "9.0", "driver_version": "1", "cuda_version": "13.0"}
+
+    def study_of(name, shape):
+        return repo.open_study(name, family="toy", template_hash="h", space={"A": [1, 2, 3, 4, 5]}, shape=shape,
+                               dtype="fp16", flags={}, device=device, sampler="tpe", replay=True, settings={})
+
+    other = study_of("other", [2])  # rows of another study first: numbers are the study's own
+    for number in repo.claim_trials(other.id, [{"A": 1}, {"A": 2}, {"A": 3}], owner="me:1"):
+        repo.record_trial(other.id, number, {"A": 9}, TrialOutcome("ok", median_ms=3.0))
+    study = study_of("s", [1])
     first = repo.claim_trial(study.id, {"A": 1}, owner="other:1")
     repo.record_trial(study.id, first, {"A": 1}, TrialOutcome("ok", median_ms=2.0), owner="other:1")
     repo.claim_trial(study.id, {"A": 2}, owner="h:999999")  # a live lease of another owner
@@ -109,7 +114,7 @@ def test_claims_and_results_in_batches_keep_the_lease_rules(url):
     assert [g.why if isinstance(g, ClaimRefused) else "granted" for g in got] == [
         "measured", "held", "granted", "held", "granted", "full"]
     three, four = got[2], got[4]
-    assert three != four and {three, four}.isdisjoint({first})
+    assert (first, three, four) == (0, 2, 3)
     stored = repo.record_trials(study.id, [(three, {"A": 3}, TrialOutcome("ok", median_ms=1.0)),
                                            (four, {"A": 4}, TrialOutcome("failed", failure="wrong", reason="x"))],
                                 owner="me:1")
