@@ -354,11 +354,15 @@ class Coordinator:
         return max(1, self.lookahead // 8)
 
     def _propose(self, count: int) -> list[Proposal]:
-        """``count`` proposals of the sampler: asked one by one where configs are enqueued (warm
-        start, settled trials) or the sampler is not TPE; else one batch of TPE's."""
-        batcher = self._batcher()
-        if batcher is None or self._mirror.waiting():
+        """Up to ``count`` proposals: the sampler's asks where it is not TPE; else the configs
+        enqueued (warm start, settled trials) first, asked with their params, or else one batch of
+        :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
+        is asked no more: it lacks the batches' trials)."""
+        batcher, waiting = self._batcher(), self._mirror.waiting()
+        if batcher is None:
             return [self._mirror.ask(self.space.distributions) for _ in range(count)]
+        if waiting:  # enqueued configs, asked with their own params (the sampler draws nothing)
+            return [self._mirror.ask(self.space.distributions) for _ in range(min(count, waiting))]
         began = time.perf_counter()
         pending = [f.proposal.params for f in self._in_flight.values()]
         picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)

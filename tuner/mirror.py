@@ -44,7 +44,8 @@ SYNC_INTERVAL_S = 5.0
 class Proposal:
     """One asked config: its in-memory trial and, once recorded, its stored trial's number. A
     config proposed outside Optuna's ask (a batch: :mod:`tuner.batchtpe`) has no trial but its
-    ``encoded`` params; told, it is added to the memory study as a finished trial."""
+    ``encoded`` params; told, it joins :meth:`MirroredStudy.observed` alone (adding it to the
+    memory study cost 1 ms a trial, and the batch proposer reads the observations only)."""
 
     trial: Trial | None
     number: int | None = None
@@ -78,6 +79,7 @@ class MirroredStudy:
         a :class:`tuner.meter.Meter` that times the sampler's asks and tells."""
         self.repository, self.study_id, self.space, self.owner = repository, study_id, space, owner
         self.meter = meter
+        self._observed: list[tuple[dict[str, Any], float]] = []  # see observed()
         self.memory = search.memory_study(sampler)
         self._taken: set[int] = set()  # stored trial numbers the memory study holds
         self._mine: set[int] = set()  # running trials this mirror recorded
@@ -102,19 +104,19 @@ class MirroredStudy:
 
     def proposed(self, encoded: Mapping[str, Any]) -> Proposal:
         """A config (as Optuna holds it) proposed outside the sampler's ask: no trial in the memory
-        study until it is told (:meth:`_tell` adds it, finished; Optuna's ask and tell cost 1 ms a
-        config more than adding it)."""
+        study (Optuna's ask and tell cost 1 ms a config); told, it joins :meth:`observed`."""
         return Proposal(None, encoded=dict(encoded))
 
     def _tell(self, trial: Trial | Proposal | None, value: float | None = None,
               state: TrialState | None = None) -> None:
         began = time.perf_counter()
-        if isinstance(trial, Proposal):  # asked outside Optuna: added once it has a value
+        if isinstance(trial, Proposal):  # asked outside Optuna: its proposer reads observed()
             if value is not None and state is None:
-                self.memory.add_trial(optuna.trial.create_trial(
-                    params=trial.params, distributions=self.space.distributions, value=value))
+                self._observed.append((trial.params, float(value)))
         else:
             self.memory.tell(trial, value, state=state, skip_if_finished=True)
+            if value is not None and state is None:
+                self._observed.append((trial.params, float(value)))
         if self.meter is not None:
             self.meter.told(time.perf_counter() - began)
 
@@ -144,9 +146,10 @@ class MirroredStudy:
         return len(self.memory.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def observed(self) -> list[tuple[dict[str, Any], float]]:
-        """The sampler's completed trials: (params as Optuna holds them, value)."""
-        return [(t.params, float(t.value)) for t in self.memory.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+        """Every config told with a value, by the sampler's asks, outside them (a batch's
+        proposals: not in the memory study, whose sampler a batch does not ask) or from the
+        stored trials: (params as Optuna holds them, value)."""
+        return list(self._observed)
 
     def renew(self, force: bool = False) -> None:
         """Renew the leases of the trials this mirror recorded, at most every ``LEASE_RENEW_S``."""
@@ -228,6 +231,7 @@ class MirroredStudy:
             frozen = search.stored_trial(self.space, trial.params, objective(trial))
             if frozen is not None:
                 self.memory.add_trial(frozen)
+                self._observed.append((dict(frozen.params), float(frozen.value)))
             finished.append(trial)
         running = [r for r in self.repository.running(self.study_id) if r.number not in self._mine]
         return Synced(tuple(finished), tuple(running))
