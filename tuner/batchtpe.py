@@ -35,6 +35,7 @@ from tuner import search
 
 N_CANDIDATES = 24  # TPE's n_ei_candidates
 N_STARTUP = search.N_STARTUP_TRIALS
+GAMMA = 0.1  # the share of observations that make l(x), as TPE's default_gamma
 
 
 class BatchProposer:
@@ -81,7 +82,7 @@ class BatchProposer:
             chosen = self._rng.choice(free.size, size=min(count, free.size), replace=False)
             return [self._encoded(x[i]) for i in chosen]
         order = sorted(range(len(obs)), key=lambda i: (obs[i][1], i))  # inf (failed) last
-        gamma = min(math.ceil(0.1 * len(obs)), 25)
+        gamma = min(math.ceil(GAMMA * len(obs)), 25)
         below = np.array([obs[i][0] for i in order[:gamma]], dtype=np.int64)
         above = np.array([obs[i][0] for i in order[gamma:]] + (flying if self.liar else []),
                          dtype=np.int64).reshape(-1, x.shape[1])

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop after N measured trials of the study (default 100; grid: all)")
     budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
                         help="stop after this long, e.g. 90s, 30m, 2h")
-    tune.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
+    tune.add_argument("--sampler", choices=("tpe", "random", "grid", "tpe-batch"), default="tpe")
     tune.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     tune.add_argument("--replay", metavar="FILE", help="answer from a recorded landscape (no GPU)")
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each problem's study to N measured trials (default 100)")
     budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
                         help="each problem this long, e.g. 90s, 30m, 2h")
-    many.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
+    many.add_argument("--sampler", choices=("tpe", "random", "grid", "tpe-batch"), default="tpe")
     many.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     many.add_argument("--replay", nargs="+", metavar="FILE",
                       help="answer from recorded landscapes: files or folders, one recording each problem")

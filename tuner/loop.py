@@ -321,9 +321,9 @@ class Coordinator:
 
     # -- batches: many asks, one claim transaction; the results of a poll in one transaction -----
     def _fill_batch(self) -> None:
-        """``_fill`` in batches: the free slots' configs proposed at once (TPE: one model for the
-        batch, :class:`tuner.batchtpe.BatchProposer`; other samplers ask one by one), screened,
-        and their leases claimed in one transaction (``Repository.claim_trials``)."""
+        """``_fill`` in batches: the free slots' configs asked (``tpe-batch``: proposed at once,
+        one model for the batch, :class:`tuner.batchtpe.BatchProposer`), screened, and their
+        leases claimed in one transaction (``Repository.claim_trials``)."""
         self._synced(self._mirror.sync())
         idle_rounds = 0
         while idle_rounds < 4:
@@ -354,7 +354,7 @@ class Coordinator:
         return max(1, self.lookahead // 8)
 
     def _propose(self, count: int) -> list[Proposal]:
-        """Up to ``count`` proposals: the sampler's asks where it is not TPE; else the configs
+        """Up to ``count`` proposals: the sampler's asks where it is not ``tpe-batch``; else the configs
         enqueued (warm start, settled trials) first, asked with their params, or else one batch of
         :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
         is asked no more: it lacks the batches' trials)."""
@@ -371,8 +371,8 @@ class Coordinator:
         return [self._mirror.proposed(pick) for pick in picks]
 
     def _batcher(self) -> Any:
-        """The batch proposer of a TPE study (None for the other samplers), made once."""
-        if self._proposer is None and isinstance(self.sampler, optuna.samplers.TPESampler):
+        """The batch proposer of a ``tpe-batch`` study (None for the other samplers), made once."""
+        if self._proposer is None and getattr(self.sampler, "batch_proposals", False):
             from tuner.batchtpe import BatchProposer
 
             valid = [c for c in self.family.valid_configs(self.problem, self.pool.limits)

@@ -43,7 +43,7 @@ from storage import LEASE_TTL_S
 from templates.family import Param, Problem
 from tuner.errors import UsageError
 
-SAMPLERS = ("tpe", "random", "grid")
+SAMPLERS = ("tpe", "random", "grid", "tpe-batch")
 FAILED_VALUE = float("inf")  # the objective of a config that failed or cannot run
 N_STARTUP_TRIALS = 10
 
@@ -132,16 +132,20 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
                  valid: Callable[[dict[str, Any]], bool] | None = None,
                  constant_liar: bool = True) -> optuna.samplers.BaseSampler:
     """``tpe`` (multivariate, constant liar for trials in flight unless ``constant_liar=False``),
-    ``random`` or ``grid``.
+    ``random`` or ``grid``; ``tpe-batch``: TPE whose coordinator proposes in batches
+    (:mod:`tuner.batchtpe`: one model a batch, for many GPUs; it needs more trials than ``tpe``
+    to come as near the best, docs/BENCHMARKS.md).
     A grid given ``points`` (the family's valid configs) walks those alone, in random order;
     without, it walks the whole product of the parameters' choices. TPE given ``valid`` (the
     family's constraints, on decoded params) prefers the candidates they accept."""
-    if kind == "tpe":
+    if kind in ("tpe", "tpe-batch"):
         options = dict(seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS,
                        constant_liar=constant_liar)
-        if valid is None:
+        if valid is None and kind == "tpe":
             return optuna.samplers.TPESampler(**options)
-        return _ConstrainedTPESampler(space, valid, **options)
+        sampler = _ConstrainedTPESampler(space, valid or (lambda params: True), **options)
+        sampler.batch_proposals = kind == "tpe-batch"
+        return sampler
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid" and points is not None:
@@ -173,6 +177,7 @@ class _ConstrainedTPESampler(optuna.samplers.TPESampler):
         self._points: list[tuple[Any, ...]] | None = None
         self.batch_seed = options.get("seed")  # for tuner.batchtpe.BatchProposer
         self.constant_liar = bool(options.get("constant_liar"))
+        self.batch_proposals = False  # the coordinator proposes in batches (sampler "tpe-batch")
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ of 13-60 us: 27-36 ms of GPU time a trial, ``workers.simulate``) on N simulated 
 database (a SQLite file, or a PostgreSQL database made for the run and dropped after), TPE, seed 1,
 no warm start, no re-timing; ``--trials`` trials or ``--time-limit`` seconds, whichever first.
 ``before``: one ask, one lease and one stored result per transaction (``tune(batch=False)``);
-``after``: the batched coordinator (``batch=True``). One Ray for every run, with
+``batched``: TPE's asks, leases and results in batches (``batch=True``); ``after``: that and
+TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, with
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
 GPUs). ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed.
@@ -73,7 +74,8 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool)
     load = os.getloadavg()[0]
     try:
         result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(LANDSCAPE), db=db,
-                            seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode == "after")
+                            seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode != "before",
+                            sampler="tpe-batch" if mode == "after" else "tpe")
     finally:
         loop.Coordinator._loop = original
     row = {"gpus": gpus, "mode": mode, "status": result.status, "reason": result.reason,
@@ -106,11 +108,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, (busy, rate) = plt.subplots(1, 2, figsize=(11, 4.2))
     for db in sorted({r["db"] for r in rows}):
-        for mode in ("before", "after"):
+        for mode in ("before", "batched", "after"):
             mine = sorted((r for r in rows if r["db"] == db and r["mode"] == mode), key=lambda r: r["gpus"])
             if not mine:
                 continue
-            style = "-" if mode == "after" else "--"
+            style = {"after": "-", "batched": "-.", "before": "--"}[mode]
             marker = "o" if db == "postgresql" else "s"
             x = [r["gpus"] for r in mine]
             busy.plot(x, [100 * r["busy_mean"] for r in mine], style, marker=marker, label=f"{db}, {mode}")
@@ -138,7 +140,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--dbs", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
-    parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "after"])
+    parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "batched", "after"])
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
     parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))

@@ -32,10 +32,13 @@ def _stored_keys(db: str, name: str) -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("batch, liar", [(True, True), (True, False), (False, True), (False, False)])
-def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twice(toy, db, pools, batch, liar):
+@pytest.mark.parametrize("sampler, batch, liar", [
+    ("tpe-batch", True, True), ("tpe-batch", True, False), ("tpe", True, True), ("tpe", False, True),
+    ("tpe", False, False)])
+def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twice(
+        toy, db, pools, sampler, batch, liar):
     result = tuner.tune("toy", *PROBLEM, trials=30, db=db, seed=3, batch=batch, constant_liar=liar,
-                        warm_start=0)
+                        warm_start=0, sampler=sampler)
     assert result.status == "finished" and result.measured == 30
     keys = _stored_keys(db, result.study)
     assert len(keys) == len(set(keys)) == 30
@@ -51,8 +54,8 @@ def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twi
 
 
 def test_a_batched_study_resumes_to_a_larger_count_and_finds_what_tpe_finds(toy, db, pools):
-    first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1)
-    again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1)
+    first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1, sampler="tpe-batch")
+    again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1, sampler="tpe-batch")
     assert again.previous == 20 and again.measured == 20
     keys = _stored_keys(db, first.study)
     assert len(keys) == len(set(keys)) == 40
@@ -142,7 +145,7 @@ def test_a_trials_gpu_time_follows_the_workers_timing():
 
 def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, tmp_path):
     result = tuner.tune(*SIMULATED, trials=48, replay=LANDSCAPE, db=url, seed=2, retime=0, warm_start=0,
-                        simulate_gpus=8)
+                        simulate_gpus=8, sampler="tpe-batch")
     assert result.status == "finished" and result.measured == 48
     throughput = result.throughput
     assert throughput.gpus == 8 and len(throughput.busy) == 8
