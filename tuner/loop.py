@@ -165,6 +165,7 @@ class Coordinator:
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
         self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
+        self._valid_keys: set[str] = set()  # the family's valid configs (made by _resume)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -375,8 +376,7 @@ class Coordinator:
         if self._proposer is None and getattr(self.sampler, "batch_proposals", False):
             from tuner.batchtpe import BatchProposer
 
-            valid = [c for c in self.family.valid_configs(self.problem, self.pool.limits)
-                     if self.space.contains(c)]
+            valid = [c for c in self.space.configs() if params_key(c) in self._valid_keys]
             self._proposer = BatchProposer(self.space, valid, seed=getattr(self.sampler, "batch_seed", None),
                                            liar=getattr(self.sampler, "constant_liar", True))
         return self._proposer
@@ -523,6 +523,7 @@ class Coordinator:
         """Load what the study measured before into the sampler; settle running trials a killed
         or interrupted run left; queue the ``first`` configs not measured yet."""
         valid = {params_key(c) for c in self.family.valid_configs(self.problem, self.pool.limits)}
+        self._valid_keys = valid  # for the batch proposer (checking them again cost 0.6 s)
         self._n_valid = len(valid)
         synced = self._mirror.sync(force=True)
         assert synced is not None
