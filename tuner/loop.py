@@ -369,6 +369,8 @@ class Coordinator:
         picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)
         if self.meter is not None:
             self.meter.asked(time.perf_counter() - began, len(picks))
+        if not picks and not self._in_flight:  # every valid config of the space is measured
+            self._unmeasured.clear()
         return [self._mirror.proposed(pick) for pick in picks]
 
     def _batcher(self) -> Any:

@@ -164,3 +164,12 @@ def test_simulated_gpus_without_a_replay_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--simulate-gpus needs --replay" in err and "Traceback" not in err
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_batched_study_of_the_whole_space_stops_when_every_valid_config_is_measured(toy, db, pools):
+    result = tuner.tune("toy", *PROBLEM, trials=500, db=db, seed=0, sampler="tpe-batch", warm_start=0)
+    valid = len(valid_configs(toy))
+    assert result.status == "finished" and result.measured == valid
+    assert result.reason == f"every valid config ({valid}) measured"
+    keys = _stored_keys(db, result.study)
+    assert len(keys) == len(set(keys)) == valid
