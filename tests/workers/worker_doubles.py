@@ -103,3 +103,14 @@ class FamilyBench(FakeBench):
         return Measurement(ok=check.ok, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=check.error,
                            detail=f"pid={os.getpid()} family={fam.name} folder={fam.folder} "
                                   f"prepared={self.prepared}")
+
+
+class SlowStartBench(FakeBench):
+    """A bench that takes START_S to start (as a GPU worker takes to make its context and upload
+    the problem): what replacing one costs is measurable."""
+
+    START_S = 0.6
+
+    def __init__(self) -> None:
+        super().__init__()
+        time.sleep(self.START_S)
