@@ -302,6 +302,8 @@ def _tune(args: argparse.Namespace) -> int:
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
+    for line in report.fault_lines(result):
+        print(line)
     return code
 
 
