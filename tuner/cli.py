@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api
+from tuner import api, check_cli
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -202,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
+    check_cli.add_parser(sub, common, _seconds)
     return parser
 
 
@@ -501,7 +502,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
