@@ -34,7 +34,7 @@ from tuner.errors import (
 _MODULES = {
     "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
                   "studies", "tune", "validate"),
-    "tuner.check": ("check",),
+    "tuner.sanitize": ("check",),
     "tuner.covered": ("coverage",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),

@@ -1,4 +1,4 @@
-"""``tuner check``: the command line of :func:`tuner.check.check`, kept beside ``tuner/cli.py``
+"""``tuner check``: the command line of :func:`tuner.sanitize.check`, kept beside ``tuner/cli.py``
 (which only adds it to its commands)::
 
     tuner check STUDY [--tools memcheck,racecheck,synccheck] [--trial N] [--family REF] [--json]
@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from tuner.check import TOOLS, CheckResult, check
+from tuner.sanitize import TOOLS, CheckResult, check
 from tuner.cli_text import plain
 from tuner.progress import format_params
 

@@ -20,7 +20,7 @@ from typing import Any
 from templates import get_family
 from templates.family import Problem
 from workers.compile import compile_cubin, default_cache_dir
-from workers.errors import CompileError, LaunchError
+from workers.errors import CompileError, LaunchError, NoGPUError
 from workers.results import CompileRequest
 
 
@@ -39,7 +39,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                                cache_dir=spec.get("cache_dir") or default_cache_dir())
     except CompileError as error:
         return {"ok": False, "failure": "compile", "reason": str(error)}
-    bench = GpuBench(0)
+    try:
+        bench = GpuBench(0)
+    except NoGPUError as error:
+        return {"ok": False, "failure": "worker", "reason": str(error)}
     trial = None
     try:
         trial = verified(bench, binary, launch, family, problem, seed=int(spec.get("seed", 0)))

@@ -192,7 +192,7 @@ def run_tool(tool: str, spec: RunSpec, *, sanitizer: str, timeout_s: float = DEF
         command = sanitizer_command(sanitizer, tool, paths["sanitizer.log"], paths["spec.json"], paths["out.json"])
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+                                   start_new_session=True, env=_runner_env())
         try:
             output, _ = process.communicate(timeout=timeout_s)
             timed_out = False
@@ -207,6 +207,15 @@ def run_tool(tool: str, spec: RunSpec, *, sanitizer: str, timeout_s: float = DEF
     notes = report.notes if report.complete else (*report.notes, *_tail(output))
     return SanitizerReport(report.tool, report.errors, report.warnings, report.kinds, report.first,
                            report.complete and not timed_out, outcome, notes, seconds)
+
+
+def _runner_env() -> dict[str, str]:
+    """This environment, with the folder that holds ``workers`` first on PYTHONPATH: the runner
+    imports the same code as this process, however this process found it."""
+    env = dict(os.environ)
+    home = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([home, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return env
 
 
 def _outcome(out: Path, output: str, code: int | None, timed_out: bool, timeout_s: float) -> str:

@@ -153,3 +153,12 @@ def test_a_config_that_does_not_compile_is_said_and_not_run(study, db, sanitizer
     broken = next(t.number for t in detail.trials if t.params["FAULT"] == "compile_error")
     assert _check(study.study, "--trial", str(broken), "--family", FAULTS, db=db) == 1
     assert "does not compile: " in capsys.readouterr().out
+
+
+def test_the_api_call_returns_each_tools_report(study, db, sanitizer):
+    (result,) = tuner.check(study.study, tools="memcheck,synccheck", family=FAULTS, db=db)
+    assert result.clean and result.trial_number == study.best.trial_number
+    assert [r.tool for r in result.reports] == ["memcheck", "synccheck"]
+    assert all(r.complete and r.errors == 0 and r.outcome == "ok" for r in result.reports)
+    with pytest.raises(tuner.UsageError, match="unknown sanitizer tool 'asan'"):
+        tuner.check(study.study, tools=["asan"], db=db)

@@ -162,3 +162,27 @@ def test_the_command_runs_the_runner_under_the_tool():
     command = sanitizer_command("/opt/cs", "racecheck", Path("/t/log"), Path("/t/spec.json"), Path("/t/out.json"))
     assert command[:3] == ["/opt/cs", "--tool", "racecheck"] and "--log-file" in command
     assert command[-5:] == [sys.executable, "-m", "workers.sanitize_run", "/t/spec.json", "/t/out.json"]
+
+
+def _runner(tmp_path, params) -> dict:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    spec = RunSpec(str(root / "docs" / "examples" / "faults"), {"shape": [4096], "dtype": "fp32", "flags": {}},
+                   params, cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_json()))
+    done = subprocess.run([sys.executable, "-m", "workers.sanitize_run", str(tmp_path / "spec.json"),
+                           str(tmp_path / "out.json")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def test_the_runner_says_a_config_does_not_compile(tmp_path):
+    said = _runner(tmp_path, {"FAULT": "compile_error", "BLOCK": 256, "ITEMS": 1})
+    assert said["ok"] is False and said["failure"] == "compile" and "#error" in said["reason"]
+
+
+@pytest.mark.skipif(__import__("workers.driver", fromlist=["gpu_count"]).gpu_count() > 0, reason="a GPU is visible")
+def test_the_runner_without_a_gpu_says_so(tmp_path):
+    said = _runner(tmp_path, {"FAULT": "none", "BLOCK": 256, "ITEMS": 1})
+    assert said == {"ok": False, "failure": "worker", "reason": said["reason"]} and "GPU" in said["reason"]
