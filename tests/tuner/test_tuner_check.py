@@ -162,3 +162,11 @@ def test_the_api_call_returns_each_tools_report(study, db, sanitizer):
     assert all(r.complete and r.errors == 0 and r.outcome == "ok" for r in result.reports)
     with pytest.raises(tuner.UsageError, match="unknown sanitizer tool 'asan'"):
         tuner.check(study.study, tools=["asan"], db=db)
+
+
+def test_all_winners_checks_every_stored_best_and_says_which_it_could_not_load(study, db, sanitizer, capsys):
+    assert _check("--all-winners", "--tools", "memcheck", db=db) == 1  # "faults" is no installed name
+    out = capsys.readouterr().out
+    assert "| faults 1024-fp32 #" in out and "cannot load the family 'faults'" in out
+    assert _check("--all-winners", "--tools", "memcheck", "--family", FAULTS, db=db) == 0
+    assert "1 config(s) checked: clean" in capsys.readouterr().out
