@@ -15,7 +15,7 @@ in /usr/local/cuda/bin) or without a GPU: one :class:`tuner.TunerError` line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tuner import database, lookup
@@ -60,7 +60,6 @@ class _Target:
     flags: dict[str, Any]
     params: dict[str, Any]
     template_hash: str
-    why: list[str] = field(default_factory=list)
 
 
 def check(study: str | None = None, *, tools: Sequence[str] = TOOLS, trial: int | None = None,

@@ -6,7 +6,6 @@ answer): all without a GPU."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
 import time
