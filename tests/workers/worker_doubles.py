@@ -38,7 +38,8 @@ class FakeBench:
             time.sleep(0.5)
         if behaviour == "hang":
             time.sleep(3600)
-        if behaviour == "exit":
+        if behaviour == "exit":  # dies mid-trial: a process that died at the very start of a task
+            time.sleep(0.2)      # could lose the reply of the task before it (Ray sends it on a thread)
             os._exit(3)
         if behaviour == "crash":
             self.dead = True
