@@ -34,6 +34,7 @@ from tuner.errors import (
 _MODULES = {
     "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
                   "studies", "tune", "validate"),
+    "tuner.sanitize": ("check",),
     "tuner.covered": ("coverage",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
@@ -54,6 +55,7 @@ __all__ = [
     "WorkerFailure",
     "bench",
     "best",
+    "check",
     "coverage",
     "export",
     "export_optuna",

@@ -59,6 +59,7 @@ class TuneResult:
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
     shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
+    faults: tuple[Any, ...] = ()  # tuner.faults.FaultCost: this call's failed trials and their cost
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ def tune_here(
         previous=outcome.previous, elapsed_s=outcome.elapsed_s, gpu_busy_s=gpu_busy,
         best=best_now, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
         kernel_busy_s=kernel_busy, flush_busy_s=flush_busy, shared=outcome.shared,
+        faults=outcome.faults,
     )
 
 

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api
+from tuner import api, check_cli
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -202,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
+    check_cli.add_parser(sub, common, _seconds)
     return parser
 
 
@@ -302,6 +303,8 @@ def _tune(args: argparse.Namespace) -> int:
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
+    for line in report.fault_lines(result):
+        print(line)
     return code
 
 
@@ -499,7 +502,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     time_line(result)   # "4s (2.7 s GPU busy, 78%; kernels 2.3 s, 67%; L2 flushes 0.2 s, 6%), 1725 trials/min"
     best_line(winner)   # "0.0206 ms re-timed, 104.0 TFLOPS {BLOCK_M: 64, ...}"
+    fault_lines(result) # the time each kind of failure cost the run (tuner.faults), as a table
     plain(record)       # a frozen dataclass as dicts and lists, for --json
     bench_table(rows)   # `tuner bench`'s table, and a line for each peer without a time
 """
@@ -13,6 +14,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from tuner.bench import AGREEMENT, ratio_text
+from tuner.faults import fault_rows, fault_table
 from tuner.progress import format_params, format_seconds
 from tuner.retime import clock_change
 
@@ -62,6 +64,15 @@ def time_line(result: Any) -> str:
     if result.elapsed_s > 0 and result.measured:
         line += f", {60 * result.measured / result.elapsed_s:.0f} trials/min"
     return line
+
+
+def fault_lines(result: Any) -> list[str]:
+    """What the run's failed trials cost, per failure kind (none: no lines)."""
+    if not result.faults:
+        return []
+    lines = fault_table(fault_rows(result.faults))
+    return ["faults    time lost per failure kind: submission to failed result, plus worker replacement",
+            *(f"          {line}" for line in lines)]
 
 
 def best_line(winner: Any) -> str:

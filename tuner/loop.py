@@ -53,6 +53,7 @@ import optuna
 from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
+from tuner.faults import FaultCost
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
@@ -87,6 +88,7 @@ class _InFlight:
     params: dict[str, Any]
     key: str
     followers: list[Proposal] = field(default_factory=list)
+    submitted: float = 0.0  # the coordinator's clock when it went to the pool
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class LoopOutcome:
     elapsed_s: float
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
     shared: int = 0  # measured meanwhile by other coordinators sharing the study
+    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.faults)
 
 
 def default_lookahead(pool: Pool) -> int:
@@ -158,6 +161,7 @@ class Coordinator:
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
         self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
         self._n_valid = 0
+        self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
 
@@ -188,7 +192,20 @@ class Coordinator:
         retimed = self._retime() if status == "finished" else []
         c = self.progress.counts
         return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
-                           self._previous, self.clock() - self._started, tuple(retimed), self._shared)
+                           self._previous, self.clock() - self._started, tuple(retimed), self._shared,
+                           self._fault_costs())
+
+    def _fault_costs(self) -> tuple[FaultCost, ...]:
+        """This run's failed trials, each with the time its GPU workers' replacements took
+        (``pool.replacements()``, where the pool says; a replacement still starting counts its
+        time so far)."""
+        replacements = getattr(self.pool, "replacements", None)
+        by_ticket: dict[int, list[float]] = {}
+        for done in (replacements() if callable(replacements) else []):
+            if done.ticket is not None:
+                by_ticket.setdefault(done.ticket, []).append(done.seconds)
+        return tuple(FaultCost.of(c.number, c.failure, c.reason, c.wall_s, c.params, by_ticket.get(ticket, ()))
+                     for ticket, c in self._failed)
 
     def _retime(self) -> list[Any]:
         """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
@@ -294,7 +311,7 @@ class Coordinator:
             return False
         ticket = next(self._tickets)
         self.pool.submit(ticket, params, source, launch, options)
-        self._in_flight[ticket] = _InFlight(proposal, params, key)
+        self._in_flight[ticket] = _InFlight(proposal, params, key, submitted=self.clock())
         self._in_flight_keys[key] = ticket
         self._unmeasured.discard(key)
         self._idle = 0
@@ -360,6 +377,10 @@ class Coordinator:
                 logger.warning("ignoring a result for unknown ticket %r", ticket)
                 continue
             del self._in_flight_keys[flight.key]
+            if not measurement.ok:
+                self._failed.append((ticket, FaultCost.of(
+                    flight.proposal.number, measurement.failure or "worker", measurement.reason or "",
+                    self.clock() - flight.submitted, flight.params)))
             self._finish(flight, measurement)
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:

@@ -12,7 +12,8 @@ actor loses nothing but the trial it was running (the one sent after it is measu
 measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
 dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal
 are measured once. ``retime`` times several configs again, interleaved on one GPU actor
-(``GpuBench.retime``), once nothing is in flight.
+(``GpuBench.retime``), once nothing is in flight. ``replacements()`` says which tickets took a
+worker down and how long its replacement took to be ready (the time a fault cost beyond its trial).
 
 The family is a reference every actor resolves in its own process (a name, a path, module:ATTR;
 see ``workers.shipping``), or a family object, shipped by value. Each new actor is asked to load
@@ -69,6 +70,19 @@ class _Slot:
     sent: deque[tuple[_Ticket, Any]] = field(default_factory=deque)  # (ticket, ref), in the actor's order
     deadline: float = 0.0  # of the first sent: the one the actor runs
     deaths: int = 0
+    replacing: tuple[int | None, str, float] | None = None  # (ticket, why, since) until the new actor is ready
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A GPU worker killed and started again: for which ticket (None: a re-timing), why, and the
+    seconds from the kill until the new actor was ready (told the problem, ``prepare`` done),
+    or, while it is not (``ready`` False), until now."""
+
+    ticket: int | None
+    why: str
+    seconds: float
+    ready: bool = True
 
 
 @dataclass
@@ -127,6 +141,7 @@ class WorkerPool:
         self._owners: dict[Any, _Slot] = {}  # measure or ready ref -> its slot
         self._hashes = _Hashes()
         self._results: list[tuple[int, Measurement]] = []
+        self._replaced: list[Replacement] = []  # replacements whose new actor is ready
         self._known: set[int] = set()
         self._returned = 0
         self.gpu_busy_seconds = 0.0  # the GPU actors' time measuring (shared results: none)
@@ -216,9 +231,13 @@ class WorkerPool:
         if self._prepares:
             slot.actor.prepare.remote(self._shipment.ref, self.problem, self._seed)
 
-    def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
-        """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
+    def _replace(self, slot: _Slot, why: str, *, count: bool = True, ticket: int | None = None) -> None:
+        """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's.
+        The time until the new actor is ready is kept against ``ticket`` (:meth:`replacements`;
+        a new actor that fails to start and is replaced again adds to the first one's time)."""
         logger.warning("replacing a worker: %s", why)
+        if slot.replacing is None:
+            slot.replacing = (ticket, why, time.monotonic())
         ray.kill(slot.actor, no_restart=True)
         self._owners.pop(slot.ready_ref, None)
         for item, ref in reversed(slot.sent):  # sent after the culprit: measured again, first
@@ -227,6 +246,7 @@ class WorkerPool:
         slot.sent.clear()
         slot.deaths = slot.deaths + 1 if count else 0
         if slot.deaths > _MAX_STARTS:
+            self._ready(slot, ready=False)
             self._slots.remove(slot)
             if not self._slots:
                 raise WorkerError(f"every worker died {_MAX_STARTS} times in a row; last: {why}")
@@ -257,6 +277,21 @@ class WorkerPool:
     def set_abort_above(self, ms: float | None) -> None:
         """Measurements dispatched from now on stop timing once clearly slower than ``ms``."""
         self._abort_above_ms = ms
+
+    def replacements(self) -> list[Replacement]:
+        """Every GPU worker replaced so far (a crash, a hang, a dead process), with the time it
+        took to have a new one ready; one still starting counts its time until now."""
+        now = time.monotonic()
+        starting = [Replacement(s.replacing[0], s.replacing[1], now - s.replacing[2], ready=False)
+                    for s in self._slots if s.replacing is not None]
+        return [*self._replaced, *starting]
+
+    def _ready(self, slot: _Slot, *, ready: bool = True) -> None:
+        """The slot's new actor is ready (or given up): its replacement's time is kept."""
+        if slot.replacing is not None:
+            ticket, why, since = slot.replacing
+            self._replaced.append(Replacement(ticket, why, time.monotonic() - since, ready=ready))
+            slot.replacing = None
 
     def pending(self) -> int:
         """Tickets submitted and not yet returned by ``poll``."""
@@ -347,6 +382,7 @@ class WorkerPool:
                 self._owners.pop(slot.ready_ref, None)
                 ray.get(slot.ready_ref, timeout=_START_TIMEOUT_S)
                 slot.ready_ref = None
+                self._ready(slot)
             ref = slot.actor.retime.remote(kernels, self._shipment.ref, self.problem, params=params,
                                            seed=self._seed, rounds=rounds, max_seconds=max_seconds)
             retiming = ray.get(ref, timeout=deadline)
@@ -424,7 +460,7 @@ class WorkerPool:
                 self._owners.pop(ref, None)
                 # a hang is the kernel's fault, not the worker's: it does not count as a death
                 self._replace(slot, f"ticket {item.ticket} ran past {self._measure_timeout_s:g} s",
-                              count=False)
+                              count=False, ticket=item.ticket)
                 self._finish(item, Measurement.failed(
                     "timeout", f"ran past {self._measure_timeout_s:g} s; the worker was replaced"))
         for ref, item in list(self._compiling.items()):
@@ -457,6 +493,8 @@ class WorkerPool:
                 ray.get(ref)
             except RayError as exc:
                 self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
+            else:
+                self._ready(slot)
             return
         running = bool(slot.sent) and slot.sent[0][1] is ref
         item = self._received(slot, ref)
@@ -467,9 +505,9 @@ class WorkerPool:
                 # Ray may report a queued measurement's loss before the running one's: the one
                 # that died with the actor is the running one; this one never ran, and goes again
                 self._measure_queue.appendleft(item)
-                item, culprit_ref = slot.sent.pop(0)
+                item, culprit_ref = slot.sent.popleft()
                 self._owners.pop(culprit_ref, None)
-            self._replace(slot, f"the worker process died: {_one_line(exc)}")
+            self._replace(slot, f"the worker process died: {_one_line(exc)}", ticket=item.ticket)
             measurement = Measurement.failed("worker", "the worker process died; it was replaced",
                                              detail=_one_line(exc))
         except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
@@ -477,7 +515,8 @@ class WorkerPool:
         else:
             slot.deaths = 0
             if measurement.failure == "crash":  # the CUDA context is gone with the kernel
-                self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False)
+                self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False,
+                              ticket=item.ticket)
         self._finish(item, measurement)
 
     def _position(self, ref: Any) -> int:
