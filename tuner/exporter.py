@@ -18,7 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from templates.family import KernelFamily, Problem
+
 ARCH = "sm_90a"  # what the workers compile for (workers.results.CompileRequest.arch)
 
 
@@ -48,6 +51,9 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
         "dynamic_smem_bytes": launch["dynamic_smem_bytes"],
         "args": launch["args"],
         **{key: launch[key] for key in ("then", "workspace", "grid_x_max_blocks_per_sm") if key in launch},
+        # what the kernel is called on, in order: inputs, then outputs (workers.loader checks a
+        # caller's tensors against these)
+        "tensors": tensors(family, problem),
         "compile_flags": flags,
         "params": dict(best.params),
         "problem": problem.to_json(),
@@ -80,6 +86,16 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
         "trial": best.trial_number,
         "measured_at": _iso(best.measured_at),
     }
+
+
+def tensors(family: KernelFamily, problem: Problem) -> list[dict[str, Any]]:
+    """The kernel's inputs then outputs: name, shape, element type, and whether it is written."""
+    found = [{"name": name, "shape": list(shape), "dtype": element, "output": False}
+             for name, (shape, element) in family.input_shapes(problem).items()]
+    for spec in family.outputs(problem):
+        found.append({"name": spec.name, "shape": list(spec.shape), "dtype": spec.element or np.dtype(spec.dtype).name,
+                      "output": True})
+    return found
 
 
 def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Path) -> Path:
