@@ -35,6 +35,7 @@ _MODULES = {
     "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
                   "studies", "tune", "validate"),
     "tuner.covered": ("coverage",),
+    "tuner.dispatch": ("export_dispatch",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
 }
@@ -56,6 +57,7 @@ __all__ = [
     "best",
     "coverage",
     "export",
+    "export_dispatch",
     "export_optuna",
     "record_landscape",
     "show",

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from tuner import api
 from tuner import cli_text as report
+from tuner import cli_dispatch
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
 from tuner.bench import suite_of
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write a study's trials as a replay landscape (JSON)")
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
+
+    cli_dispatch.add_parser(sub, common)
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -499,7 +502,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search,
+             "export-dispatch": cli_dispatch.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -104,8 +104,8 @@ def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Pat
     source = family.render(best.params, problem)
     cu = out_dir / source_name(family, problem)
     document = launch_document(family, problem, best, source=cu.name)
-    _write_atomic(cu, source)
-    _write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
+    write_atomic(cu, source)
+    write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
     return cu
 
 
@@ -113,7 +113,7 @@ def _iso(value: datetime | str | None) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all, readable as any new file is (``0o666`` less the umask;
     mkstemp alone gives ``0o600``)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -1,0 +1,91 @@
+"""Databases of tuned problems for the deploy tests, made without a GPU: attention's from the replay
+landscapes recorded on an H200 (tests/data and the family's own), gemm's from configs chosen to
+exercise the rule (a nearer winner whose tile is too wide for the new shape)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from storage import TrialOutcome, open_repository
+from templates import get_family
+from templates.family import DeviceLimits
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": [9, 0],
+        "max_smem_per_block_optin": 232448, "driver_version": "580.159.04", "cuda_version": "13.0"}
+H200_LIMITS = DeviceLimits("NVIDIA H200", (9, 0), 132, 232448)
+
+
+def store(db: str, family_name: str, shape: Sequence[int], dtype: str, flags: dict[str, Any],
+          trials: Sequence[tuple[dict[str, Any], float]], device: dict[str, Any] = H200) -> str:
+    """A finished study of the problem with these (params, median ms) trials, as tune stores one,
+    under the family's current template version."""
+    family = get_family(family_name)
+    problem = family.parse_problem(shape, dtype, flags)
+    name = f"{family.name}/{problem.key}/{device['name']}"
+    with open_repository(db) as repo:
+        record = repo.open_study(
+            name, family=family.name, template_hash=family.template_hash,
+            space={p.name: list(p.choices) for p in family.params}, shape=list(problem.shape),
+            dtype=dtype, flags=dict(problem.flags), device=device, sampler="tpe", replay=True,
+            settings={"device": device})
+        for number, (params, median) in enumerate(trials):
+            repo.record_trial(record.id, number, params, TrialOutcome("ok", median_ms=median, tflops=1.0))
+        repo.set_study_status(record.id, "finished")
+    return name
+
+
+def landscapes() -> list[Path]:
+    return sorted((ROOT / "tests" / "data").glob("attention_*.json")) + \
+        sorted((ROOT / "templates" / "attention" / "landscapes").glob("attention_*.json"))
+
+
+def attention_db(db: str, fastest: int = 3) -> list[str]:
+    """Each landscape's ``fastest`` valid configs (under the current space and constraints) stored
+    as a study of its problem; returns the problems' keys."""
+    family = get_family("attention")
+    keys = []
+    for path in landscapes():
+        data = json.loads(path.read_text())
+        problem = family.problem_from_spec(data["problem"])
+        measured = []
+        for entry in data["entries"]:
+            timing = (entry["measurement"] or {}).get("timing")
+            if not entry["measurement"].get("ok") or not timing:
+                continue
+            params = family.complete(entry["params"])
+            try:
+                if family.check(params, problem, H200_LIMITS) is None:
+                    measured.append((params, timing["median_ms"]))
+            except ValueError:
+                continue
+        measured.sort(key=lambda item: item[1])
+        store(db, "attention", problem.shape, problem.dtype, dict(problem.flags), measured[:fastest])
+        keys.append(problem.key)
+    return keys
+
+
+GEMM = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "NUM_WARPS": 8, "STAGES": 3, "SMEM_LAYOUT": "swizzle",
+        "GROUP_M": 8}
+
+
+def gemm_db(db: str) -> dict[str, dict[str, Any]]:
+    """Three bf16 "nt" problems: 128x4096x4096 won by a 128-row tile, 16x4096x4096 by a 64-row one,
+    1024x1024x1024 by a 128x64 tile with 4 stages; and one fp16 "nn" + bias_relu problem. Returns
+    each key's winner."""
+    family = get_family("gemm")
+    wins = [
+        ((128, 4096, 4096), "bf16", {"layout": "nt"}, dict(GEMM)),
+        ((16, 4096, 4096), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4)),
+        ((1024, 1024, 1024), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_N=64, STAGES=4, GROUP_M=4)),
+        ((512, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"}, dict(GEMM, BLOCK_K=64, STAGES=2)),
+    ]
+    found = {}
+    for shape, dtype, flags, params in wins:
+        problem = family.parse_problem(shape, dtype, flags)
+        assert family.check(params, problem, H200_LIMITS) is None, (problem.key, family.check(params, problem, H200_LIMITS))
+        store(db, "gemm", shape, dtype, flags, [(params, 0.05), (dict(params, GROUP_M=1), 0.06)])
+        found[problem.key] = params
+    return found
