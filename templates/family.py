@@ -565,8 +565,9 @@ class KernelFamily(abc.ABC):
         return 0
 
     def dispatch_variants(self, problem: Problem) -> dict[int, Problem]:
-        """A problem of ``problem``'s dtype and flags for each variant (``dispatch_variant``) that
-        some shape of them needs, so that a dispatch table renders each config once a variant."""
+        """A problem for each variant (``dispatch_variant``) that the problems at a finite
+        ``distance`` of ``problem`` need: a dispatch table renders its winner once for each, since
+        that winner serves those problems. By default ``problem``'s own."""
         return {self.dispatch_variant(problem): problem}
 
     def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:

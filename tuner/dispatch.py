@@ -71,16 +71,13 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
         if params not in configs:
             configs.append(params)
         entries.append((problem, configs.index(params), best.median_ms))
-    by_kind: dict[str, tuple[set[int], dict[int, Problem]]] = {}  # kind -> its configs, its variants
+    seen = set()  # a winner serves the problems at a finite distance of its own: every variant of those
     for problem, config, _ in entries:
-        used, variants = by_kind.setdefault(_kind(problem), (set(), {}))
-        used.add(config)
-        for variant, representative in family.dispatch_variants(problem).items():
-            variants.setdefault(variant, representative)
-    for kind, (used, variants) in sorted(by_kind.items()):  # every config of a kind, every variant
-        for config in sorted(used):
-            for variant, representative in sorted(variants.items()):
-                kernels.append(_kernel(family, configs[config], kind, config, variant, representative, sources))
+        for variant, representative in sorted(family.dispatch_variants(problem).items()):
+            if (_kind(problem), config, variant) not in seen:
+                seen.add((_kind(problem), config, variant))
+                kernels.append(_kernel(family, configs[config], _kind(problem), config, variant, representative,
+                                       sources))
     flags = family.flags
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)

@@ -5,6 +5,7 @@
 //     (-DFAMILY_GEMM for gemm's header)
 //
 //     ./check pick 2,8,1500,64 fp16 causal=true      # the pick and its launch, as JSON (no GPU needed)
+//     ./check compile 2,8,1500,64 fp16 causal=true   # NVRTC on the pick's source (no GPU needed)
 //     ./check run 2,8,1500,64 fp16 causal=true       # on the GPU against a float64 reference, as JSON
 //
 // `run` fills the inputs with normal values (a fixed seed), the output with NaN (0xFF bytes), runs
@@ -257,7 +258,7 @@ static Outcome run_family(const tk::Problem& p) {
 
 int main(int argc, char** argv) {
     if (argc < 4) {
-        std::fprintf(stderr, "usage: %s pick|run SHAPE DTYPE [FLAG=VALUE ...]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s pick|compile|run SHAPE DTYPE [FLAG=VALUE ...]\n", argv[0]);
         return 2;
     }
     const std::string mode = argv[1];
@@ -266,6 +267,12 @@ int main(int argc, char** argv) {
         if (mode == "pick") {
             tk::Pick chosen = tk::pick(problem);
             std::printf("{%s, \"plan\": %s}\n", pick_json(chosen).c_str(), plan_json(tk::plan(problem, chosen)).c_str());
+            return 0;
+        }
+        if (mode == "compile") {  // NVRTC on the pick's source, as run() would (no GPU needed)
+            tk::Pick chosen = tk::pick(problem);
+            std::vector<char> cubin = tk::compile(tk::table::KERNELS[chosen.kernel].source);
+            std::printf("{%s, \"cubin_bytes\": %zu}\n", pick_json(chosen).c_str(), cubin.size());
             return 0;
         }
         tk::Pick chosen = tk::pick(problem);
