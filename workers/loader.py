@@ -52,6 +52,7 @@ class TensorSpec:
 class _OnDevice:
     """What a kernel holds on one device: its module, functions and workspace."""
 
+    context: Any  # the device's primary context (torch's)
     module: Any
     functions: list[Any]
     workspace: dict[str, Any]  # name -> torch uint8 tensor (zeroed once)
@@ -167,7 +168,7 @@ class ExportedKernel:
         # zeroed once: a kernel that counts in its workspace leaves it zero for the next launch
         workspace = {name: torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{index}")
                      for name, nbytes in self.launch.workspace}
-        return _OnDevice(module, functions, workspace, props.multi_processor_count)
+        return _OnDevice(context, module, functions, workspace, props.multi_processor_count)
 
     def _queue(self, state: _OnDevice, bound: Mapping[str, Any], stream: int) -> None:
         from workers.device_checks import pack_params
@@ -175,6 +176,7 @@ class ExportedKernel:
         from workers.tensormap import encode
 
         d = driver_api()
+        check_call("cuCtxSetCurrent", d.cuCtxSetCurrent(state.context))  # this thread may have none yet
         pointers = {name: tensor.data_ptr() for name, tensor in {**bound, **state.workspace}.items()}
         for function, step in zip(state.functions, self.launch.kernels):
             values: list[Any] = []

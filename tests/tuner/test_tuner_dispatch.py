@@ -7,7 +7,6 @@ compiles the embedded sources."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 import tuner
-from dispatch_data import H200, ROOT, attention_db, gemm_db, store
+from deploy_tables import H200, attention_db, compile_program, gemm_db, nvrtc_env, store
 from storage import open_repository
 from templates import get_family
 from tuner.api import device_limits
@@ -27,7 +26,6 @@ from tuner.cli import main
 from tuner.dispatch import table_bests
 from tuner.rule import pick_config
 
-PROGRAM = ROOT / "tests" / "dispatch" / "check_dispatch.cu"
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 
 ATTENTION_QUERIES = [
@@ -70,32 +68,9 @@ class Built:
     def ask(self, mode: str, shape: tuple[int, ...], dtype: str, flags: dict[str, Any]) -> dict[str, Any]:
         argv = [str(self.program), mode, ",".join(map(str, shape)), dtype]
         argv += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items()]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_nvrtc_env())
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=nvrtc_env())
         assert done.stdout.count("\n") == 1, (done.stdout, done.stderr)
         return json.loads(done.stdout)
-
-
-def _nvrtc_env() -> dict[str, str]:
-    """TUNED_NVRTC: the NVRTC library the tuner's wheel (nvidia-cuda-nvrtc) installed, if any."""
-    env = dict(os.environ)
-    try:
-        import nvidia
-
-        found = sorted(Path(p) for base in nvidia.__path__ for p in Path(base).glob("cu*/lib/libnvrtc.so.*")
-                       if re.fullmatch(r"libnvrtc\.so\.\d+", Path(p).name))
-    except ImportError:
-        found = []
-    if found and "TUNED_NVRTC" not in env:  # and its builtins library beside it on the loader's path
-        env["TUNED_NVRTC"] = str(found[-1])
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(found[-1].parent), env.get("LD_LIBRARY_PATH")]))
-    return env
-
-
-def _compile(family: str, out: Path) -> Path:
-    program = out / f"check_{family}"
-    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", f"-DFAMILY_{family.upper()}", "-I", str(out),
-                    "-o", str(program), str(PROGRAM), "-ldl"], check=True, capture_output=True, timeout=600)
-    return program
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +86,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Built]:
         assert main(["export-dispatch", family, "--db", db, "-o", str(root / family)]) == 0
         found[family] = (db, root / family)
     with ThreadPoolExecutor(2) as pool:
-        programs = dict(zip(found, pool.map(lambda f: _compile(f, found[f][1]), found)))
+        programs = dict(zip(found, pool.map(lambda f: compile_program(f, found[f][1]), found)))
     return {f: Built(f, db, out, programs[f]) for f, (db, out) in found.items()}
 
 
@@ -197,7 +172,7 @@ def test_without_a_gpu_run_ends_in_one_line(built):
 @pytest.mark.parametrize("family,query", [("gemm", ((100, 4096, 4095), "bf16", {"layout": "nt"})),
                                           ("attention", ((3, 8, 700, 64), "fp16", {"causal": True}))])
 def test_the_embedded_sources_compile_through_nvrtc(built, family, query):
-    env = _nvrtc_env()
+    env = nvrtc_env()
     if "TUNED_NVRTC" not in env:
         pytest.skip("no NVRTC library of the tuner's wheel")
     got = built[family].ask("compile", *query)

@@ -1,10 +1,15 @@
-"""Databases of tuned problems for the deploy tests, made without a GPU: attention's from the replay
-landscapes recorded on an H200 (tests/data and the family's own), gemm's from configs chosen to
-exercise the rule (a nearer winner whose tile is too wide for the new shape)."""
+"""Databases of tuned problems for the deploy tests (tests/tuner/test_tuner_dispatch.py,
+tests/workers/test_worker_loader.py, tests/gpu/test_deploy_gpu.py), made without a GPU:
+attention's from the replay landscapes recorded on an H200 (tests/data and the family's own),
+gemm's from configs chosen to exercise the rule (a nearer winner whose tile is too wide for the
+new shape)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -13,7 +18,7 @@ from templates import get_family
 from templates.attention import starts
 from templates.family import DeviceLimits
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 H200 = {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": [9, 0],
         "max_smem_per_block_optin": 232448, "driver_version": "580.159.04", "cuda_version": "13.0"}
 H200_LIMITS = DeviceLimits("NVIDIA H200", (9, 0), 132, 232448)
@@ -105,3 +110,31 @@ def gemm_db(db: str) -> dict[str, dict[str, Any]]:
         store(db, "gemm", shape, dtype, flags, [(params, 0.05), (dict(params, GROUP_M=1), 0.06)])
         found[problem.key] = params
     return found
+
+
+PROGRAM = ROOT / "tests" / "dispatch" / "check_dispatch.cu"
+
+
+def compile_program(family: str, out: Path) -> Path:
+    """The dispatch header's test program for ``family``, built by nvcc against ``out``'s header."""
+    program = out / f"check_{family}"
+    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", f"-DFAMILY_{family.upper()}", "-I", str(out),
+                    "-o", str(program), str(PROGRAM), "-ldl"], check=True, capture_output=True, timeout=600)
+    return program
+
+
+def nvrtc_env() -> dict[str, str]:
+    """The environment for the test program: TUNED_NVRTC naming the NVRTC library the tuner's
+    wheel (nvidia-cuda-nvrtc) installed, if any, and its folder (its builtins) on LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    try:
+        import nvidia
+
+        found = sorted(Path(p) for base in nvidia.__path__ for p in Path(base).glob("cu*/lib/libnvrtc.so.*")
+                       if re.fullmatch(r"libnvrtc\.so\.\d+", Path(p).name))
+    except ImportError:
+        found = []
+    if found and "TUNED_NVRTC" not in env:
+        env["TUNED_NVRTC"] = str(found[-1])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(found[-1].parent), env.get("LD_LIBRARY_PATH")]))
+    return env
