@@ -130,8 +130,9 @@ def nvrtc_env() -> dict[str, str]:
     try:
         import nvidia
 
-        found = sorted(Path(p) for base in nvidia.__path__ for p in Path(base).glob("cu*/lib/libnvrtc.so.*")
-                       if re.fullmatch(r"libnvrtc\.so\.\d+", Path(p).name))
+        found = sorted((Path(p) for base in nvidia.__path__ for p in Path(base).glob("cu*/lib/libnvrtc.so.*")
+                        if re.fullmatch(r"libnvrtc\.so\.\d+", Path(p).name)),
+                       key=lambda path: int(path.name.rsplit(".", 1)[1]))  # the newest release last
     except ImportError:
         found = []
     if found and "TUNED_NVRTC" not in env:

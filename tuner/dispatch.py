@@ -81,6 +81,13 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
     flags = family.flags
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)
+    # one kernel name and one set of compiler options for the whole table (both are the header's)
+    names = {family.launch(configs[c], p).kernel for p, c, _ in entries}
+    options = {tuple(o for o in family.compile_options(configs[c], p) if not re.fullmatch(r"-O\d", o))
+               for p, c, _ in entries}
+    if len(names) > 1 or len(options) > 1:
+        raise UsageError(f"{family.name}: its configs name several kernels or compiler options "
+                         f"({sorted(names)}, {sorted(options)}); the C++ dispatch takes one of each")
     buffer_names = sorted({a.value.buffer if a.kind == "tensormap" else a.value for a in launch.args
                            if a.kind in ("buffer", "tensormap")} - {name for name, _ in launch.workspace})
     return _ENVIRONMENT.get_template("dispatch.h.j2").render(
@@ -103,7 +110,7 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
         dtypes="|" + "|".join(family.dtypes) + "|",
         arch=ARCH,
         kernel_name=launch.kernel,
-        options=[o for o in family.compile_options(configs[0], first) if not re.fullmatch(r"-O\d", o)],
+        options=list(options.pop()),  # NVRTC optimises by default and refuses -O3
         family_file=f"templates/{family.folder.name}/{family.dispatch_file}",
         family_cpp=family_cpp,
         example_shape="{" + ", ".join(str(n) for n in first.shape) + "}",

@@ -237,12 +237,17 @@ static Outcome run_family(const tk::Problem& p) {
     result.nonfinite = count_nonfinite(c, bf16);
     result.tolerance = (bf16 ? 8e-3 : 1e-3) * std::max(1.0, std::sqrt((double)K / 4096.0));
     double diff_sq = 0.0, ref_sq = 0.0;
+    std::vector<double> b_cols((size_t)(K * N));  // B as N columns of K, in double
+    for (long long x = 0; x < K; ++x)
+        for (long long col = 0; col < N; ++col)
+            b_cols[col * K + x] = from_bits(b[b_t ? col * K + x : x * N + col], bf16);
+    std::vector<double> a_row((size_t)K);
     for (long long i = 0; i < 16; ++i) {
         long long r = i < 8 ? std::min(i, M - 1) : std::max(0LL, M - 16 + i);
+        for (long long x = 0; x < K; ++x) a_row[x] = from_bits(a[a_t ? x * M + r : r * K + x], bf16);
         for (long long col = 0; col < N; ++col) {
             double ref = 0.0;
-            for (long long x = 0; x < K; ++x)
-                ref += from_bits(a[a_t ? x * M + r : r * K + x], bf16) * from_bits(b[b_t ? col * K + x : x * N + col], bf16);
+            for (long long x = 0; x < K; ++x) ref += a_row[x] * b_cols[col * K + x];
             if (epilogue != "none") ref += from_bits(bias[col], bf16);
             if (epilogue == "bias_relu") ref = std::max(ref, 0.0);
             if (epilogue == "bias_gelu") ref = 0.5 * ref * (1.0 + std::erf(ref / std::sqrt(2.0)));
