@@ -220,3 +220,16 @@ def test_several_gpus_need_device_and_nothing_current_is_one_line(tmp_path, caps
     assert main(["export-dispatch", "gemm", "--db", db, "-o", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.startswith("tuner: error: no winner of gemm's current template")
     assert not (tmp_path / "out" / "gemm_dispatch.h").exists()
+
+
+def test_a_family_without_cpp_or_a_missing_database_is_one_line(tmp_path, capsys):
+    family = str(Path(__file__).resolve().parents[2] / "docs" / "examples" / "row_softmax")
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    store(db, family, (4096, 1000), "fp16", {}, [(get_family(family).default_params(), 0.01)])
+    assert main(["export-dispatch", family, "--db", db, "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("tuner: error: row_softmax has no C++ dispatch (its family defines no "
+                                       "dispatch_file)\n")
+    assert main(["export-dispatch", "attention", "--db", f"sqlite:///{tmp_path / 'none.db'}", "-o",
+                 str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith(f"tuner: error: no database at {tmp_path / 'none.db'}")
+    assert not (tmp_path / "out").exists()
