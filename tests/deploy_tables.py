@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Sequence
@@ -125,7 +126,8 @@ def compile_program(family: str, out: Path) -> Path:
 
 def nvrtc_env() -> dict[str, str]:
     """The environment for the test program: TUNED_NVRTC naming the NVRTC library the tuner's
-    wheel (nvidia-cuda-nvrtc) installed, if any, and its folder (its builtins) on LD_LIBRARY_PATH."""
+    wheel (nvidia-cuda-nvrtc) installed, else the toolkit's beside nvcc, and its folder (its
+    builtins) on LD_LIBRARY_PATH."""
     env = dict(os.environ)
     try:
         import nvidia
@@ -135,6 +137,11 @@ def nvrtc_env() -> dict[str, str]:
                        key=lambda path: int(path.name.rsplit(".", 1)[1]))  # the newest release last
     except ImportError:
         found = []
+    nvcc = shutil.which("nvcc")
+    if not found and nvcc:  # the toolkit's, beside nvcc
+        root = Path(os.path.realpath(nvcc)).parent.parent
+        found = sorted(p for lib in ("lib64", "targets/x86_64-linux/lib") for p in (root / lib).glob("libnvrtc.so")
+                       if p.exists())
     if found and "TUNED_NVRTC" not in env:
         env["TUNED_NVRTC"] = str(found[-1])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(found[-1].parent), env.get("LD_LIBRARY_PATH")]))
