@@ -113,6 +113,7 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
         options=list(options.pop()),  # NVRTC optimises by default and refuses -O3
         family_file=f"templates/{family.folder.name}/{family.dispatch_file}",
         family_cpp=family_cpp,
+        neighbours=_neighbours(family_cpp),
         example_shape="{" + ", ".join(str(n) for n in first.shape) + "}",
         example_dtype=first.dtype,
         example_flags=", ".join(f'{{"{n}", "{_flag_text(v)}"}}' for n, v in first.flags),
@@ -144,6 +145,13 @@ def export_dispatch(family: str | KernelFamily, *, out_dir: str | Path, db: str 
 
 
 # -- the table's rows ------------------------------------------------------------------------------
+def _neighbours(family_cpp: str) -> str:
+    """The family's NEIGHBOURS string (what problems at a finite distance share), for the header's
+    opening comment."""
+    found = re.search(r'NEIGHBOURS\s*=\s*"its ([^"]*)"', family_cpp)
+    return found.group(1) if found else "dtype and flags"
+
+
 def _kind(problem: Problem) -> str:
     """The key without the shape (``fp16-causal``): what C++'s Problem::kind gives."""
     return problem.key.split("-", 1)[1]
