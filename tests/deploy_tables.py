@@ -119,8 +119,9 @@ PROGRAM = ROOT / "tests" / "dispatch" / "check_dispatch.cu"
 def compile_program(family: str, out: Path) -> Path:
     """The dispatch header's test program for ``family``, built by nvcc against ``out``'s header."""
     program = out / f"check_{family}"
-    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", f"-DFAMILY_{family.upper()}", "-I", str(out),
-                    "-o", str(program), str(PROGRAM), "-ldl"], check=True, capture_output=True, timeout=600)
+    done = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", f"-DFAMILY_{family.upper()}", "-I", str(out),
+                           "-o", str(program), str(PROGRAM), "-ldl"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"nvcc failed on the {family} dispatch program:\n{done.stderr[-3000:]}"
     return program
 
 
