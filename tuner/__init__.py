@@ -36,6 +36,7 @@ _MODULES = {
                   "studies", "tune", "validate"),
     "tuner.sanitize": ("check",),
     "tuner.covered": ("coverage",),
+    "tuner.dispatch": ("export_dispatch",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
 }
@@ -58,6 +59,7 @@ __all__ = [
     "check",
     "coverage",
     "export",
+    "export_dispatch",
     "export_optuna",
     "record_landscape",
     "show",

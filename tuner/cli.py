@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api, check_cli
+from tuner import api, check_cli, cli_dispatch
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write a study's trials as a replay landscape (JSON)")
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
+
+    cli_dispatch.add_parser(sub, common)
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -502,7 +504,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run,
+             "export-dispatch": cli_dispatch.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
