@@ -172,3 +172,19 @@ def test_a_ratio_is_the_median_of_the_latest_rounds():
 def test_noise_is_small_and_deterministic():
     values = [noise(str(i), g) for i in range(200) for g in (0, 1)]
     assert max(abs(v - 1) for v in values) <= 0.002 + 1e-12 and noise("x", 1) == noise("x", 1)
+
+
+def test_the_optuna_copy_has_the_values_the_sampler_had(toy, db, pools, tmp_path):
+    import optuna
+
+    result, repo, study, trials = _tune(db, pools, TwoGpuPool(latency=near_tie, gpu_of=a_slow_b_fast))
+    target = str(tmp_path / "study.log")
+    tuner.export_optuna(result.study, target, db=db)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(target))
+    copied = {t.user_attrs["number"]: t for t in optuna.load_study(study_name=result.study,
+                                                                   storage=storage).trials}
+    for t in trials:
+        if t.ok:
+            assert copied[t.number].value == t.normalized_ms
+            assert copied[t.number].user_attrs["median_ms"] == t.median_ms
+            assert copied[t.number].user_attrs["gpu_index"] == t.gpu_index
