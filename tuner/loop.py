@@ -39,7 +39,8 @@ Rules it keeps:
 - with several GPUs, each trial's median is also stored normalized to the reference GPU (the
   first, where the re-timing runs) through the incumbent, which every GPU times now and then
   (:mod:`tuner.normalize`); the sampler, the best so far and the re-timing's candidates go by
-  the normalized medians. With one GPU nothing of it runs.
+  the normalized medians; a result of a GPU with no ratio yet waits in flight for its first
+  round. With one GPU nothing of it runs.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ class Coordinator:
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
+        self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -204,6 +206,7 @@ class Coordinator:
             except KeyboardInterrupt:
                 pass
         finally:
+            self._release_held(force=True)  # measured: kept, whatever stopped the loop
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
@@ -383,12 +386,17 @@ class Coordinator:
         results = self.pool.poll(timeout)
         self._calibrated()
         for ticket, measurement in results:
-            flight = self._in_flight.pop(ticket, None)
-            if flight is None:
+            if ticket not in self._in_flight:
                 logger.warning("ignoring a result for unknown ticket %r", ticket)
                 continue
-            del self._in_flight_keys[flight.key]
-            self._finish(flight, measurement)
+            if not self._held_for_ratio(ticket, measurement):
+                self._finish_ticket(ticket, measurement)
+        self._release_held()
+
+    def _finish_ticket(self, ticket: int, measurement: Measurement) -> None:
+        flight = self._in_flight.pop(ticket)
+        del self._in_flight_keys[flight.key]
+        self._finish(flight, measurement)
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
         """The sampler learns; the measured trial is stored in place of its running one, with
@@ -482,6 +490,30 @@ class Coordinator:
         if self._scale is None or not m.ok or m.timing is None:
             return None, None
         return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
+
+    def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
+        """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first
+        round has not come back: the first trial or two of a study on each GPU but the
+        reference) before it is told and stored, so that it too is normalized. It stays in
+        flight meanwhile; :meth:`_release_held` finishes it."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return False
+        if self._scale.ratio(m.gpu.get("uuid")) is not None:
+            return False
+        self._held[ticket] = m
+        return True
+
+    def _release_held(self, *, force: bool = False) -> None:
+        """Finish the held results whose GPU has a ratio now; all of them when ``force``d (the
+        loop stops) or when the pool has nothing else in flight (no round is coming back for
+        them: they keep their raw median, with no ratio)."""
+        if not self._held:
+            return
+        idle = force or not getattr(self.pool, "pending", lambda: 1)()
+        for ticket, m in list(self._held.items()):
+            if idle or self._scale is None or self._scale.ratio(m.gpu.get("uuid")) is not None:
+                del self._held[ticket]
+                self._finish_ticket(ticket, m)
 
     def _calibrated(self) -> None:
         """Take in the GPUs' timings of the incumbent that came back (``pool.calibrations``)."""

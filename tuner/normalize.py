@@ -17,9 +17,9 @@ raw median is stored beside it and never altered.
 
 The incumbent may change between rounds; a round's ratio comes only from its own config, timed on
 the reference and on the GPU, so a new incumbent is timed on every GPU before a ratio comes
-from it (until then the ratios of earlier rounds hold). A GPU with no round yet (the first
-trials of a study, before the first round comes back) has no ratio: its trials keep their raw
-median as normalized and store no ratio.
+from it (until then the ratios of earlier rounds hold). A GPU with no round yet has no ratio:
+the coordinator holds its results until the first round is back (``tuner.loop``), and a result
+stored without one keeps its raw median as normalized and no ratio.
 """
 
 from __future__ import annotations
