@@ -501,6 +501,7 @@ class Coordinator:
         if self._scale.ratio(m.gpu.get("uuid")) is not None:
             return False
         self._held[ticket] = m
+        self._refresh_incumbent()
         return True
 
     def _release_held(self, *, force: bool = False) -> None:
@@ -533,6 +534,9 @@ class Coordinator:
         if self._scale is None:
             return
         finite = [(value, key) for key, value in self._known.items() if math.isfinite(value)]
+        if not finite:  # nothing told yet: a held result serves (its GPU waits for a round)
+            finite = [(m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items()
+                      if m.timing is not None]
         if not finite or min(finite)[1] == self._incumbent:
             return
         key = min(finite)[1]

@@ -203,3 +203,13 @@ def test_a_result_waits_for_its_gpus_first_ratio_and_is_stored_normalized(toy, d
     assert result.status == "finished" and len(trials) == 12
     slow = [t for t in trials if t.ok and t.gpu_index == 1]
     assert slow and all(t.gpu_ratio is None and t.normalized_ms == t.median_ms for t in slow)
+
+
+def test_a_study_whose_first_results_come_from_the_other_gpu_starts_its_rounds_from_them(toy, db, pools):
+    """Every config on GPU 1 until GPU 0 has measured nothing: the incumbent comes from a held
+    result, the rounds start, and GPU 1's results are normalized."""
+    pool = TwoGpuPool(gpu_of=lambda params, ticket: 1 if ticket < 6 else ticket % 2)
+    result, repo, study, trials = _tune(db, pools, pool, trials=10)
+    ok = [t for t in trials if t.ok]
+    assert pool.incumbents and all(t.gpu_ratio is not None for t in ok)
+    assert {t.gpu_index for t in ok if t.number < 6} == {1}
