@@ -41,7 +41,9 @@ def retimed_line(records: Sequence[Any]) -> str:
     winner = next((r for r in records if r.rank == 1), None)
     picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {ms(winner.iqr_ms)} "
               f"(search {ms(winner.search_median_ms)} ms)" if winner else "every one failed")
-    return f"top {len(records)} interleaved ({how(records[0])}): {picked}"
+    gpu = (records[0].gpu_state or {}).get("gpu")
+    where = f" on GPU {gpu.get('index')}" if gpu and gpu.get("index") is not None else ""
+    return f"top {len(records)} interleaved{where} ({how(records[0])}): {picked}"
 
 
 def retime_text(winner: Any) -> str:

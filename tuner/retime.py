@@ -112,7 +112,10 @@ def summary(records: Sequence[Any], search_winner: int, *, rounds: int, replayed
         end = f"winner #{winner.trial_number}"
     clocks = clock_change(records[0].gpu_state or {}) if records else ""
     gpu = (records[0].gpu_state or {}).get("gpu") if records else None
-    where = f" on GPU {gpu.get('index')} ({gpu.get('uuid')})" if gpu else ""
+    where = ""
+    if gpu and (gpu.get("index") is not None or gpu.get("uuid")):
+        where = f" on GPU {gpu['index'] if gpu.get('index') is not None else gpu.get('uuid')}" + (
+            f" ({gpu['uuid']})" if gpu.get("index") is not None and gpu.get("uuid") else "")
     return f"re-timed top {len(records)} interleaved{where} ({how}): {', '.join(parts)}; {end}" + (
         f" | {clocks}" if clocks else "")
 

@@ -213,3 +213,11 @@ def test_a_study_whose_first_results_come_from_the_other_gpu_starts_its_rounds_f
     ok = [t for t in trials if t.ok]
     assert pool.incumbents and all(t.gpu_ratio is not None for t in ok)
     assert {t.gpu_index for t in ok if t.number < 6} == {1}
+
+
+def test_tune_says_which_gpu_the_retiming_ran_on(toy, db, pools, capsys):
+    pools.queued.append(TwoGpuPool(latency=near_tie, gpu_of=a_slow_b_fast))
+    assert main(["tune", "toy", "--shape", PROBLEM[0], "--dtype", PROBLEM[1], "--trials", "20",
+                 "--db", db, "--sampler", "grid"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("re-timed"))
+    assert line.startswith("re-timed  top 5 interleaved on GPU 0 (30 rounds): winner #")
