@@ -442,8 +442,16 @@ def _show(args: argparse.Namespace) -> int:
     print(f"{s.name}: {s.status}, {s.sampler} sampler, {s.n_trials} trials "
           f"({s.n_ok} ok, {s.n_failed} failed) on {s.device_name}")
     retimed = {r.trial_number: r for r in detail.retimes}
+    gpus = sorted({t.gpu_index for t in detail.trials if t.gpu_index is not None})
+    if len(gpus) > 1:
+        where = (detail.retimes[0].gpu_state or {}).get("gpu") if detail.retimes else None
+        print(f"  measured on GPUs {', '.join(map(str, gpus))}; normalized to GPU "
+              f"{gpus[0] if where is None else where.get('index')}, the re-timing's")
     for t in detail.trials:
         result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
+        gpu = report.trial_gpu_text(t)
+        if gpu:
+            result += f" [{gpu}]"
         if t.number in retimed:
             r = retimed[t.number]
             result += (f" | re-timed {r.median_ms:.4f} ms, IQR {report.ms(r.iqr_ms)} (rank {r.rank})" if r.ok

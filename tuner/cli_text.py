@@ -43,13 +43,41 @@ def retimed_line(records: Sequence[Any]) -> str:
     winner = next((r for r in records if r.rank == 1), None)
     picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {ms(winner.iqr_ms)} "
               f"(search {ms(winner.search_median_ms)} ms)" if winner else "every one failed")
-    return f"top {len(records)} interleaved ({how(records[0])}): {picked}"
+    gpu = (records[0].gpu_state or {}).get("gpu")
+    where = f" on GPU {gpu.get('index')}" if gpu and gpu.get("index") is not None else ""
+    return f"top {len(records)} interleaved{where} ({how(records[0])}): {picked}"
 
 
 def retime_text(winner: Any) -> str:
     clocks = clock_change(winner.retime.gpu_state or {})
     return (f"rank 1 of the study's fastest, interleaved ({how(winner.retime)}); search median "
             f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
+
+
+def trial_gpu_text(trial: Any) -> str:
+    """For ``show``: the GPU that measured a trial, its clocks, temperature and power before
+    and after the timing, and (several GPUs) the normalized median:
+    ``GPU 1, SM 1980->1965 MHz, 41->44 C, 310->395 W; 0.7810 ms normalized (x0.9615)``; '' when
+    nothing of it was stored."""
+    state = trial.gpu_state or {}
+    parts = [f"GPU {trial.gpu_index}"] if trial.gpu_index is not None else []
+    if "before" in state or "after" in state:
+        parts += [p for p in [clock_change(state), power_change(state)] if p]
+    elif "sm_mhz" in state:  # stored by an earlier version: read once, after the trial
+        parts.append(f"SM {state['sm_mhz']} MHz, {state.get('temperature_c')} C")
+    text = ", ".join(parts)
+    if trial.normalized_ms is not None:
+        factor = f" (x{trial.gpu_ratio:.4f})" if trial.gpu_ratio is not None else " (no ratio yet)"
+        text += f"; {trial.normalized_ms:.4f} ms normalized{factor}"
+    return text
+
+
+def power_change(state: dict[str, Any]) -> str:
+    """``310->395 W`` from clocks read before and after, or ''."""
+    before, after = state.get("before") or {}, state.get("after") or {}
+    if "power_w" in before and "power_w" in after:
+        return f"{before['power_w']:.0f}->{after['power_w']:.0f} W"
+    return ""
 
 
 def time_line(result: Any) -> str:

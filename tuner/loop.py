@@ -35,12 +35,18 @@ Rules it keeps:
 - on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
-  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not).
+  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not);
+- with several GPUs, each trial's median is also stored normalized to the reference GPU (the
+  first, where the re-timing runs) through the incumbent, which every GPU times now and then
+  (:mod:`tuner.normalize`); the sampler, the best so far and the re-timing's candidates go by
+  the normalized medians; a result of a GPU with no ratio yet waits in flight for its first
+  round. With one GPU nothing of it runs.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -55,6 +61,7 @@ from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.faults import FaultCost
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
+from tuner.normalize import GpuScale
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -104,6 +111,23 @@ class LoopOutcome:
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
     shared: int = 0  # measured meanwhile by other coordinators sharing the study
     faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.faults)
+
+
+def gpu_scale(pool: Pool) -> GpuScale | None:
+    """With several GPUs (``pool.gpus``), what makes their timings one set: ratios to the first,
+    where the re-timing runs (:mod:`tuner.normalize`); None with one."""
+    gpus = list(getattr(pool, "gpus", None) or [])
+    return GpuScale(str(gpus[0].get("uuid") or "")) if len(gpus) > 1 else None
+
+
+def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None) -> dict[str, Any]:
+    """What a trial stores of the GPU that measured it: its identity, its clocks, temperature and
+    power around the timing, and (several GPUs) its median on the reference GPU."""
+    state = dict(m.clocks)
+    if state and m.gpu.get("name"):
+        state["name"] = m.gpu["name"]
+    return {"gpu_state": state or None, "gpu_uuid": m.gpu.get("uuid") or None,
+            "gpu_index": m.gpu.get("index"), "normalized_ms": normalized, "gpu_ratio": ratio}
 
 
 def default_lookahead(pool: Pool) -> int:
@@ -164,6 +188,9 @@ class Coordinator:
         self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
+        self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
+        self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
+        self._incumbent: str | None = None  # the best config so far, as the GPUs time it
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -183,6 +210,7 @@ class Coordinator:
             except KeyboardInterrupt:
                 pass
         finally:
+            self._release_held(force=True)  # measured: kept, whatever stopped the loop
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
@@ -351,6 +379,7 @@ class Coordinator:
         self._elsewhere = {t.key for t in synced.running if not self._settle(t)}
         if synced.finished:
             self._set_early_stop()
+            self._refresh_incumbent()
 
     def _settle(self, running: Any) -> bool:
         """A running trial of another coordinator (``storage.RunningRecord``): False when its
@@ -371,17 +400,24 @@ class Coordinator:
         return True
 
     def _collect(self, timeout: float) -> None:
-        for ticket, measurement in self.pool.poll(timeout):
-            flight = self._in_flight.pop(ticket, None)
-            if flight is None:
+        results = self.pool.poll(timeout)
+        self._calibrated()
+        for ticket, measurement in results:
+            if ticket not in self._in_flight:
                 logger.warning("ignoring a result for unknown ticket %r", ticket)
                 continue
-            del self._in_flight_keys[flight.key]
-            if not measurement.ok:
-                self._failed.append((ticket, FaultCost.of(
-                    flight.proposal.number, measurement.failure or "worker", measurement.reason or "",
-                    self.clock() - flight.submitted, flight.params)))
-            self._finish(flight, measurement)
+            if not self._held_for_ratio(ticket, measurement):
+                self._finish_ticket(ticket, measurement)
+        self._release_held()
+
+    def _finish_ticket(self, ticket: int, measurement: Measurement) -> None:
+        flight = self._in_flight.pop(ticket)
+        del self._in_flight_keys[flight.key]
+        if not measurement.ok:
+            self._failed.append((ticket, FaultCost.of(
+                flight.proposal.number, measurement.failure or "worker", measurement.reason or "",
+                self.clock() - flight.submitted, flight.params)))
+        self._finish(flight, measurement)
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
         """The sampler learns; the measured trial is stored in place of its running one, with
@@ -390,6 +426,7 @@ class Coordinator:
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
+        normalized, ratio = self._normalized(m)
         outcome = TrialOutcome(
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason, detail=m.detail,
             registers=res.registers if res else None,
@@ -404,11 +441,14 @@ class Coordinator:
             iqr_ms=timing.iqr_ms if timing else None,
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
-            replayed=m.replayed, gpu_state=dict(m.clocks) or None,
+            replayed=m.replayed, **gpu_columns(m, normalized, ratio),
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
+        if normalized is not None:
+            value = normalized
         self._known[flight.key] = value
         self._set_early_stop()
+        self._refresh_incumbent()
         try:
             self._mirror.finish(flight.proposal, value, flight.params, outcome)
         except ClaimRefused:  # this run stalled past its leases' life; another took the config
@@ -422,7 +462,7 @@ class Coordinator:
         self.progress.measured(
             flight.proposal.number, flight.params,
             failure=None if m.ok else m.failure,
-            median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
+            median_ms=value if m.ok and timing else None, tflops=tflops,
         )
 
     # -- resume and interruption ------------------------------------------------------------------
@@ -437,8 +477,9 @@ class Coordinator:
         for trial in synced.finished:
             self._known.setdefault(trial.key, objective(trial))
             self._previous += 1
-            if trial.ok and trial.median_ms is not None and (best is None or trial.median_ms < best.median_ms):
-                best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
+            ranked = trial.ranked_ms
+            if trial.ok and ranked is not None and (best is None or ranked < best.median_ms):
+                best = Best(ranked, trial.tflops, dict(trial.params), trial.number)
         for running in synced.running:
             if not self._settle(running):
                 logger.info("trial %d is being measured by %s: left to it", running.number,
@@ -452,6 +493,7 @@ class Coordinator:
         self._synced(self._mirror.sync(force=True))
         self.progress.resumed(self._previous, best)
         self._set_early_stop()
+        self._refresh_incumbent()
 
     def _set_early_stop(self) -> None:
         """Tell the pool a timing may stop once it is clearly behind the best so far."""
@@ -461,6 +503,73 @@ class Coordinator:
         set_bar = getattr(self.pool, "set_abort_above", None)
         if finite and set_bar is not None:
             set_bar(EARLY_STOP_FACTOR * min(finite))
+
+    # -- several GPUs: one set of timings (tuner.normalize) ----------------------------------
+    def _normalized(self, m: Measurement) -> tuple[float | None, float | None]:
+        """(the trial's median on the reference GPU, the ratio used); (None, None) with one GPU
+        or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return None, None
+        return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
+
+    def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
+        """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first
+        round has not come back: the first trial or two of a study on each GPU but the
+        reference) before it is told and stored, so that it too is normalized. It stays in
+        flight meanwhile; :meth:`_release_held` finishes it."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return False
+        if self._scale.ratio(m.gpu.get("uuid")) is not None:
+            return False
+        self._held[ticket] = m
+        self._refresh_incumbent()
+        return True
+
+    def _release_held(self, *, force: bool = False) -> None:
+        """Finish the held results whose GPU has a ratio now; all of them when ``force``d (the
+        loop stops) or when the pool has nothing else in flight (no round is coming back for
+        them: they keep their raw median, with no ratio)."""
+        if not self._held:
+            return
+        idle = force or not getattr(self.pool, "pending", lambda: 1)()
+        for ticket, m in list(self._held.items()):
+            if idle or self._scale is None or self._scale.ratio(m.gpu.get("uuid")) is not None:
+                del self._held[ticket]
+                self._finish_ticket(ticket, m)
+
+    def _calibrated(self) -> None:
+        """Take in the GPUs' timings of the incumbent that came back (``pool.calibrations``)."""
+        if self._scale is None:
+            return
+        for calibration in self.pool.calibrations():  # type: ignore[attr-defined]
+            m = calibration.measurement
+            if m.ok and m.timing is not None:
+                self._scale.observe(calibration.round, str(m.gpu.get("uuid") or ""), m.timing.median_ms)
+            else:
+                logger.warning("GPU %s could not time the incumbent: %s", m.gpu.get("index"), m.reason)
+        logger.debug("GPU ratios to the reference: %s", self._scale.ratios())
+
+    def _refresh_incumbent(self) -> None:
+        """Give the pool the best config so far (by normalized median), for every GPU to time
+        now and then (several GPUs only)."""
+        if self._scale is None:
+            return
+        finite = [(value, key) for key, value in self._known.items() if math.isfinite(value)]
+        if not finite:  # nothing told yet: a held result serves (its GPU waits for a round)
+            finite = [(m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items()
+                      if m.timing is not None]
+        if not finite or min(finite)[1] == self._incumbent:
+            return
+        key = min(finite)[1]
+        params = json.loads(key)
+        try:
+            source = self.family.render(params, self.problem)
+            launch = self.family.launch(params, self.problem)
+            options = tuple(self.family.compile_options(params, self.problem))
+        except TemplateError:
+            return
+        self._incumbent = key
+        self.pool.set_incumbent(params, source, launch, options)  # type: ignore[attr-defined]
 
     def _abandon_in_flight(self) -> None:
         for flight in list(self._in_flight.values()):
