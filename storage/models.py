@@ -189,7 +189,13 @@ class Trial(Base):
     error: Mapped[float | None] = mapped_column(Float)
     max_abs_error: Mapped[float | None] = mapped_column(Float)
     replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the GPU's name and its clocks, temperature and power before and after the timing
     gpu_state: Mapped[dict[str, Any] | None]
+    gpu_uuid: Mapped[str | None] = mapped_column(String)  # the GPU that measured it
+    gpu_index: Mapped[int | None]  # its index on its machine (NVML's)
+    # the median scaled to the study's reference GPU (several GPUs; the median is never altered)
+    normalized_ms: Mapped[float | None] = mapped_column(Float)
+    gpu_ratio: Mapped[float | None] = mapped_column(Float)  # the GPU's ratio used for it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     study: Mapped[Study] = relationship(lazy="raise")

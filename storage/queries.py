@@ -118,12 +118,17 @@ def study(session: Session, study_id: int, *, lock: bool = False) -> Study:
 
 def offer_best(session: Session, study: Study, trial: Trial) -> None:
     """Make ``trial`` (ok and flushed) the best of its study's (template version, problem,
-    device) when there is none yet or it is strictly faster than the stored one."""
+    device) when there is none yet or it is strictly faster than the stored one: by its
+    normalized median where several GPUs measured the study (then stored as the best's
+    median, the reference GPU's time), else by its median."""
     assert trial.status == "ok" and trial.median_ms is not None
-    values = {"trial_id": trial.id, "median_ms": trial.median_ms, "tflops": trial.tflops,
-              "retime_id": None}
+    ranked = trial.normalized_ms if trial.normalized_ms is not None else trial.median_ms
+    tflops = trial.tflops
+    if tflops is not None and ranked > 0:  # at the ranked (reference GPU's) time
+        tflops = tflops * trial.median_ms / ranked
+    values = {"trial_id": trial.id, "median_ms": ranked, "tflops": tflops, "retime_id": None}
     best = _best_row(session, study, values)
-    if best is not None and trial.median_ms < best.median_ms:
+    if best is not None and ranked < best.median_ms:
         _set(best, values)
 
 
@@ -220,7 +225,7 @@ def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
             Trial.study_id,
             func.count().label("n_trials"),
             func.sum(case((ok, 1), else_=0)).label("n_ok"),
-            func.min(case((ok, Trial.median_ms))).label("best_ms"),
+            func.min(case((ok, func.coalesce(Trial.normalized_ms, Trial.median_ms)))).label("best_ms"),
             func.max(case((ok, Trial.tflops))).label("best_tflops"),  # same problem: fastest
         )
         .group_by(Trial.study_id)

@@ -97,7 +97,12 @@ class TrialOutcome:
     error: float | None = None
     max_abs_error: float | None = None
     replayed: bool = False
-    gpu_state: dict[str, Any] | None = None
+    gpu_state: dict[str, Any] | None = None  # {"name", "before": clocks, "after": clocks}
+    gpu_uuid: str | None = None  # the GPU that measured it
+    gpu_index: int | None = None
+    # with several GPUs: median_ms times the GPU's ratio to the reference GPU (gpu_ratio)
+    normalized_ms: float | None = None
+    gpu_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,10 @@ class TrialRecord:
     replayed: bool
     gpu_state: dict[str, Any] | None
     created_at: datetime
+    gpu_uuid: str | None = None  # the GPU that measured it (None: not recorded)
+    gpu_index: int | None = None
+    normalized_ms: float | None = None  # its median on the reference GPU (several GPUs)
+    gpu_ratio: float | None = None  # the ratio of its GPU to the reference used for that
 
     @property
     def ok(self) -> bool:
@@ -139,6 +148,12 @@ class TrialRecord:
     @property
     def key(self) -> str:
         return params_key(self.params)
+
+    @property
+    def ranked_ms(self) -> float | None:
+        """What trials are compared by: the normalized median where several GPUs measured the
+        study, else the median."""
+        return self.normalized_ms if self.normalized_ms is not None else self.median_ms
 
 
 @dataclass(frozen=True)

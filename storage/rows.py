@@ -61,7 +61,8 @@ def study_record(
 
 TRIAL_FIELDS = (
     "failure reason detail registers smem_static stack_bytes spill_stores spill_loads cubin_hash toolkit "
-    "compile_seconds median_ms min_ms max_ms iqr_ms repetitions tflops error max_abs_error"
+    "compile_seconds median_ms min_ms max_ms iqr_ms repetitions tflops error max_abs_error "
+    "gpu_uuid gpu_index normalized_ms gpu_ratio"
 ).split()
 
 

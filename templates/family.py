@@ -540,6 +540,36 @@ class KernelFamily(abc.ABC):
     def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
         """The output buffers, with the poison pattern each is filled with before a run."""
 
+    def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Each input buffer's shape and element type (a FLOAT_FORMATS key, or a numpy dtype's
+        name), in the order the kernel takes them: what a deployed kernel checks its callers'
+        tensors against. By default read off ``inputs`` (which fills them: override it where that
+        is costly); 16-bit raw bits count as the problem's dtype."""
+        found = {}
+        for name, values in self.inputs(problem, 0).items():
+            element = np.dtype(values.dtype)
+            kind = problem.dtype if element == np.uint16 else \
+                {"float16": "fp16", "float32": "fp32"}.get(element.name, element.name)
+            found[name] = (tuple(int(n) for n in values.shape), kind)
+        return found
+
+    # -- deployment (C++ dispatch header) ---------------------------------------------------------
+    # The family's C++ for `tuner export-dispatch`: a Jinja file of its folder (see
+    # tuner/dispatch.py for what it defines). Empty: the family has no C++ dispatch.
+    dispatch_file: str = ""
+
+    def dispatch_variant(self, problem: Problem) -> int:
+        """Which source variant of a config ``problem`` needs, among the problems of its dtype and
+        flags: what the source depends on beyond them (the family's C++ ``variant`` says the same
+        at run time). 0 by default: the source depends on dtype and flags only."""
+        return 0
+
+    def dispatch_variants(self, problem: Problem) -> dict[int, Problem]:
+        """A problem for each variant (``dispatch_variant``) that the problems at a finite
+        ``distance`` of ``problem`` need: a dispatch table renders its winner once for each, since
+        that winner serves those problems. By default ``problem``'s own."""
+        return {self.dispatch_variant(problem): problem}
+
     def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
         """What ``validate`` compares outputs with, computed from the inputs: a worker computes
         it once per (problem, seed) and passes it to every trial's ``validate``. None (the

@@ -89,6 +89,8 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
         names = set(archive.namelist())
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"templates/attention/landscapes/{name}" in names
+    # tuner export-dispatch's C++ templates
+    assert {"tuner/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata
     assert not any(line.startswith("Requires-Dist: psycopg") and "extra ==" not in line

@@ -34,7 +34,9 @@ from tuner.errors import (
 _MODULES = {
     "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
                   "studies", "tune", "validate"),
+    "tuner.sanitize": ("check",),
     "tuner.covered": ("coverage",),
+    "tuner.dispatch": ("export_dispatch",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
 }
@@ -54,8 +56,10 @@ __all__ = [
     "WorkerFailure",
     "bench",
     "best",
+    "check",
     "coverage",
     "export",
+    "export_dispatch",
     "export_optuna",
     "record_landscape",
     "show",

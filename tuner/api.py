@@ -61,6 +61,7 @@ class TuneResult:
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
     shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
     throughput: Any = None  # tuner.meter.ThroughputReport: asks, database calls, GPUs' busy shares
+    faults: tuple[Any, ...] = ()  # tuner.faults.FaultCost: this call's failed trials and their cost
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def tune_here(
         best=best_now, device=device, warm_start=tuple(warm), retimed=outcome.retimed,
         kernel_busy_s=kernel_busy, flush_busy_s=flush_busy, shared=outcome.shared,
         throughput=throughput,
+        faults=outcome.faults,
     )
 
 

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api
+from tuner import api, check_cli, cli_dispatch
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -208,12 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
+    cli_dispatch.add_parser(sub, common)
+
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
+    check_cli.add_parser(sub, common, _seconds)
     return parser
 
 
@@ -317,6 +320,8 @@ def _tune(args: argparse.Namespace) -> int:
     for pick in result.warm_start:
         how = f"{pick.ratio_to_best:.2f}x the best" if pick.ratio_to_best else "failed here"
         print(f"warm      from {pick.source}: {how}  {format_params(pick.params)}")
+    for line in report.fault_lines(result):
+        print(line)
     return code
 
 
@@ -452,8 +457,16 @@ def _show(args: argparse.Namespace) -> int:
     print(f"{s.name}: {s.status}, {s.sampler} sampler, {s.n_trials} trials "
           f"({s.n_ok} ok, {s.n_failed} failed) on {s.device_name}")
     retimed = {r.trial_number: r for r in detail.retimes}
+    gpus = sorted({t.gpu_index for t in detail.trials if t.gpu_index is not None})
+    if len(gpus) > 1:
+        where = (detail.retimes[0].gpu_state or {}).get("gpu") if detail.retimes else None
+        print(f"  measured on GPUs {', '.join(map(str, gpus))}; normalized to GPU "
+              f"{gpus[0] if where is None else where.get('index')}, the re-timing's")
     for t in detail.trials:
         result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
+        gpu = report.trial_gpu_text(t)
+        if gpu:
+            result += f" [{gpu}]"
         if t.number in retimed:
             r = retimed[t.number]
             result += (f" | re-timed {r.median_ms:.4f} ms, IQR {report.ms(r.iqr_ms)} (rank {r.rank})" if r.ok
@@ -515,7 +528,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run,
+             "export-dispatch": cli_dispatch.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     time_line(result)   # "4s (2.7 s GPU busy, 78%; kernels 2.3 s, 67%; L2 flushes 0.2 s, 6%), 1725 trials/min"
     best_line(winner)   # "0.0206 ms re-timed, 104.0 TFLOPS {BLOCK_M: 64, ...}"
+    fault_lines(result) # the time each kind of failure cost the run (tuner.faults), as a table
     plain(record)       # a frozen dataclass as dicts and lists, for --json
     bench_table(rows)   # `tuner bench`'s table, and a line for each peer without a time
 """
@@ -13,6 +14,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from tuner.bench import AGREEMENT, ratio_text
+from tuner.faults import fault_rows, fault_table
 from tuner.progress import format_params, format_seconds
 from tuner.retime import clock_change
 
@@ -41,13 +43,41 @@ def retimed_line(records: Sequence[Any]) -> str:
     winner = next((r for r in records if r.rank == 1), None)
     picked = (f"winner #{winner.trial_number} {winner.median_ms:.4f} ms, IQR {ms(winner.iqr_ms)} "
               f"(search {ms(winner.search_median_ms)} ms)" if winner else "every one failed")
-    return f"top {len(records)} interleaved ({how(records[0])}): {picked}"
+    gpu = (records[0].gpu_state or {}).get("gpu")
+    where = f" on GPU {gpu.get('index')}" if gpu and gpu.get("index") is not None else ""
+    return f"top {len(records)} interleaved{where} ({how(records[0])}): {picked}"
 
 
 def retime_text(winner: Any) -> str:
     clocks = clock_change(winner.retime.gpu_state or {})
     return (f"rank 1 of the study's fastest, interleaved ({how(winner.retime)}); search median "
             f"{winner.search_median_ms:.4f} ms" + (f"; {clocks}" if clocks else ""))
+
+
+def trial_gpu_text(trial: Any) -> str:
+    """For ``show``: the GPU that measured a trial, its clocks, temperature and power before
+    and after the timing, and (several GPUs) the normalized median:
+    ``GPU 1, SM 1980->1965 MHz, 41->44 C, 310->395 W; 0.7810 ms normalized (x0.9615)``; '' when
+    nothing of it was stored."""
+    state = trial.gpu_state or {}
+    parts = [f"GPU {trial.gpu_index}"] if trial.gpu_index is not None else []
+    if "before" in state or "after" in state:
+        parts += [p for p in [clock_change(state), power_change(state)] if p]
+    elif "sm_mhz" in state:  # stored by an earlier version: read once, after the trial
+        parts.append(f"SM {state['sm_mhz']} MHz, {state.get('temperature_c')} C")
+    text = ", ".join(parts)
+    if trial.normalized_ms is not None:
+        factor = f" (x{trial.gpu_ratio:.4f})" if trial.gpu_ratio is not None else " (no ratio yet)"
+        text += f"; {trial.normalized_ms:.4f} ms normalized{factor}"
+    return text
+
+
+def power_change(state: dict[str, Any]) -> str:
+    """``310->395 W`` from clocks read before and after, or ''."""
+    before, after = state.get("before") or {}, state.get("after") or {}
+    if "power_w" in before and "power_w" in after:
+        return f"{before['power_w']:.0f}->{after['power_w']:.0f} W"
+    return ""
 
 
 def time_line(result: Any) -> str:
@@ -70,6 +100,15 @@ def throughput_line(report: Any) -> str:
     return (f"{report.gpus} GPUs busy {100 * report.busy_mean:.0f}% (min {100 * report.busy_min:.0f}%); "
             f"{report.trials_per_s:.0f} trials/s; {report.asks_per_s:.0f} asks/s, {report.ask_ms:.2f} ms an ask; "
             f"{report.db_writes_per_s:.0f} database writes/s, {report.db_ms_per_trial:.2f} ms a trial")
+
+
+def fault_lines(result: Any) -> list[str]:
+    """What the run's failed trials cost, per failure kind (none: no lines)."""
+    if not result.faults:
+        return []
+    lines = fault_table(fault_rows(result.faults))
+    return ["faults    time lost per failure kind: submission to failed result, plus worker replacement",
+            *(f"          {line}" for line in lines)]
 
 
 def best_line(winner: Any) -> str:

@@ -18,7 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from templates.family import KernelFamily, Problem
+
 ARCH = "sm_90a"  # what the workers compile for (workers.results.CompileRequest.arch)
 
 
@@ -48,6 +51,9 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
         "dynamic_smem_bytes": launch["dynamic_smem_bytes"],
         "args": launch["args"],
         **{key: launch[key] for key in ("then", "workspace", "grid_x_max_blocks_per_sm") if key in launch},
+        # what the kernel is called on, in order: inputs, then outputs (workers.loader checks a
+        # caller's tensors against these)
+        "tensors": tensors(family, problem),
         "compile_flags": flags,
         "params": dict(best.params),
         "problem": problem.to_json(),
@@ -82,14 +88,24 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
     }
 
 
+def tensors(family: KernelFamily, problem: Problem) -> list[dict[str, Any]]:
+    """The kernel's inputs then outputs: name, shape, element type, and whether it is written."""
+    found = [{"name": name, "shape": list(shape), "dtype": element, "output": False}
+             for name, (shape, element) in family.input_shapes(problem).items()]
+    for spec in family.outputs(problem):
+        found.append({"name": spec.name, "shape": list(spec.shape), "dtype": spec.element or np.dtype(spec.dtype).name,
+                      "output": True})
+    return found
+
+
 def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Path) -> Path:
     """Write the ``.cu`` and its ``.launch.json`` into ``out_dir``; return the ``.cu`` path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = family.render(best.params, problem)
     cu = out_dir / source_name(family, problem)
     document = launch_document(family, problem, best, source=cu.name)
-    _write_atomic(cu, source)
-    _write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
+    write_atomic(cu, source)
+    write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
     return cu
 
 
@@ -97,7 +113,7 @@ def _iso(value: datetime | str | None) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all, readable as any new file is (``0o666`` less the umask;
     mkstemp alone gives ``0o600``)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

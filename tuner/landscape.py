@@ -16,7 +16,9 @@ from tuner.errors import UsageError
 
 
 def trial_measurement(trial: Any) -> Any:
-    """A stored trial (``storage.TrialRecord``) as the ``workers.Measurement`` it came from."""
+    """A stored trial (``storage.TrialRecord``) as the ``workers.Measurement`` it came from;
+    where several GPUs measured the study, its times as the reference GPU's (scaled by the
+    trial's GPU ratio), so that a landscape is one GPU's set."""
     from workers.results import Measurement, Resources, Timing
 
     resources = None
@@ -29,8 +31,9 @@ def trial_measurement(trial: Any) -> Any:
                   clocks=dict(trial.gpu_state or {}))
     if not trial.ok:
         return Measurement.failed(trial.failure or "worker", trial.reason or "failed", **common)
-    timing = Timing(trial.median_ms, trial.min_ms or trial.median_ms, trial.max_ms or trial.median_ms,
-                    trial.iqr_ms or 0.0, trial.repetitions or 0)
+    f = getattr(trial, "gpu_ratio", None) or 1.0
+    timing = Timing(trial.median_ms * f, (trial.min_ms or trial.median_ms) * f,
+                    (trial.max_ms or trial.median_ms) * f, (trial.iqr_ms or 0.0) * f, trial.repetitions or 0)
     return Measurement(ok=True, timing=timing, **common)
 
 

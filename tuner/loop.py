@@ -35,12 +35,18 @@ Rules it keeps:
 - on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
-  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not).
+  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not);
+- with several GPUs, each trial's median is also stored normalized to the reference GPU (the
+  first, where the re-timing runs) through the incumbent, which every GPU times now and then
+  (:mod:`tuner.normalize`); the sampler, the best so far and the re-timing's candidates go by
+  the normalized medians; a result of a GPU with no ratio yet waits in flight for its first
+  round. With one GPU nothing of it runs.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -53,7 +59,9 @@ import optuna
 from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
+from tuner.faults import FaultCost
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
+from tuner.normalize import GpuScale
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
 from workers.results import Measurement
@@ -87,6 +95,7 @@ class _InFlight:
     params: dict[str, Any]
     key: str
     followers: list[Proposal] = field(default_factory=list)
+    submitted: float = 0.0  # the coordinator's clock when it went to the pool
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,24 @@ class LoopOutcome:
     elapsed_s: float
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
     shared: int = 0  # measured meanwhile by other coordinators sharing the study
+    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.faults)
+
+
+def gpu_scale(pool: Pool) -> GpuScale | None:
+    """With several GPUs (``pool.gpus``), what makes their timings one set: ratios to the first,
+    where the re-timing runs (:mod:`tuner.normalize`); None with one."""
+    gpus = list(getattr(pool, "gpus", None) or [])
+    return GpuScale(str(gpus[0].get("uuid") or "")) if len(gpus) > 1 else None
+
+
+def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None) -> dict[str, Any]:
+    """What a trial stores of the GPU that measured it: its identity, its clocks, temperature and
+    power around the timing, and (several GPUs) its median on the reference GPU."""
+    state = dict(m.clocks)
+    if state and m.gpu.get("name"):
+        state["name"] = m.gpu["name"]
+    return {"gpu_state": state or None, "gpu_uuid": m.gpu.get("uuid") or None,
+            "gpu_index": m.gpu.get("index"), "normalized_ms": normalized, "gpu_ratio": ratio}
 
 
 def default_lookahead(pool: Pool) -> int:
@@ -162,10 +189,14 @@ class Coordinator:
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
         self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
         self._n_valid = 0
+        self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
         self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
         self._valid_keys: set[str] = set()  # the family's valid configs (made by _resume)
+        self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
+        self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
+        self._incumbent: str | None = None  # the best config so far, as the GPUs time it
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -185,6 +216,7 @@ class Coordinator:
             except KeyboardInterrupt:
                 pass
         finally:
+            self._release_held(force=True)  # measured: kept, whatever stopped the loop
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
@@ -194,7 +226,20 @@ class Coordinator:
         retimed = self._retime() if status == "finished" else []
         c = self.progress.counts
         return LoopOutcome(status, reason, c.measured, c.failed, c.reused, c.invalid,
-                           self._previous, self.clock() - self._started, tuple(retimed), self._shared)
+                           self._previous, self.clock() - self._started, tuple(retimed), self._shared,
+                           self._fault_costs())
+
+    def _fault_costs(self) -> tuple[FaultCost, ...]:
+        """This run's failed trials, each with the time its GPU workers' replacements took
+        (``pool.replacements()``, where the pool says; a replacement still starting counts its
+        time so far)."""
+        replacements = getattr(self.pool, "replacements", None)
+        by_ticket: dict[int, list[float]] = {}
+        for done in (replacements() if callable(replacements) else []):
+            if done.ticket is not None:
+                by_ticket.setdefault(done.ticket, []).append(done.seconds)
+        return tuple(FaultCost.of(c.number, c.failure, c.reason, c.wall_s, c.params, by_ticket.get(ticket, ()))
+                     for ticket, c in self._failed)
 
     def _retime(self) -> list[Any]:
         """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
@@ -314,7 +359,7 @@ class Coordinator:
         """Send a leased config to the pool."""
         ticket = next(self._tickets)
         self.pool.submit(ticket, params, *work)
-        self._in_flight[ticket] = _InFlight(proposal, params, key)
+        self._in_flight[ticket] = _InFlight(proposal, params, key, submitted=self.clock())
         self._in_flight_keys[key] = ticket
         self._unmeasured.discard(key)
         self._idle = 0
@@ -385,25 +430,29 @@ class Coordinator:
 
     def _collect_batch(self, timeout: float) -> None:
         """``_collect`` in one transaction: every result of a poll told to the sampler and
-        stored together (``Repository.record_trials``)."""
+        stored together (``Repository.record_trials``); results held for a GPU's ratio
+        (:meth:`_held_for_ratio`) are released one by one, as ``_collect`` does."""
+        results = self.pool.poll(timeout)
+        self._calibrated()
         done = []
-        for ticket, measurement in self.pool.poll(timeout):
-            flight = self._in_flight.pop(ticket, None)
-            if flight is None:
+        for ticket, measurement in results:
+            if ticket not in self._in_flight:
                 logger.warning("ignoring a result for unknown ticket %r", ticket)
                 continue
-            del self._in_flight_keys[flight.key]
-            done.append((flight, measurement, *self._outcome(flight, measurement)))
-        if not done:
-            return
-        self._set_early_stop()
-        stored = self._mirror.finish_many([(f.proposal, value, f.params, outcome)
-                                           for f, _, outcome, value in done])
-        for (flight, m, outcome, _), record in zip(done, stored):
-            if isinstance(record, ClaimRefused):
-                self._lost(flight)
-            else:
-                self._measured(flight, m, outcome)
+            if not self._held_for_ratio(ticket, measurement):
+                flight = self._take_ticket(ticket, measurement)
+                done.append((flight, measurement, *self._outcome(flight, measurement)))
+        if done:
+            self._set_early_stop()
+            self._refresh_incumbent()
+            stored = self._mirror.finish_many([(f.proposal, value, f.params, outcome)
+                                               for f, _, outcome, value in done])
+            for (flight, m, outcome, value), record in zip(done, stored):
+                if isinstance(record, ClaimRefused):
+                    self._lost(flight)
+                else:
+                    self._measured(flight, m, outcome, value)
+        self._release_held()
 
     def _refused(self, proposal: Proposal, key: str, why: str) -> None:
         """The config's lease was not granted: measured or held by another coordinator (its
@@ -438,6 +487,7 @@ class Coordinator:
         self._elsewhere = {t.key for t in synced.running if not self._settle(t)}
         if synced.finished:
             self._set_early_stop()
+            self._refresh_incumbent()
 
     def _settle(self, running: Any) -> bool:
         """A running trial of another coordinator (``storage.RunningRecord``): False when its
@@ -458,25 +508,41 @@ class Coordinator:
         return True
 
     def _collect(self, timeout: float) -> None:
-        for ticket, measurement in self.pool.poll(timeout):
-            flight = self._in_flight.pop(ticket, None)
-            if flight is None:
+        results = self.pool.poll(timeout)
+        self._calibrated()
+        for ticket, measurement in results:
+            if ticket not in self._in_flight:
                 logger.warning("ignoring a result for unknown ticket %r", ticket)
                 continue
-            del self._in_flight_keys[flight.key]
-            self._finish(flight, measurement)
+            if not self._held_for_ratio(ticket, measurement):
+                self._finish_ticket(ticket, measurement)
+        self._release_held()
+
+    def _finish_ticket(self, ticket: int, measurement: Measurement) -> None:
+        self._finish(self._take_ticket(ticket, measurement), measurement)
+
+    def _take_ticket(self, ticket: int, measurement: Measurement) -> _InFlight:
+        """A ticket's trial out of flight (a failure's cost noted)."""
+        flight = self._in_flight.pop(ticket)
+        del self._in_flight_keys[flight.key]
+        if not measurement.ok:
+            self._failed.append((ticket, FaultCost.of(
+                flight.proposal.number, measurement.failure or "worker", measurement.reason or "",
+                self.clock() - flight.submitted, flight.params)))
+        return flight
 
     def _finish(self, flight: _InFlight, m: Measurement) -> None:
         """The sampler learns; the measured trial is stored in place of its running one, with
         the GPU's clocks and temperature as read for it (none for a failure)."""
         outcome, value = self._outcome(flight, m)
         self._set_early_stop()
+        self._refresh_incumbent()
         try:
             self._mirror.finish(flight.proposal, value, flight.params, outcome)
         except ClaimRefused:  # this run stalled past its leases' life; another took the config
             self._lost(flight)
             return
-        self._measured(flight, m, outcome)
+        self._measured(flight, m, outcome, value)
 
     def _outcome(self, flight: _InFlight, m: Measurement) -> tuple[TrialOutcome, float]:
         """A measurement as the trial to store and the value to tell; the config is known."""
@@ -484,6 +550,7 @@ class Coordinator:
         tflops = None
         if m.ok and timing is not None and timing.median_ms > 0:
             tflops = self.family.tflops(self.problem, timing.median_ms)
+        normalized, ratio = self._normalized(m)
         outcome = TrialOutcome(
             status="ok" if m.ok else "failed", failure=m.failure, reason=m.reason, detail=m.detail,
             registers=res.registers if res else None,
@@ -498,9 +565,11 @@ class Coordinator:
             iqr_ms=timing.iqr_ms if timing else None,
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
-            replayed=m.replayed, gpu_state=dict(m.clocks) or None,
+            replayed=m.replayed, **gpu_columns(m, normalized, ratio),
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
+        if normalized is not None:
+            value = normalized
         self._known[flight.key] = value
         return outcome, value
 
@@ -511,13 +580,13 @@ class Coordinator:
         for follower in flight.followers:
             self._mirror.drop(follower)
 
-    def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome) -> None:
+    def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome, value: float) -> None:
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(
             flight.proposal.number, flight.params,
             failure=None if m.ok else m.failure,
-            median_ms=outcome.median_ms if m.ok else None, tflops=outcome.tflops,
+            median_ms=value if m.ok and m.timing else None, tflops=outcome.tflops,
         )
 
     # -- resume and interruption ------------------------------------------------------------------
@@ -533,8 +602,9 @@ class Coordinator:
         for trial in synced.finished:
             self._known.setdefault(trial.key, objective(trial))
             self._previous += 1
-            if trial.ok and trial.median_ms is not None and (best is None or trial.median_ms < best.median_ms):
-                best = Best(trial.median_ms, trial.tflops, dict(trial.params), trial.number)
+            ranked = trial.ranked_ms
+            if trial.ok and ranked is not None and (best is None or ranked < best.median_ms):
+                best = Best(ranked, trial.tflops, dict(trial.params), trial.number)
         for running in synced.running:
             if not self._settle(running):
                 logger.info("trial %d is being measured by %s: left to it", running.number,
@@ -548,6 +618,7 @@ class Coordinator:
         self._synced(self._mirror.sync(force=True))
         self.progress.resumed(self._previous, best)
         self._set_early_stop()
+        self._refresh_incumbent()
 
     def _set_early_stop(self) -> None:
         """Tell the pool a timing may stop once it is clearly behind the best so far."""
@@ -557,6 +628,73 @@ class Coordinator:
         set_bar = getattr(self.pool, "set_abort_above", None)
         if finite and set_bar is not None:
             set_bar(EARLY_STOP_FACTOR * min(finite))
+
+    # -- several GPUs: one set of timings (tuner.normalize) ----------------------------------
+    def _normalized(self, m: Measurement) -> tuple[float | None, float | None]:
+        """(the trial's median on the reference GPU, the ratio used); (None, None) with one GPU
+        or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return None, None
+        return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
+
+    def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
+        """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first
+        round has not come back: the first trial or two of a study on each GPU but the
+        reference) before it is told and stored, so that it too is normalized. It stays in
+        flight meanwhile; :meth:`_release_held` finishes it."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return False
+        if self._scale.ratio(m.gpu.get("uuid")) is not None:
+            return False
+        self._held[ticket] = m
+        self._refresh_incumbent()
+        return True
+
+    def _release_held(self, *, force: bool = False) -> None:
+        """Finish the held results whose GPU has a ratio now; all of them when ``force``d (the
+        loop stops) or when the pool has nothing else in flight (no round is coming back for
+        them: they keep their raw median, with no ratio)."""
+        if not self._held:
+            return
+        idle = force or not getattr(self.pool, "pending", lambda: 1)()
+        for ticket, m in list(self._held.items()):
+            if idle or self._scale is None or self._scale.ratio(m.gpu.get("uuid")) is not None:
+                del self._held[ticket]
+                self._finish_ticket(ticket, m)
+
+    def _calibrated(self) -> None:
+        """Take in the GPUs' timings of the incumbent that came back (``pool.calibrations``)."""
+        if self._scale is None:
+            return
+        for calibration in self.pool.calibrations():  # type: ignore[attr-defined]
+            m = calibration.measurement
+            if m.ok and m.timing is not None:
+                self._scale.observe(calibration.round, str(m.gpu.get("uuid") or ""), m.timing.median_ms)
+            else:
+                logger.warning("GPU %s could not time the incumbent: %s", m.gpu.get("index"), m.reason)
+        logger.debug("GPU ratios to the reference: %s", self._scale.ratios())
+
+    def _refresh_incumbent(self) -> None:
+        """Give the pool the best config so far (by normalized median), for every GPU to time
+        now and then (several GPUs only)."""
+        if self._scale is None:
+            return
+        finite = [(value, key) for key, value in self._known.items() if math.isfinite(value)]
+        if not finite:  # nothing told yet: a held result serves (its GPU waits for a round)
+            finite = [(m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items()
+                      if m.timing is not None]
+        if not finite or min(finite)[1] == self._incumbent:
+            return
+        key = min(finite)[1]
+        params = json.loads(key)
+        try:
+            source = self.family.render(params, self.problem)
+            launch = self.family.launch(params, self.problem)
+            options = tuple(self.family.compile_options(params, self.problem))
+        except TemplateError:
+            return
+        self._incumbent = key
+        self.pool.set_incumbent(params, source, launch, options)  # type: ignore[attr-defined]
 
     def _abandon_in_flight(self) -> None:
         for flight in list(self._in_flight.values()):

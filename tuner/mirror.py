@@ -65,9 +65,12 @@ class Synced:
 
 
 def objective(trial: Any) -> float:
-    """What the sampler is told of a stored trial: its median, or ``inf`` when it failed."""
-    ok = trial.status == "ok" and trial.median_ms is not None and math.isfinite(trial.median_ms)
-    return float(trial.median_ms) if ok else search.FAILED_VALUE
+    """What the sampler is told of a stored trial: its median (normalized to the reference GPU
+    where several GPUs measured the study), or ``inf`` when it failed."""
+    normalized = getattr(trial, "normalized_ms", None)
+    ms = normalized if normalized is not None else trial.median_ms
+    ok = trial.status == "ok" and ms is not None and math.isfinite(ms)
+    return float(ms) if ok else search.FAILED_VALUE
 
 
 class MirroredStudy:

@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 _OPTUNA_TYPES = (type(None), bool, int, float, str)
 _USER_ATTRS = ("tflops", "failure", "reason", "registers", "spill_stores", "cubin_hash", "toolkit",
-               "iqr_ms", "repetitions", "replayed", "gpu_state")
+               "iqr_ms", "repetitions", "replayed", "gpu_state", "median_ms", "gpu_uuid",
+               "gpu_index", "gpu_ratio")
 
 
 def optuna_storage(target: str) -> optuna.storages.BaseStorage:
@@ -53,7 +54,7 @@ def optuna_trials(trials: Sequence[Any]) -> list[FrozenTrial]:
         ok = trial.status == "ok"
         copied.append(optuna.trial.create_trial(
             state=TrialState.COMPLETE if ok else TrialState.FAIL,
-            value=trial.median_ms if ok else None, params=params,
+            value=_ranked(trial) if ok else None, params=params,
             distributions={name: distributions[name] for name in params}, user_attrs=attrs))
     return copied
 
@@ -65,6 +66,13 @@ def copy_study(name: str, trials: Sequence[Any], target: str) -> None:
     study = optuna.create_study(study_name=name, storage=optuna_storage(target),
                                 direction="minimize")
     study.add_trials(optuna_trials(trials))
+
+
+def _ranked(trial: Any) -> float:
+    """The trial's value as the sampler had it: its median, normalized to the reference GPU where
+    several GPUs measured the study (the raw median is a user attribute)."""
+    normalized = getattr(trial, "normalized_ms", None)
+    return normalized if normalized is not None else trial.median_ms
 
 
 def _optuna_value(value: Any) -> Any:

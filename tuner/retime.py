@@ -29,9 +29,14 @@ DEFAULT_TOP = 5  # trials re-timed at the end of a study (0: none)
 
 def candidates(trials: Sequence[Any], top: int) -> list[Any]:
     """The ``top`` fastest ok trials (``storage.TrialRecord``) with distinct cubins, fastest
-    first (ties: the lower number)."""
+    first (ties: the lower number); by their normalized medians where several GPUs measured
+    the study (as ``TrialRecord.ranked_ms``)."""
     picked, cubins = [], set()
-    for trial in sorted((t for t in trials if t.ok), key=lambda t: (t.median_ms, t.number)):
+    def ranked(t: Any) -> tuple[float, int]:
+        normalized = getattr(t, "normalized_ms", None)
+        return (normalized if normalized is not None else t.median_ms), t.number
+
+    for trial in sorted((t for t in trials if t.ok), key=ranked):
         if trial.cubin_hash is not None and trial.cubin_hash in cubins:
             continue
         cubins.add(trial.cubin_hash)
@@ -70,6 +75,8 @@ def retime_study(family: KernelFamily, problem: Problem, *, pool: Any, repositor
         entries[trial.number] = _entry(family, problem, trial.number, m)
     state = {"before": dict(retiming.clocks_before), "after": dict(retiming.clocks_after),
              "rounds": retiming.rounds}
+    if retiming.gpu:  # the one GPU it ran on (with several, the reference of the normalization)
+        state["gpu"] = dict(retiming.gpu)
     records = repository.record_retiming(record.id, [entries[t.number] for t in picked],
                                          gpu_state=state, replayed=retiming.replayed)
     logger.info("%s", summary(records, picked[0].number, rounds=retiming.rounds,
@@ -104,7 +111,12 @@ def summary(records: Sequence[Any], search_winner: int, *, rounds: int, replayed
     else:
         end = f"winner #{winner.trial_number}"
     clocks = clock_change(records[0].gpu_state or {}) if records else ""
-    return f"re-timed top {len(records)} interleaved ({how}): {', '.join(parts)}; {end}" + (
+    gpu = (records[0].gpu_state or {}).get("gpu") if records else None
+    where = ""
+    if gpu and (gpu.get("index") is not None or gpu.get("uuid")):
+        where = f" on GPU {gpu['index'] if gpu.get('index') is not None else gpu.get('uuid')}" + (
+            f" ({gpu['uuid']})" if gpu.get("index") is not None and gpu.get("uuid") else "")
+    return f"re-timed top {len(records)} interleaved{where} ({how}): {', '.join(parts)}; {end}" + (
         f" | {clocks}" if clocks else "")
 
 

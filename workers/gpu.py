@@ -180,6 +180,7 @@ class GpuBench:
             version = int(check_call("cuDriverGetVersion", driver.cuDriverGetVersion()))
             cuda_version = f"{version // 1000}.{(version % 1000) // 10}"
             clocks = read_clocks(uuid_text)
+            reader = _NVML.get(uuid_text)
             self._info = DeviceInfo(
                 name=name,
                 sm_count=self._attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
@@ -194,6 +195,7 @@ class GpuBench:
                 cuda_version=cuda_version,
                 uuid=uuid_text,
                 clocks=clocks,
+                index=reader.index() if reader is not None else None,
             )
         return self._info
 
@@ -244,10 +246,11 @@ class GpuBench:
         finally:
             self._release([trial])
         seconds = time.perf_counter() - start
-        clocks = self._clocks() if result.ok else {}
+        clocks = dict(trial.clocks) if result.ok else {}
         return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,
                               "kernel_seconds": trial.kernel_ms / 1e3,
-                              "flush_seconds": trial.flush_ms / 1e3, "clocks": clocks})
+                              "flush_seconds": trial.flush_ms / 1e3, "clocks": clocks,
+                              "gpu": self.device_info().identity})
 
     # -- several kernels, interleaved -------------------------------------------------------------
     def retime(
@@ -270,7 +273,7 @@ class GpuBench:
             dead = Measurement.failed("worker", "this GPU worker's context is dead")
             return Retiming(tuple(replace(dead, **self._tags(b)) for b, _ in kernels), rounds=0)
         start = time.perf_counter()
-        before = self._clocks()
+        before = self.clocks_now()
         trials = [Trial(self, binary, launch) for binary, launch in kernels]
         try:
             family = get_family(family_ref)
@@ -285,10 +288,11 @@ class GpuBench:
             self._release(trials)
         measurements = tuple(Measurement(**{**r.__dict__, **self._tags(b)})
                              for r, (b, _) in zip(results, kernels))
-        return Retiming(measurements, count, clocks_before=before, clocks_after=self._clocks(),
+        return Retiming(measurements, count, clocks_before=before, clocks_after=self.clocks_now(),
                         gpu_seconds=time.perf_counter() - start,
                         kernel_seconds=sum(t.kernel_ms for t in trials) / 1e3,
-                        flush_seconds=sum(t.flush_ms for t in trials) / 1e3)
+                        flush_seconds=sum(t.flush_ms for t in trials) / 1e3,
+                        gpu=self.device_info().identity)
 
     def _release(self, trials: Sequence[Trial]) -> None:
         """Free what the trials took, unless the context is dead (then nothing can be freed)."""
@@ -301,8 +305,9 @@ class GpuBench:
                 logger.warning("cleanup failed, the context is unusable: %s", exc)
                 self.dead = True
 
-    def _clocks(self) -> dict[str, Any]:
-        """SM/memory clocks and temperature now (``read_clocks`` less the driver), or {}."""
+    def clocks_now(self) -> dict[str, Any]:
+        """SM/memory clocks, temperature and power now (``read_clocks`` less the driver), or {}.
+        A trial reads them right before and right after its timed repetitions."""
         clocks = read_clocks(self._info.uuid if self._info else "")
         clocks.pop("driver", None)
         return clocks

@@ -6,13 +6,18 @@
             ...
         retiming = pool.retime([(params, source, launch, options), ...])   # at the end, idle
 
+With several GPUs, each re-times the study's incumbent now and then between its trials
+(``set_incumbent``; rounds by ``workers.calibrate``), and ``calibrations()`` hands those timings
+over, each with the GPU it ran on: the coordinator makes the GPUs' timings one set from them.
+
 Each actor runs one measurement at a time with the next one already sent (``ACTOR_DEPTH``), so
 it never waits for the coordinator between trials; the rest of the queue stays here, and a killed
 actor loses nothing but the trial it was running (the one sent after it is measured again). A
 measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
 dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal
 are measured once. ``retime`` times several configs again, interleaved on one GPU actor
-(``GpuBench.retime``), once nothing is in flight.
+(``GpuBench.retime``), once nothing is in flight. ``replacements()`` says which tickets took a
+worker down and how long its replacement took to be ready (the time a fault cost beyond its trial).
 
 The family is a reference every actor resolves in its own process (a name, a path, module:ATTR;
 see ``workers.shipping``), or a family object, shipped by value. Each new actor is asked to load
@@ -35,11 +40,13 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
+from workers.calibrate import CALIBRATE_EVERY, CalibrationSchedule
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
 from workers.ray_session import start_ray, stop_ray
-from workers.results import Binary, CompileRequest, DeviceInfo, Measurement, Retiming
+from workers.replay import params_key
+from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
 from workers.simulate import simulated_resources
@@ -61,6 +68,7 @@ class _Ticket:
     options: tuple[str, ...]
     binary: Binary | None = None
     deadline: float = 0.0
+    calibration: int = 0  # > 0: the incumbent, timed in this calibration round (no ticket)
 
 
 @dataclass
@@ -70,6 +78,22 @@ class _Slot:
     sent: deque[tuple[_Ticket, Any]] = field(default_factory=deque)  # (ticket, ref), in the actor's order
     deadline: float = 0.0  # of the first sent: the one the actor runs
     deaths: int = 0
+    replacing: tuple[int | None, str, float] | None = None  # (ticket, why, since) until the new actor is ready
+    gpu: dict[str, Any] = field(default_factory=dict)  # which GPU: {"uuid", "index", "name"}
+    calibrated: int = 0  # the latest calibration round sent to it
+    simulate: tuple[int, float] | None = None  # a replay standing for GPU i, factor f (tests)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A GPU worker killed and started again: for which ticket (None: a re-timing or the
+    incumbent's calibration), why, and the seconds from the kill until the new actor was ready
+    (told the problem, ``prepare`` done), or, while it is not (``ready`` False), until now."""
+
+    ticket: int | None
+    why: str
+    seconds: float
+    ready: bool = True
 
 
 @dataclass
@@ -102,14 +126,24 @@ class WorkerPool:
         measure_options: Mapping[str, Any] | None = None,
         screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,
         ship_folder: bool | None = None,
+        calibrate_every: int = CALIBRATE_EVERY,
+        calibrate_seconds: float | None = None,
+        replay_gpus: Sequence[float] | None = None,
         simulate_gpus: int | None = None,
     ) -> None:
         """``ship_folder``: a family given as a folder goes to the actors through Ray's
         ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
-        must be started with it (the pool does, when it starts Ray). ``simulate_gpus``: with
+        must be started with it (the pool does, when it starts Ray).
+
+        ``calibrate_every`` / ``calibrate_seconds``: with several GPUs, every GPU times the
+        incumbent again after that many trials of its own, or that many seconds, whichever comes
+        first (``workers.calibrate``). ``replay_gpus`` (tests and simulations only, with
+        ``replay``): one replay actor per factor, each standing for a GPU whose times are the
+        recorded ones times its factor (``ReplayBench.simulate``). ``simulate_gpus``: with
         ``replay``, that many simulated GPUs that each take a trial's GPU time
         (:mod:`workers.simulate`), on Ray's custom resource ``sim_gpu`` (the pool's own Ray
-        gets it; a Ray started elsewhere must have it)."""
+        gets it; a Ray started elsewhere must have it); they are one GPU model, the landscape's
+        (no calibration, no ratios between them)."""
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
@@ -123,6 +157,12 @@ class WorkerPool:
         self._measure_options = dict(measure_options or {})
         self._screen_spill_bytes = screen_spill_bytes
         self._abort_above_ms: float | None = None
+        self._calibrate = (calibrate_every, calibrate_seconds)
+        self._schedule: CalibrationSchedule | None = None  # set when there are several GPUs
+        self._calibrations: list[Calibration] = []
+        self._replay_gpus = tuple(float(f) for f in replay_gpus) if replay_gpus else ()
+        if self._replay_gpus and replay is None:
+            raise ValueError("replay_gpus goes with replay")
         ship_folder = ray_address is not None if ship_folder is None else ship_folder
         self._owns_ray = start_ray(ray_address, need_gpu=replay is None and worker_cls is None,
                                    runtime_env=runtime_env(family) if ship_folder else None,
@@ -136,6 +176,7 @@ class WorkerPool:
         self._owners: dict[Any, _Slot] = {}  # measure or ready ref -> its slot
         self._hashes = _Hashes()
         self._results: list[tuple[int, Measurement]] = []
+        self._replaced: list[Replacement] = []  # replacements whose new actor is ready
         self._known: set[int] = set()
         self._returned = 0
         self.gpu_busy_seconds = 0.0  # the GPU actors' time measuring (shared results: none)
@@ -171,6 +212,8 @@ class WorkerPool:
                 self._start_simulated(str(replay), self._simulate)
                 return
             cls, options = worker_cls or ReplayBench, {"num_gpus": 0}
+            if self._replay_gpus and not hasattr(cls, "simulate"):
+                raise ValueError(f"replay_gpus needs a worker with simulate(); {cls.__name__} has none")
             args = (str(replay), self._shipment.ref)
         else:
             from workers.gpu import GpuBench
@@ -185,15 +228,20 @@ class WorkerPool:
                     "pass ray_address=... of a cluster with GPUs, or replay=<landscape.json>")
             count = int(gpus // options["num_gpus"])
         else:
-            count = int(getattr(cls, "num_workers", 1))
+            count = len(self._replay_gpus) or int(getattr(cls, "num_workers", 1))
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")
         self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
         infos = []
-        for slot in self._slots:
+        for i, slot in enumerate(self._slots):
             try:
                 infos.append(ray.get(slot.actor.device_info.remote(), timeout=_START_TIMEOUT_S))
+                if replay is None:  # a replay's numbers were recorded: no GPU of this run's
+                    slot.gpu = dict(infos[-1].identity)
+                if self._replay_gpus:
+                    slot.simulate = (i, self._replay_gpus[i])
+                    slot.gpu = ray.get(slot.actor.simulate.remote(*slot.simulate), timeout=_START_TIMEOUT_S)
             except RayError as exc:
                 raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
         if replay is None:  # a replay answers from its landscape: its actors need no family
@@ -203,6 +251,9 @@ class WorkerPool:
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
+        if len(self._slots) > 1:
+            every, seconds = self._calibrate
+            self._schedule = CalibrationSchedule(len(self._slots), every=every, seconds=seconds)
 
     def _start_simulated(self, replay: str, gpus: int) -> None:
         """``gpus`` simulated GPUs on host actors (:mod:`workers.simulate`), a slot each."""
@@ -266,24 +317,34 @@ class WorkerPool:
         if self._prepares:
             slot.actor.prepare.remote(self._shipment.ref, self.problem, self._seed)
 
-    def _replace(self, slot: _Slot, why: str, *, count: bool = True) -> None:
-        """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's."""
+    def _replace(self, slot: _Slot, why: str, *, count: bool = True, ticket: int | None = None) -> None:
+        """Kill the slot's actor and start a new one; ``count`` deaths that are the worker's.
+        The time until the new actor is ready is kept against ``ticket`` (:meth:`replacements`;
+        a new actor that fails to start and is replaced again adds to the first one's time)."""
         logger.warning("replacing a worker: %s", why)
         if self._simulate:  # a host holds many simulated GPUs, and they do not die
             raise WorkerError(f"a simulated GPU failed: {why}")
+        if slot.replacing is None:
+            slot.replacing = (ticket, why, time.monotonic())
         ray.kill(slot.actor, no_restart=True)
         self._owners.pop(slot.ready_ref, None)
         for item, ref in reversed(slot.sent):  # sent after the culprit: measured again, first
             self._owners.pop(ref, None)
-            self._measure_queue.appendleft(item)
+            if item.calibration:  # the incumbent is timed again by the new actor
+                slot.calibrated = min(slot.calibrated, item.calibration - 1)
+            else:
+                self._measure_queue.appendleft(item)
         slot.sent.clear()
         slot.deaths = slot.deaths + 1 if count else 0
         if slot.deaths > _MAX_STARTS:
+            self._ready(slot, ready=False)
             self._slots.remove(slot)
             if not self._slots:
                 raise WorkerError(f"every worker died {_MAX_STARTS} times in a row; last: {why}")
             return
         slot.actor = self._actor_cls.remote(*self._actor_args)
+        if slot.simulate is not None:  # the same simulated GPU (calls run in order: before any trial)
+            slot.actor.simulate.remote(*slot.simulate)
         self._prepare(slot)
         slot.ready_ref = slot.actor.__ray_ready__.remote()
         self._owners[slot.ready_ref] = slot
@@ -295,7 +356,37 @@ class WorkerPool:
 
     @property
     def num_gpus(self) -> int:
-        return len(self._slots) if self._simulate or not self._replay else 0
+        """GPUs measuring (a replay's: none, unless it stands for several: ``replay_gpus``)."""
+        return len(self._slots) if not self._replay or self._replay_gpus or self._simulate else 0
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        """Each worker's GPU, ``{"uuid", "index", "name"}``; the first is where ``retime`` runs.
+        Simulated GPUs: none (they are the landscape's one GPU, with nothing to normalize)."""
+        return [] if self._simulate else [dict(slot.gpu) for slot in self._slots]
+
+    def set_incumbent(self, params: Mapping[str, Any], source: str, launch: Launch,
+                      options: tuple[str, ...]) -> None:
+        """The study's best config so far: with several GPUs, each times it again between its
+        trials, in rounds (``workers.calibrate``); the timings come out of :meth:`calibrations`.
+        With one GPU it does nothing."""
+        if self._schedule is None:
+            return
+        key = params_key(params)
+        if key == self._schedule.key:
+            return
+        item = _Ticket(-1, dict(params), source, launch, tuple(options), calibration=1)
+        self._schedule.offer(key, item)
+        if self._replay:
+            self._schedule.ready(key)
+        else:  # compiled first (the cache answers: it was measured)
+            self._compile_queue.appendleft(item)
+        self._pump()
+
+    def calibrations(self) -> list[Calibration]:
+        """The incumbent's timings that came back since the last call, each with its GPU."""
+        out, self._calibrations = self._calibrations, []
+        return out
 
     def submit(self, ticket: int, params: Mapping[str, Any], source: str, launch: Launch,
                options: tuple[str, ...]) -> None:
@@ -309,6 +400,21 @@ class WorkerPool:
     def set_abort_above(self, ms: float | None) -> None:
         """Measurements dispatched from now on stop timing once clearly slower than ``ms``."""
         self._abort_above_ms = ms
+
+    def replacements(self) -> list[Replacement]:
+        """Every GPU worker replaced so far (a crash, a hang, a dead process), with the time it
+        took to have a new one ready; one still starting counts its time until now."""
+        now = time.monotonic()
+        starting = [Replacement(s.replacing[0], s.replacing[1], now - s.replacing[2], ready=False)
+                    for s in self._slots if s.replacing is not None]
+        return [*self._replaced, *starting]
+
+    def _ready(self, slot: _Slot, *, ready: bool = True) -> None:
+        """The slot's new actor is ready (or given up): its replacement's time is kept."""
+        if slot.replacing is not None:
+            ticket, why, since = slot.replacing
+            self._replaced.append(Replacement(ticket, why, time.monotonic() - since, ready=ready))
+            slot.replacing = None
 
     def pending(self) -> int:
         """Tickets submitted and not yet returned by ``poll``."""
@@ -399,6 +505,7 @@ class WorkerPool:
                 self._owners.pop(slot.ready_ref, None)
                 ray.get(slot.ready_ref, timeout=_START_TIMEOUT_S)
                 slot.ready_ref = None
+                self._ready(slot)
             ref = slot.actor.retime.remote(kernels, self._shipment.ref, self.problem, params=params,
                                            seed=self._seed, rounds=rounds, max_seconds=max_seconds)
             retiming = ray.get(ref, timeout=deadline)
@@ -413,7 +520,7 @@ class WorkerPool:
             return failed("worker", _one_line(exc.cause or exc), detail=str(exc)[-2000:])
         if any(m.failure == "crash" for m in retiming.measurements):
             self._replace_quietly(slot, "the CUDA context died during the re-timing", count=False)
-        return retiming
+        return retiming if retiming.gpu else replace(retiming, gpu=dict(slot.gpu))
 
     def _add_busy(self, work: Measurement | Retiming) -> None:
         """Count a measurement's (or re-timing's) GPU time: the worker's, the kernels', the flushes'."""
@@ -456,12 +563,14 @@ class WorkerPool:
             item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
             self._compiling[ref] = item
         for slot in self._slots:
+            if slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH:
+                self._calibrate_on(slot)
             while slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH and self._measure_queue:
                 self._dispatch(slot, self._measure_queue.popleft())
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
         options = dict(self._measure_options)
-        if self._abort_above_ms is not None:
+        if self._abort_above_ms is not None and not item.calibration:  # the incumbent is timed in full
             options.setdefault("abort_above_ms", self._abort_above_ms)
         ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
                                         params=item.params, seed=self._seed, **options)
@@ -478,13 +587,16 @@ class WorkerPool:
                 self._owners.pop(ref, None)
                 # a hang is the kernel's fault, not the worker's: it does not count as a death
                 self._replace(slot, f"ticket {item.ticket} ran past {self._measure_timeout_s:g} s",
-                              count=False)
-                self._finish(item, Measurement.failed(
+                              count=False, ticket=_culprit(item))
+                self._done(slot, item, Measurement.failed(
                     "timeout", f"ran past {self._measure_timeout_s:g} s; the worker was replaced"))
         for ref, item in list(self._compiling.items()):
             if now > item.deadline:
                 ray.cancel(ref, force=True)
                 del self._compiling[ref]
+                if item.calibration:
+                    self._incumbent_compiled(item, None)
+                    continue
                 self._resolve(item, Measurement.failed(
                     "compile", f"compile ran past {self._compile_timeout_s:g} s"))
 
@@ -494,9 +606,14 @@ class WorkerPool:
             try:
                 result = ray.get(ref)
             except RayError as exc:
+                if item.calibration:
+                    self._incumbent_compiled(item, None)
+                    return
                 self._resolve(item, Measurement.failed("worker", f"compile task died: {_one_line(exc)}"))
                 return
-            if isinstance(result, CompileFailure):
+            if item.calibration:
+                self._incumbent_compiled(item, result)
+            elif isinstance(result, CompileFailure):
                 self._resolve(item, Measurement.failed("compile", result.reason, detail=result.log[-4000:]))
             else:
                 item.binary = result
@@ -511,6 +628,8 @@ class WorkerPool:
                 ray.get(ref)
             except RayError as exc:
                 self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
+            else:
+                self._ready(slot)
             return
         running = bool(slot.sent) and slot.sent[0][1] is ref
         item = self._received(slot, ref)
@@ -520,10 +639,13 @@ class WorkerPool:
             if not running and slot.sent:
                 # Ray may report a queued measurement's loss before the running one's: the one
                 # that died with the actor is the running one; this one never ran, and goes again
-                self._measure_queue.appendleft(item)
-                item, culprit_ref = slot.sent.pop(0)
+                if item.calibration:
+                    slot.calibrated = min(slot.calibrated, item.calibration - 1)
+                else:
+                    self._measure_queue.appendleft(item)
+                item, culprit_ref = slot.sent.popleft()
                 self._owners.pop(culprit_ref, None)
-            self._replace(slot, f"the worker process died: {_one_line(exc)}")
+            self._replace(slot, f"the worker process died: {_one_line(exc)}", ticket=_culprit(item))
             measurement = Measurement.failed("worker", "the worker process died; it was replaced",
                                              detail=_one_line(exc))
         except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
@@ -531,8 +653,9 @@ class WorkerPool:
         else:
             slot.deaths = 0
             if measurement.failure == "crash":  # the CUDA context is gone with the kernel
-                self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False)
-        self._finish(item, measurement)
+                self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False,
+                              ticket=_culprit(item))
+        self._done(slot, item, measurement)
 
     def _position(self, ref: Any) -> int:
         """Where a measurement is in its actor's order (-1: a compile or a start)."""
@@ -548,6 +671,42 @@ class WorkerPool:
         if index == 0 and slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
         return item
+
+    # -- the incumbent, timed on every GPU -----------------------------------------------------
+    def _incumbent_compiled(self, item: _Ticket, result: Any) -> None:
+        """The incumbent's compile came back: it can be timed, or (a failure) it is dropped."""
+        assert self._schedule is not None
+        key = params_key(item.params)
+        if isinstance(result, Binary):
+            item.binary = result
+            self._schedule.ready(key)
+        else:
+            logger.warning("the incumbent could not be compiled again: the GPUs keep their ratios")
+            self._schedule.drop(key)
+
+    def _calibrate_on(self, slot: _Slot) -> None:
+        """Send the current round's incumbent to ``slot``, ahead of the trials queued, once."""
+        due = self._schedule.due(slot.calibrated) if self._schedule is not None else None
+        if due is None:
+            return
+        number, incumbent = due
+        slot.calibrated = number
+        self._dispatch(slot, replace(incumbent, calibration=number))
+
+    def _done(self, slot: _Slot, item: _Ticket, measurement: Measurement) -> None:
+        """A measurement came back from ``slot`` (or failed there): tagged with its GPU, it
+        answers its ticket, or is a calibration (the incumbent's timing on that GPU)."""
+        if not measurement.gpu and slot.gpu:
+            measurement = replace(measurement, gpu=dict(slot.gpu))
+        if not item.calibration:
+            if self._schedule is not None:
+                self._schedule.counted()
+            self._finish(item, measurement)
+            return
+        self._add_busy(measurement)
+        if self._replay:
+            measurement = replace(measurement, replayed=True)
+        self._calibrations.append(Calibration(item.calibration, dict(item.params), measurement))
 
     # -- tickets ------------------------------------------------------------------------------
     @staticmethod
@@ -605,3 +764,8 @@ class WorkerPool:
             measurement = replace(measurement, replayed=True)
         self._add_busy(measurement)
         self._results.append((item.ticket, measurement))
+
+
+def _culprit(item: _Ticket) -> int | None:
+    """The ticket a replacement's time is kept against: None for the incumbent's calibration."""
+    return None if item.calibration else item.ticket

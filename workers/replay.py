@@ -9,6 +9,11 @@ A landscape lets the search run and be tested without a GPU::
 
 Configs recorded before the family's space grew are completed on load (``KernelFamily.complete``).
 
+For tests and simulations only, a replay can stand in for several GPUs that differ:
+``WorkerPool(..., replay=path, replay_gpus=(1.0, 1.04))`` starts one replay actor per factor,
+each answering as GPU ``i`` (uuid ``GPU-replay-i``) with the recorded times multiplied by its
+factor (:meth:`ReplayBench.simulate`): the second runs 4% slow, as two GPUs of one model can.
+
 The file: ``{"format": 1, "device": {...}, "family": "...", "problem": {...},
 "template_hash": "...", "entries": [{"params": {...}, "measurement": {...}}, ...]}``.
 """
@@ -16,6 +21,7 @@ The file: ``{"format": 1, "device": {...}, "family": "...", "problem": {...},
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -29,6 +35,7 @@ from workers.results import (
     DeviceInfo,
     Measurement,
     Retiming,
+    Timing,
     measurement_from_json,
     measurement_to_json,
 )
@@ -142,6 +149,18 @@ class ReplayBench:
         self._lookup = self._landscape.lookup()
         # asked as the entries were loaded
         self._complete = _completion(self._landscape.family if family is None else family)
+        self._gpu: dict[str, Any] = {}  # set by simulate(): the GPU this replay stands for
+        self._slowdown = 1.0
+
+    def simulate(self, index: int, slowdown: float = 1.0) -> dict[str, Any]:
+        """Answer as GPU ``index`` of a machine whose times are the recorded ones times
+        ``slowdown`` (tests and simulations of several GPUs); returns its identity."""
+        if not (slowdown > 0 and math.isfinite(slowdown)):
+            raise ValueError(f"a GPU's slowdown must be a positive number, not {slowdown!r}")
+        self._gpu = {"uuid": f"GPU-replay-{index}", "index": int(index),
+                     "name": self._landscape.device.name}
+        self._slowdown = float(slowdown)
+        return dict(self._gpu)
 
     def device_info(self) -> DeviceInfo:
         return self._landscape.device
@@ -158,8 +177,14 @@ class ReplayBench:
     ) -> Measurement:
         recorded = self._lookup.get(params_key(self._complete(dict(params or {}))))
         if recorded is None:
-            return Measurement.failed("invalid", NOT_RECORDED, replayed=True)
-        return replace(recorded, replayed=True)
+            return Measurement.failed("invalid", NOT_RECORDED, replayed=True, gpu=dict(self._gpu))
+        if not self._gpu:
+            return replace(recorded, replayed=True)
+        timing, f = recorded.timing, self._slowdown
+        if timing is not None and f != 1.0:
+            timing = Timing(timing.median_ms * f, timing.min_ms * f, timing.max_ms * f,
+                            timing.iqr_ms * f, timing.repetitions)
+        return replace(recorded, replayed=True, timing=timing, gpu=dict(self._gpu))
 
     def retime(
         self,
@@ -176,7 +201,7 @@ class ReplayBench:
         if len(configs) != len(kernels):
             raise ValueError(f"{len(kernels)} kernels but {len(configs)} params")
         return Retiming(tuple(self.measure(None, None, family_name, problem, params=p) for p in configs),
-                        rounds=0, replayed=True)
+                        rounds=0, replayed=True, gpu=dict(self._gpu))
 
     def close(self) -> None:
         pass

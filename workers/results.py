@@ -113,7 +113,13 @@ class DeviceInfo:
     driver_version: str
     cuda_version: str
     uuid: str = ""
-    clocks: Mapping[str, Any] = field(default_factory=dict)
+    clocks: Mapping[str, Any] = field(default_factory=dict)  # read when the worker started
+    index: int | None = None  # the GPU's index on its machine (NVML's), where known
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """Which GPU this is: ``{"uuid", "index", "name"}`` (what a measurement carries)."""
+        return {"uuid": self.uuid, "index": self.index, "name": self.name}
 
     @property
     def limits(self) -> DeviceLimits:
@@ -138,6 +144,7 @@ class DeviceInfo:
             cuda_version=str(data["cuda_version"]),
             uuid=str(data.get("uuid", "")),
             clocks=dict(data.get("clocks") or {}),
+            index=None if data.get("index") is None else int(data["index"]),
         )
 
 
@@ -160,7 +167,10 @@ class Measurement:
     kernel_seconds: float = 0.0  # of which the GPU ran the kernel (CUDA events; warm-up included)
     flush_seconds: float = 0.0  # and flushed the L2 before its timed launches (CUDA events)
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
-    clocks: Mapping[str, Any] = field(default_factory=dict)  # SM/memory clocks, temperature
+    # the GPU's SM/memory clocks, temperature and power read right before and right after the
+    # timed repetitions: {"before": {...}, "after": {...}} ({} for a failure)
+    clocks: Mapping[str, Any] = field(default_factory=dict)
+    gpu: Mapping[str, Any] = field(default_factory=dict)  # which GPU: {"uuid", "index", "name"}
 
     def __post_init__(self) -> None:
         if self.ok and self.timing is None:
@@ -194,6 +204,18 @@ class Retiming:
     kernel_seconds: float = 0.0
     flush_seconds: float = 0.0
     replayed: bool = False  # the numbers came from a recorded landscape, not a GPU
+    gpu: Mapping[str, Any] = field(default_factory=dict)  # the GPU it ran on: {"uuid", "index", "name"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A GPU's timing of the study's incumbent (the best config so far), taken between its
+    trials so that the GPUs' timings can be made one set (``tuner.normalize``). Every GPU times
+    the same config in a ``round``; ``measurement.gpu`` says which GPU this one is."""
+
+    round: int
+    params: Mapping[str, Any]
+    measurement: Measurement
 
 
 def measurement_to_json(m: Measurement) -> dict[str, Any]:
@@ -215,6 +237,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "flush_seconds": m.flush_seconds,
         "replayed": m.replayed,
         "clocks": dict(m.clocks),
+        "gpu": dict(m.gpu),
     }
 
 
@@ -240,4 +263,5 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         flush_seconds=float(data.get("flush_seconds") or 0.0),
         replayed=bool(data.get("replayed", False)),
         clocks=dict(data.get("clocks") or {}),
+        gpu=dict(data.get("gpu") or {}),
     )

@@ -49,6 +49,9 @@ class Trial:
         self._flushes: list[tuple[Any, Any]] = []  # (the stream's previous event, a timed start)
         self._warming: tuple[Any, Any] | None = None  # the warm-up's events, until elapsed() reads them
         self.late_batches = 0  # holds of the stream that timed out before the host released them
+        # the GPU's clocks, temperature and power right before and right after the timed
+        # repetitions: {"before": {...}, "after": {...}} (set by the timing)
+        self.clocks: dict[str, Any] = {}
 
     # -- steps --------------------------------------------------------------------------------
     def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
@@ -263,13 +266,22 @@ class Trial:
         EARLY_REPS decide: a median above it ends the timing there (clearly behind the best)."""
         estimate = self.warm_up(warmup_ms)
         count = rep if rep is not None else min(max(math.ceil(target_ms / estimate), min_reps), max_reps)
+        before = self._read_clocks()  # the warm-up runs on the GPU now: its clocks under load
         if abort_above_ms is None or count <= EARLY_REPS:
-            return self._repeat(count, flush_l2, 0)
-        first = self._repeat(EARLY_REPS, flush_l2, 0)
-        if statistics.median(first) > abort_above_ms:
-            self.stopped_early = True
-            return first
-        return first + self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
+            samples = self._repeat(count, flush_l2, 0)
+        else:
+            samples = self._repeat(EARLY_REPS, flush_l2, 0)
+            if statistics.median(samples) > abort_above_ms:
+                self.stopped_early = True
+            else:
+                samples += self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
+        self.clocks = {"before": before, "after": self._read_clocks()}  # the stream is synchronized
+        return samples
+
+    def _read_clocks(self) -> dict[str, Any]:
+        """The bench's GPU clocks, temperature and power now (NVML: microseconds), or {}."""
+        read = getattr(self.bench, "clocks_now", None)
+        return dict(read()) if read is not None else {}
 
     def _repeat(self, count: int, flush_l2: bool, offset: int) -> list[float]:
         """``count`` timed launches, queued behind holds of the stream (HOLD_BATCH at a time),

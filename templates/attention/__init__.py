@@ -52,6 +52,9 @@ class AttentionFamily(KernelFamily):
     # (problem.py), starting points (starts.py) and this file may change without a new template
     # version.
     kernel_files = ("kernel.cu.j2", "hopper.cu.j2", "render.py", "space.py")
+    # Its C++ for `tuner export-dispatch`: the source depends on D, dtype and causal only, which a
+    # winner shares with the problems it serves (those at a finite distance).
+    dispatch_file = "dispatch.h.j2"
 
     def parse_problem(self, shape: str | Sequence[int], dtype: str,
                       flags: Mapping[str, Any] | None = None) -> Problem:
@@ -105,6 +108,13 @@ class AttentionFamily(KernelFamily):
 
     def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
         return _problem.outputs(problem)
+
+    def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {name: (tuple(problem.shape), problem.dtype) for name in ("q", "k", "v")}
+
+    def dispatch_variant(self, problem: Problem) -> int:
+        """D: the source's one dependence on the shape (dispatch.h.j2's ``variant`` says the same)."""
+        return problem.shape[3]
 
     def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
         return _problem.reference(problem, inputs)

@@ -11,6 +11,7 @@ stored row-major or transposed (``layout``: "nn", "nt", "tn", "tt"); C is M x N 
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -61,6 +62,9 @@ class GemmFamily(KernelFamily):
     # What renders and launches the kernels; inputs and reference (problem.py), starting points
     # (starts.py), peers and this file may change without a new template version.
     kernel_files = ("kernel.cu.j2", "render.py", "space.py")
+    # Its C++ for `tuner export-dispatch`; a config's source depends on the alignment of the
+    # operands' rows and on N's parity too (dispatch_variant).
+    dispatch_file = "dispatch.h.j2"
 
     def parse_problem(self, shape: str | Sequence[int], dtype: str,
                       flags: Mapping[str, Any] | None = None) -> Problem:
@@ -120,6 +124,28 @@ class GemmFamily(KernelFamily):
 
     def outputs(self, problem: Problem) -> tuple[BufferSpec, ...]:
         return _problem.outputs(problem)
+
+    def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        shapes = {"a": _problem.a_shape(problem), "b": _problem.b_shape(problem)}
+        if _problem.has_bias(problem):
+            shapes["bias"] = (problem.shape[1],)
+        return {name: (tuple(shape), problem.dtype) for name, shape in shapes.items()}
+
+    def dispatch_variant(self, problem: Problem) -> int:
+        """The source's alignment assumptions (``problem.alignment``) as bits: A's rows 16-byte
+        aligned 4, B's 2, N even 1 (dispatch.h.j2's ``variant`` computes the same)."""
+        aligned = _problem.alignment(problem)
+        return 4 * aligned["a_aligned"] + 2 * aligned["b_aligned"] + aligned["c_even"]
+
+    def dispatch_variants(self, problem: Problem) -> dict[int, Problem]:
+        """A problem for each alignment any M, N, K of ``problem``'s flags can have: its own
+        shape moved by 0-7 in each dimension covers every residue mod 8."""
+        found: dict[int, Problem] = {}
+        m, n, k = problem.shape
+        for dm, dn, dk in itertools.product(range(8), repeat=3):
+            near = Problem((m + dm, n + dn, k + dk), problem.dtype, problem.flags)
+            found.setdefault(self.dispatch_variant(near), near)
+        return dict(sorted(found.items()))
 
     def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
         return _problem.reference(problem, inputs)

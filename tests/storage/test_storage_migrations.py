@@ -221,3 +221,35 @@ def test_a_database_at_0005_gets_config_leases_and_keeps_one_running_row_per_con
         keys = connection.execute(text("SELECT config_key FROM tuner_trials")).scalars().all()
     engine.dispose()
     assert keys == [config_key({"a": 0})]
+
+
+def test_a_database_at_0006_gets_each_trials_gpu_and_normalized_median(url, study_args):
+    """0007: trials name the GPU that measured them and carry their normalized median; those of
+    earlier versions keep them empty and are ranked by their median as before."""
+    with open_repository(url) as repo:
+        study = repo.open_study("old", **study_args())
+        for number, ms in ((0, 2.0), (1, 1.0)):
+            repo.record_trial(study.id, number, {"a": number}, TrialOutcome(
+                status="ok", median_ms=ms, gpu_state={"sm_mhz": 1980, "temperature_c": 50}))
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0006")
+    engine.dispose()
+    assert _version(url) == ["0006"]
+    with open_repository(url) as repo:  # opening upgrades
+        assert _version(url) == [head_revision()]
+        old = repo.trials(study.id)
+        assert [(t.number, t.median_ms, t.gpu_state["sm_mhz"]) for t in old] == [(0, 2.0, 1980), (1, 1.0, 1980)]
+        assert all((t.gpu_uuid, t.gpu_index, t.normalized_ms, t.gpu_ratio) == (None,) * 4 for t in old)
+        assert [t.ranked_ms for t in old] == [2.0, 1.0]
+        # a trial of the slower GPU: raw 1.03, on the reference 0.99 -> the best
+        repo.record_trial(study.id, 2, {"a": 2}, TrialOutcome(
+            status="ok", median_ms=1.03, normalized_ms=0.99, gpu_ratio=0.99 / 1.03,
+            gpu_uuid="GPU-b", gpu_index=1, tflops=103.0,
+            gpu_state={"name": "H200", "before": {"sm_mhz": 1980}, "after": {"sm_mhz": 1965}}))
+        new = repo.trials(study.id)[-1]
+        assert (new.median_ms, new.normalized_ms, new.gpu_uuid, new.gpu_index) == (1.03, 0.99, "GPU-b", 1)
+        best = repo.best(*[study_args()[k] for k in ("family", "shape", "dtype", "flags")])
+        assert best.trial_number == 2 and best.median_ms == 0.99 and best.search_median_ms == 1.03
+        assert best.tflops == pytest.approx(103.0 * 1.03 / 0.99)
+        assert repo.study("old").best_median_ms == 0.99

@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import re
 import shutil
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +22,24 @@ from templates.family import H100_LIMITS
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
 
+
+
+def _tool(name: str) -> str | None:
+    """A CUDA binary on PATH, else from NVIDIA's wheel of it (the test extra installs
+    nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm: ``site-packages/nvidia/cu*/bin``)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    return next((str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob(f"cu*/bin/{name}"))), None)
+
+
+CUOBJDUMP, NVDISASM = _tool("cuobjdump"), _tool("nvdisasm")
 pytestmark = pytest.mark.skipif(
-    shutil.which("nvcc") is None or shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None,
+    shutil.which("nvcc") is None or CUOBJDUMP is None or NVDISASM is None,
     reason="needs nvcc and cuobjdump/nvdisasm",
 )
 
@@ -34,16 +52,18 @@ TMA = dict(BASE, BLOCK_N=128, MMA="wgmma", WARP_SPECIALIZED=1, LOADS="tma", PROD
 _OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
-def disassemble(params, tmp_path) -> str:
-    request = CompileRequest(FAMILY.render(params, PROBLEM), "attention_fwd", FAMILY.compile_options(params, PROBLEM))
+def disassemble(params, tmp_path, problem=PROBLEM) -> str:
+    request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(compile_cubin(request, cache_dir=tmp_path).cubin)
-    return subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    env = {**os.environ, "PATH": f"{Path(NVDISASM).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([CUOBJDUMP, "-sass", str(cubin)], capture_output=True, text=True, check=True,
+                          env=env).stdout
 
 
-def opcodes(params, tmp_path) -> collections.Counter:
+def opcodes(params, tmp_path, problem=PROBLEM) -> collections.Counter:
     """Opcode counts of the kernel's SASS, each under its base name and its full name."""
-    sass = disassemble(params, tmp_path)
+    sass = disassemble(params, tmp_path, problem)
     counts: collections.Counter = collections.Counter()
     for match in _OPCODE.finditer(sass):
         counts[match.group(1)] += 1
@@ -99,15 +119,59 @@ def test_tma_path_loads_by_tma_waits_on_mbarriers_and_moves_registers(tmp_path):
 
 
 def test_tma_path_variants_keep_out_of_local_memory(tmp_path):
-    for variant in (dict(TMA, PINGPONG=1, EPILOGUE="tma"), dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0),
-                    dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4),
-                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56),
-                    dict(TMA, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"),
-                    dict(TMA, PINGPONG=1, SCHEDULE="persistent", INTRA_OVERLAP=0, BLOCK_N=64),
-                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=64, SCHEDULE="persistent"),
-                    dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=96, PRODUCER_REGS=0)):
-        assert FAMILY.check(variant, PROBLEM, H100_LIMITS) is None, variant
-        ops = opcodes(variant, tmp_path)
+    d64 = FAMILY.parse_problem("4,16,4096,64", "fp16", {"causal": True})
+    for variant, problem in ((dict(TMA, PINGPONG=1, EPILOGUE="tma"), PROBLEM),
+                             (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0), PROBLEM),
+                             (dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4), PROBLEM),
+                             (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56), PROBLEM),
+                             (dict(TMA, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"), PROBLEM),
+                             (dict(TMA, PINGPONG=1, SCHEDULE="persistent", INTRA_OVERLAP=0, BLOCK_N=64), PROBLEM),
+                             (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=64, SCHEDULE="persistent"),
+                              PROBLEM),
+                             (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0, SCHEDULE="persistent"), d64)):
+        assert FAMILY.check(variant, problem, H100_LIMITS) is None, variant
+        ops = opcodes(variant, tmp_path, problem)
         assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0, variant
         assert ops["UTMALDG"] > 0 and (ops["UTMASTG"] > 0) == (variant["EPILOGUE"] == "tma"), variant
         assert (ops["USETMAXREG"] > 0) == (variant["PRODUCER_REGS"] > 0), variant
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_SKIP = re.compile(r"@!?P\d\s+BRA\s+(?:!?P\d,\s*)?0x([0-9a-f]+)")
+
+
+def masking_outside_branches(sass: str) -> tuple[int, int]:
+    """The masking selects (a score set to -inf) in the SASS, and how many of them no forward
+    conditional branch skips: those run on every key block, masked or not. A branch skips a
+    run of selects when it jumps over them from close before (64 instructions) to close after
+    them: not a role's branch over a whole warpgroup's code, nor a barrier wait's jump to its
+    retry code at the function's end."""
+    code = [(int(a, 16), text.strip()) for a, text in _INSTRUCTION.findall(sass)]
+    masks = {a for a, text in code if re.match(r"(?:@!?P\d\s+)?FSEL\S*\s.*-INF", text)}
+    near = 64 * 16  # bytes: 64 instructions
+    skippable: set[int] = set()
+    for address, text in code:
+        jump = _SKIP.match(text)
+        target = int(jump.group(1), 16) if jump else -1
+        inside = {a for a in masks if address < a < target}
+        if inside and min(inside) - address <= near and target - max(inside) <= near:
+            skippable |= inside
+    return len(masks), len(masks - skippable)
+
+
+@pytest.mark.parametrize(("params", "problem"), [
+    (dict(TMA, BLOCK_N=176, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"), ("16,16,2048,64", False)),
+    (dict(TMA, PINGPONG=1, SCHEDULE="persistent", TILE_ORDER="lpt"), ("4,16,4096,128", True)),
+    (dict(BASE, MMA="wgmma", Q_IN_REGS=1, BLOCK_N=128, STAGES=3), ("4,16,4096,128", False)),
+    (dict(BASE, MMA="sync", NUM_WARPS=4, SMEM_LAYOUT="pad8"), ("4,16,4096,64", True)),
+])
+def test_the_mask_runs_only_on_the_key_blocks_that_need_it(params, problem, tmp_path):
+    """The tail and causal masks sit in a branch the warps skip on every other key block: a
+    mask folded into the softmax's maximum was predicated on every block (at D=64, a select, a
+    compare and an add per score: about a quarter of the loop's instructions)."""
+    shape, causal = problem
+    sass = disassemble(dict(FAMILY.default_params(), **params), tmp_path,
+                       FAMILY.parse_problem(shape, "fp16", {"causal": causal}))
+    selects, unskippable = masking_outside_branches(sass)
+    assert selects >= 64  # the mask is there (one select per score of a block)
+    assert unskippable == 0

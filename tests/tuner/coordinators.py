@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+import re
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import storage
 import tuner
@@ -77,18 +80,26 @@ class Coordinator:
         """Until the study is under way (its first trial measured)."""
         assert self._first_trial.wait(timeout), "".join(self.err_lines)[-2000:]
 
-    def kill_holding_a_lease(self, db: str, timeout: float = 30) -> int:
-        """``kill -9`` once the process holds a lease in the database (a config in flight), as
-        soon as one is seen: how many leases it left, read after its death."""
+    def kill_holding_a_lease(self, db: str, *, others: Sequence["Coordinator"] = (), timeout: float = 30) -> list[int]:
+        """``kill -9`` once the process holds a lease in the database (a config in flight): the
+        numbers of the running trials it left. ``others`` (coordinators on the same study) are
+        stopped (SIGSTOP) meanwhile, so that none settles those leases before they are read,
+        and continued after."""
         owner = f"{socket.gethostname()}:{self.process.pid}"
-        deadline = time.monotonic() + timeout
-        while not leases(db, owner) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        self.process.kill()
-        self.process.wait(30)
-        return len(leases(db, owner))
+        for other in others:
+            other.process.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + timeout
+            while not leases(db, owner) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.process.kill()
+            self.process.wait(30)
+            return leases(db, owner)
+        finally:
+            for other in others:
+                other.process.send_signal(signal.SIGCONT)
 
-    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
         """Exit code, stdout and stderr."""
         assert self.process.stdout is not None
         out = self.process.stdout.read() if self.process.wait(timeout) is not None else ""
@@ -127,3 +138,8 @@ def leases(db: str, owner: str) -> list[int]:
         return [r.number for s in repo.studies() for r in repo.running(s.id) if r.owner == owner]
     finally:
         repo.close()
+
+
+def settled(err: str) -> list[int]:
+    """The numbers of the running trials a coordinator settled as left by a stopped or killed run."""
+    return sorted(int(n) for n in re.findall(r"trial (\d+) was left running by a run that stopped or died", err))

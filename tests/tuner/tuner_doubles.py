@@ -16,6 +16,8 @@ import math
 import os
 import subprocess
 import sys
+import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,7 +34,9 @@ from templates.family import (
     TemplateError,
     Validation,
 )
-from workers.results import FAILURE_KINDS, DeviceInfo, Measurement, Resources, Retiming, Timing
+from storage import params_key
+from workers.calibrate import CalibrationSchedule
+from workers.results import FAILURE_KINDS, Calibration, DeviceInfo, Measurement, Resources, Retiming, Timing
 
 KERNEL_SOURCE = "__global__ void toy_kernel() {}\n"
 PROBLEM = ("2,4,1024,64", "fp16")
@@ -133,10 +137,13 @@ def failure_of(params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def clocks_of(params: Mapping[str, Any]) -> dict[str, int]:
-    """The clocks and temperature a GPU worker reads after timing ``params`` (each config its
-    own, none of them the device's start-up clocks)."""
-    return {"sm_mhz": 1700 + params["BLOCK_M"], "mem_mhz": 2619, "temperature_c": 40 + params["BLOCK_N"] // 16}
+def clocks_of(params: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The clocks, temperature and power a GPU worker reads right before and right after timing
+    ``params`` (each config its own, none of them the device's start-up clocks)."""
+    before = {"sm_mhz": 1700 + params["BLOCK_M"], "mem_mhz": 2619,
+              "temperature_c": 40 + params["BLOCK_N"] // 16, "power_w": 300}
+    return {"before": before, "after": {**before, "temperature_c": before["temperature_c"] + 2,
+                                        "power_w": 400 + params["WARPS"]}}
 
 
 def measure(params: Mapping[str, Any]) -> Measurement:
@@ -272,3 +279,99 @@ def run_cli(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
     env.pop("TUNER_DB", None)
     return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# -- two GPUs of one model, the second a few percent slower ----------------------------------------
+GPUS = ({"uuid": "GPU-fake-0", "index": 0, "name": DEVICE.name},
+        {"uuid": "GPU-fake-1", "index": 1, "name": DEVICE.name})
+
+
+def noise(key: str, gpu: int) -> float:
+    """A deterministic +-0.2% wobble of one timing (the same config, GPU: the same wobble)."""
+    return 1.0 + 0.002 * ((zlib.crc32(f"{key}@{gpu}".encode()) % 1001) / 500.0 - 1.0)
+
+
+class TwoGpuPool(FakePool):
+    """FakePool as two GPUs (``gpus=1``: one), the second ``slowdown`` slower than the first,
+    drifting by +-0.2% over the study, every timing with its own +-0.2% noise. A ticket lands on
+    ``gpu_of(params, ticket)`` (default: alternately). The incumbent is timed on every GPU in
+    rounds, by the pool's own schedule (``workers.calibrate``); ``retime`` runs on GPU 0.
+    ``latency`` is the landscape (the first GPU's times)."""
+
+    def __init__(self, *, gpus: int = 2, slowdown: float = 1.04, latency: Any = latency_ms,
+                 gpu_of: Any = None, calibrate_every: int = 3, **options: Any) -> None:
+        super().__init__(**options)
+        self.gpus = [dict(g) for g in GPUS[:gpus]]
+        self.num_gpus = gpus
+        self.slowdown, self.latency = slowdown, latency
+        self.gpu_of = gpu_of or (lambda params, ticket: ticket % gpus)
+        self.schedule = CalibrationSchedule(gpus, every=calibrate_every) if gpus > 1 else None
+        self.incumbents: list[dict[str, Any]] = []  # every config set_incumbent was given
+        self.calibrated = [0] * gpus  # the latest round each GPU timed
+        self.timed: list[tuple[int, dict[str, Any], float]] = []  # (GPU, params, raw ms), trials
+        self.calibration_log: list[tuple[int, int, dict[str, Any], float]] = []  # (round, GPU, params, ms)
+        self._calibrations: list[Calibration] = []
+        self._landed: dict[int, tuple[int, dict[str, Any]]] = {}
+        self.retimed_on: list[int] = []
+
+    def factor(self, gpu: int) -> float:
+        """GPU ``gpu``'s time over GPU 0's now: 1, or the slowdown drifting slowly with the clock."""
+        if gpu == 0:
+            return 1.0
+        return self.slowdown * (1.0 + 0.002 * math.sin(self.clock.now / 40.0))
+
+    def ms_on(self, gpu: int, params: Mapping[str, Any]) -> float:
+        return self.latency(params) * self.factor(gpu) * noise(params_key(params), gpu)
+
+    def submit(self, ticket, params, source, launch, options) -> None:
+        super().submit(ticket, params, source, launch, options)
+        self._landed[ticket] = (self.gpu_of(dict(params), ticket), dict(params))
+
+    def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
+        results = []
+        for ticket, m in super().poll(timeout):
+            gpu, params = self._landed.pop(ticket)
+            results.append((ticket, self._on(gpu, params, m)))
+            if self.schedule is not None:
+                self.schedule.counted()
+        self._calibrate()
+        return results
+
+    def _on(self, gpu: int, params: dict[str, Any], m: Measurement) -> Measurement:
+        """``m`` as GPU ``gpu`` measured it."""
+        out = replace(m, gpu=dict(self.gpus[gpu]))
+        if m.ok and m.timing is not None:
+            ms = self.ms_on(gpu, params)
+            out = replace(out, timing=Timing(ms, ms * 0.99, ms * 1.02, ms * 0.01, 50))
+            self.timed.append((gpu, params, ms))
+        return out
+
+    def _calibrate(self) -> None:
+        """Each GPU whose round is due times the round's incumbent (between two polls)."""
+        for gpu in range(len(self.gpus)):
+            due = self.schedule.due(self.calibrated[gpu]) if self.schedule is not None else None
+            if due is None:
+                continue
+            number, params = due
+            self.calibrated[gpu] = number
+            ms = self.ms_on(gpu, params)
+            self.calibration_log.append((number, gpu, dict(params), ms))
+            m = Measurement(ok=True, timing=Timing(ms, ms, ms, 0.0, 50), gpu=dict(self.gpus[gpu]))
+            self._calibrations.append(Calibration(number, dict(params), m))
+
+    def set_incumbent(self, params, source, launch, options) -> None:
+        assert isinstance(launch, Launch) and isinstance(source, str)
+        self.incumbents.append(dict(params))
+        if self.schedule is not None:
+            self.schedule.offer(params_key(params), dict(params))
+            self.schedule.ready(params_key(params))
+
+    def calibrations(self) -> list[Calibration]:
+        out, self._calibrations = self._calibrations, []
+        return out
+
+    def retime(self, kernels, *, rounds, max_seconds) -> Retiming:
+        """Every config timed on GPU 0 (the reference), at its true time."""
+        retiming = super().retime(kernels, rounds=rounds, max_seconds=max_seconds)
+        self.retimed_on.append(0)
+        return replace(retiming, gpu=dict(self.gpus[0]))

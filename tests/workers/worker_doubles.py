@@ -38,7 +38,8 @@ class FakeBench:
             time.sleep(0.5)
         if behaviour == "hang":
             time.sleep(3600)
-        if behaviour == "exit":
+        if behaviour == "exit":  # dies mid-trial: a process that died at the very start of a task
+            time.sleep(0.2)      # could lose the reply of the task before it (Ray sends it on a thread)
             os._exit(3)
         if behaviour == "crash":
             self.dead = True
@@ -103,3 +104,14 @@ class FamilyBench(FakeBench):
         return Measurement(ok=check.ok, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=check.error,
                            detail=f"pid={os.getpid()} family={fam.name} folder={fam.folder} "
                                   f"prepared={self.prepared}")
+
+
+class SlowStartBench(FakeBench):
+    """A bench that takes START_S to start (as a GPU worker takes to make its context and upload
+    the problem): what replacing one costs is measurable."""
+
+    START_S = 0.6
+
+    def __init__(self) -> None:
+        super().__init__()
+        time.sleep(self.START_S)

@@ -1,0 +1,180 @@
+"""Two GPUs' timings as one set, and a study's throughput on one GPU and on two (issue 16 §1).
+
+    PYTHONPATH=<checkout> python3 docs/scripts/multigpu_check.py [--trials 200]
+        [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--configs 10] [--rounds 3]
+
+On a machine with two GPUs, in one call (about two minutes for the defaults):
+
+1. the same cold study (a new database, an empty compile cache, seed 0) on one GPU
+   (``CUDA_VISIBLE_DEVICES=0``), then on two (``0,1``; PCI bus order, as nvidia-smi numbers
+   them), each a ``tuner tune --json`` process: trials per minute (measured trials over the
+   study's wall time, the final re-timing included), and the two-GPU figure over the one-GPU one
+   (target: 1.9x or more; the two-GPU study pays for its GPUs' timings of the incumbent);
+2. the two-GPU study's ``--configs`` fastest configs (by normalized median, distinct cubins),
+   timed again on each GPU, the two GPUs at once, each in its own process (``GpuBench.measure``
+   as a trial times them, ``--rounds`` rounds, the median): the other GPU's medians over the
+   reference's (the GPU whose trials carry ratio 1, where the re-timing ran) as measured, then
+   normalized by the ratio the study ended with (what its last trials were scaled by), and by the
+   ratio of the incumbent (the study's best) timed beside them (target: within 1%).
+
+It prints a short table, then one JSON line (``MULTIGPU {...}``) with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def study(gpus: str, folder: Path, args: argparse.Namespace) -> tuple[str, dict]:
+    """A cold study on ``gpus`` (CUDA_VISIBLE_DEVICES) in its own process: (db, tune --json)."""
+    folder.mkdir(parents=True)
+    db = f"sqlite:///{folder / 'tuner.db'}"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "TUNER_CACHE": str(folder / "cache")}
+    env.pop("TUNER_DB", None)
+    cmd = [sys.executable, "-m", "tuner", "tune", "attention", "--shape", args.shape, "--dtype",
+           args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
+           "--db", db, "--seed", "0", "--json"]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"tune on GPUs {gpus} failed ({done.returncode}): {done.stderr[-2000:]}")
+    lines = done.stdout.splitlines()  # the summary: from the line "{" on (Ray may print before it)
+    result = json.loads("\n".join(lines[lines.index("{"):]))
+    result["call_s"] = time.monotonic() - start
+    return db, result
+
+
+def time_configs(spec_path: str) -> None:
+    """In a process that sees one GPU: time the configs of ``spec_path``; print JSON."""
+    from templates import get_family
+    from workers.compile import compile_cubin
+    from workers.gpu import GpuBench
+    from workers.results import CompileRequest
+
+    spec = json.loads(Path(spec_path).read_text())
+    family = get_family("attention")
+    problem = family.parse_problem(spec["shape"], spec["dtype"], {"causal": spec["causal"]})
+    kernels = []
+    for params in spec["configs"]:
+        launch = family.launch(params, problem)
+        request = CompileRequest(family.render(params, problem), launch.kernel,
+                                 tuple(family.compile_options(params, problem)))
+        kernels.append((compile_cubin(request, cache_dir=spec["cache"]), launch))
+    bench = GpuBench(0)
+    try:
+        info = bench.device_info()
+        before = bench.clocks_now()
+        medians: list[list[float]] = [[] for _ in kernels]
+        for _ in range(spec["rounds"]):
+            for i, (binary, launch) in enumerate(kernels):
+                m = bench.measure(binary, launch, "attention", problem, seed=0)
+                if not m.ok:
+                    sys.exit(f"config {i} failed on {info.uuid}: {m.failure}: {m.reason}")
+                medians[i].append(m.timing.median_ms)
+        after = bench.clocks_now()
+    finally:
+        bench.close()
+    print(json.dumps({"gpu": info.identity, "medians": [statistics.median(x) for x in medians],
+                      "clocks": {"before": before, "after": after}}))
+
+
+def time_on_both(reference: str, other: str, configs: list[dict], folder: Path, cache: str,
+                 args: argparse.Namespace) -> tuple[dict, dict]:
+    """The configs timed on each GPU (by uuid), both at once, each in its own process."""
+    spec = folder / "configs.json"
+    spec.write_text(json.dumps({"shape": args.shape, "dtype": args.dtype, "causal": args.causal,
+                                "configs": configs, "rounds": args.rounds, "cache": cache}))
+    procs = [subprocess.Popen([sys.executable, str(HERE), "--time-configs", str(spec)],
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "TUNER_CACHE": cache},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for uuid in (reference, other)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            sys.exit(f"timing the configs failed: {stderr[-2000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out[0], out[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--shape", default="4,16,4096,128")
+    parser.add_argument("--dtype", default="fp16")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--configs", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--time-configs", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.time_configs:
+        time_configs(args.time_configs)
+        return
+
+    import tuner
+    from tuner.retime import candidates
+
+    folder = Path(tempfile.mkdtemp(prefix="multigpu-"))
+    _, one = study("0", folder / "one", args)
+    db, two = study("0,1", folder / "two", args)
+    per_min = {n: 60 * r["measured"] / r["elapsed_s"] for n, r in ((1, one), (2, two))}
+
+    trials = tuner.show(two["study"], db=db).trials
+    ok = [t for t in trials if t.ok]
+    gpus = {t.gpu_uuid: t.gpu_index for t in ok}
+    reference = next(t.gpu_uuid for t in ok if t.gpu_ratio == 1.0)
+    other = next(uuid for uuid in gpus if uuid != reference)
+    study_ratio = [t.gpu_ratio for t in sorted(ok, key=lambda t: t.number)
+                   if t.gpu_uuid == other and t.gpu_ratio is not None][-1]
+    picked = candidates(ok, args.configs)
+    ref, oth = time_on_both(reference, other, [t.params for t in picked], folder,
+                            str(folder / "two" / "cache"), args)
+    now_ratio = ref["medians"][0] / oth["medians"][0]  # the incumbent: the study's best
+
+    rows, raw, by_study, by_now = [], [], [], []
+    for t, a, b in zip(picked, ref["medians"], oth["medians"]):
+        raw.append(b / a - 1)
+        by_study.append(b * study_ratio / a - 1)
+        by_now.append(b * now_ratio / a - 1)
+        rows.append((t.number, a, b, raw[-1], by_study[-1], by_now[-1]))
+
+    print(f"cold {args.trials}-trial study, attention {args.shape} {args.dtype}"
+          f"{' causal' if args.causal else ''}:")
+    print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
+          f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
+    print(f"reference GPU {gpus[reference]} ({reference}), other GPU {gpus[other]} ({other})")
+    print(f"  other's ratio to the reference: study's last {study_ratio:.4f}, "
+          f"incumbent timed now {now_ratio:.4f}")
+    print(f"  {'trial':>6} {'ref ms':>9} {'other ms':>9} {'raw':>8} {'norm.study':>11} {'norm.now':>9}")
+    for number, a, b, d_raw, d_study, d_now in rows:
+        print(f"  #{number:<5} {a:9.4f} {b:9.4f} {100 * d_raw:+7.2f}% {100 * d_study:+10.2f}% "
+              f"{100 * d_now:+8.2f}%")
+    worst = {k: max(abs(d) for d in v) for k, v in (("raw", raw), ("study", by_study), ("now", by_now))}
+    print(f"  max |difference|: raw {100 * worst['raw']:.2f}%, normalized by the study's ratio "
+          f"{100 * worst['study']:.2f}%, by the ratio now {100 * worst['now']:.2f}% (target < 1%)")
+    print("MULTIGPU " + json.dumps({
+        "problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
+        "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
+        "speedup": round(per_min[2] / per_min[1], 3),
+        "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s")},
+                    "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s")}},
+        "reference": ref["gpu"], "other": oth["gpu"], "study_ratio": study_ratio,
+        "now_ratio": now_ratio, "configs": [dict(zip(("trial", "ref_ms", "other_ms", "raw",
+                                                      "normalized_study", "normalized_now"), r))
+                                            for r in rows],
+        "clocks": {"reference": ref["clocks"], "other": oth["clocks"]}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Several GPUs through real Ray actors: replay workers stand in for two GPUs of one model, the
+second 4% slower (``WorkerPool(replay_gpus=...)``); each re-times the incumbent in rounds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import worker_family
+from templates.family import Problem
+from worker_doubles import FAKE_DEVICE
+from workers import WorkerPool
+from workers.replay import save_landscape
+from workers.results import Measurement, Timing
+
+PROBLEM = Problem((1024,), "fp32")
+LAUNCH = worker_family.FAMILY.launch({"variant": "ok", "tag": 0}, PROBLEM)
+TAGS = range(1, 11)
+
+
+def _config(tag: int) -> dict:
+    return {"variant": "ok", "tag": tag}
+
+
+def _recorded(tag: int) -> Measurement:
+    ms = 0.5 + 0.01 * tag
+    return Measurement(ok=True, timing=Timing(ms, ms * 0.99, ms * 1.01, ms * 0.01, 50), error=1e-7)
+
+
+@pytest.fixture
+def two_gpus(ray_session, tmp_path):
+    path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
+                          problem=PROBLEM, template_hash="abc",
+                          entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
+    pool = WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.04),
+                      calibrate_every=2, measure_timeout_s=10.0)
+    yield pool
+    pool.close()
+
+
+def _until(pool, done, deadline_s=60.0):
+    results, calibrations = {}, []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        results.update(pool.poll(timeout=0.5))
+        calibrations += pool.calibrations()
+        if done(results, calibrations):
+            return results, calibrations
+    raise AssertionError(f"not done: {len(results)} results, {len(calibrations)} calibrations")
+
+
+def test_each_gpu_times_the_incumbent_in_rounds_and_says_which_gpu_it_is(two_gpus):
+    pool = two_gpus
+    assert pool.num_gpus == 2
+    assert [g["uuid"] for g in pool.gpus] == ["GPU-replay-0", "GPU-replay-1"]
+    assert [g["index"] for g in pool.gpus] == [0, 1] and pool.gpus[0]["name"] == FAKE_DEVICE.name
+    for ticket, tag in enumerate(TAGS):
+        pool.submit(ticket, _config(tag), "", LAUNCH, ())
+    first, _ = _until(pool, lambda r, c: len(r) >= 1)
+    ticket, m = next(iter(first.items()))
+    incumbent = _config(list(TAGS)[ticket])
+    pool.set_incumbent(incumbent, "", LAUNCH, ())
+    results, calibrations = _until(pool, lambda r, c: len(r) == len(TAGS) - len(first)
+                                   and {x.round for x in c} >= {1, 2} and len(c) % 2 == 0)
+    results.update(first)
+    by_gpu = {0: [], 1: []}
+    for ticket, m in results.items():
+        recorded = _recorded(list(TAGS)[ticket]).timing.median_ms
+        gpu = m.gpu["index"]
+        by_gpu[gpu].append(ticket)
+        assert m.gpu["uuid"] == f"GPU-replay-{gpu}" and m.replayed
+        assert m.timing.median_ms == pytest.approx(recorded * (1.04 if gpu else 1.0), rel=1e-12)
+    assert by_gpu[0] and by_gpu[1]  # the pool kept both GPUs busy
+    rounds = {}
+    for c in calibrations:  # every round: the incumbent, on each GPU once
+        rounds.setdefault(c.round, {})[c.measurement.gpu["index"]] = c
+        assert c.params == incumbent and c.measurement.ok and c.measurement.replayed
+    for number, timed in rounds.items():
+        if len(timed) == 2:
+            assert timed[1].measurement.timing.median_ms / timed[0].measurement.timing.median_ms == \
+                pytest.approx(1.04, rel=1e-12)
+    assert sorted(rounds)[:2] == [1, 2] and all(len(rounds[n]) == 2 for n in (1, 2))
+
+
+def test_the_retiming_runs_on_the_first_gpu(two_gpus):
+    retiming = two_gpus.retime([(_config(tag), "", LAUNCH, ()) for tag in (1, 2)])
+    assert retiming.gpu["uuid"] == "GPU-replay-0"
+    assert [m.timing.median_ms for m in retiming.measurements] == [0.51, 0.52]
+
+
+def test_replay_gpus_needs_a_replay(ray_session):
+    with pytest.raises(ValueError, match="replay_gpus goes with replay"):
+        WorkerPool(worker_family.NAME, PROBLEM, replay_gpus=(1.0, 1.04))

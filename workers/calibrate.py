@@ -1,0 +1,84 @@
+"""When each GPU of a pool times the study's incumbent again: rounds, so that their timings can
+be made one set (``tuner.normalize`` turns the rounds into each GPU's ratio to the reference)::
+
+    schedule = CalibrationSchedule(gpus=2, every=40)
+    schedule.offer(key, item)          # the coordinator's best config so far (compiling)
+    schedule.ready(key)                # compiled: the first round starts at once
+    schedule.due(slot_round)           # -> (round, item) for a GPU whose last round is older
+    schedule.counted()                 # a trial measured: every `every` trials a GPU, a new round
+
+A round is one config timed by every GPU, each between two of its own trials (the pool sends it
+ahead of the trials queued). Rounds start: the first as soon as there is an incumbent; then
+after ``every`` trials a GPU (``every`` times the GPUs, counted over the pool) or ``seconds``,
+whichever comes first, with the incumbent of that moment. An incumbent that changes meanwhile
+waits for the next round: so every GPU times the same config in a round, and a new incumbent
+is timed on every GPU before a ratio comes from it. With one GPU there are no rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+CALIBRATE_EVERY = 40  # trials a GPU measures between two timings of the incumbent (2.5% of its time)
+
+
+class CalibrationSchedule:
+    def __init__(self, gpus: int, *, every: int = CALIBRATE_EVERY, seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if every < 1:
+            raise ValueError(f"calibrate_every must be at least 1, not {every}")
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"calibrate_seconds must be positive, not {seconds}")
+        self.gpus, self.every, self.seconds, self._clock = gpus, every, seconds, clock
+        self.round = 0  # the latest round started (0: none yet)
+        self.item: Any = None  # what every GPU times in the current round
+        self._offered: tuple[str, Any] | None = None  # the incumbent, compiling
+        self._incumbent: tuple[str, Any] | None = None  # the incumbent, ready to be timed
+        self._since = 0  # trials measured since the current round started
+        self._started = clock()
+
+    @property
+    def key(self) -> str | None:
+        """The incumbent the schedule was last given (ready or not)."""
+        offered = self._offered or self._incumbent
+        return offered[0] if offered else None
+
+    def offer(self, key: str, item: Any) -> None:
+        """A new incumbent; it is timed from the first round after it is :meth:`ready`."""
+        if key != self.key:
+            self._offered = (key, item)
+
+    def ready(self, key: str) -> None:
+        """The offered incumbent ``key`` can be timed (compiled); the first round starts now."""
+        if self._offered is not None and self._offered[0] == key:
+            self._incumbent, self._offered = self._offered, None
+            if self.round == 0:
+                self._start()
+
+    def drop(self, key: str) -> None:
+        """The offered incumbent ``key`` cannot be timed (it failed to compile): forget it."""
+        if self._offered is not None and self._offered[0] == key:
+            self._offered = None
+
+    def counted(self) -> None:
+        """A trial was measured: start a new round when one is due."""
+        self._since += 1
+        if self.round == 0 or self._incumbent is None:
+            return
+        late = self.seconds is not None and self._clock() - self._started >= self.seconds
+        if self._since >= self.every * self.gpus or late:
+            self._start()
+
+    def due(self, last_round: int) -> tuple[int, Any] | None:
+        """For a GPU that last timed round ``last_round``: the current round and its item, or
+        None when it has timed it (or there is none)."""
+        if self.round > last_round and self.item is not None:
+            return self.round, self.item
+        return None
+
+    def _start(self) -> None:
+        assert self._incumbent is not None
+        self.round += 1
+        self.item = self._incumbent[1]
+        self._since, self._started = 0, self._clock()
