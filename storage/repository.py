@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.errors import ClaimRefused, StorageError
-from storage.models import Retime, RunningTrial, Study, Trial, utcnow
+from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
     LEASE_TTL_S,
     STUDY_STATUSES,
@@ -462,3 +462,12 @@ class Repository:
         stmt = queries.bests_statement(family, dtype, flags, device_name, template_hash)
         with self._session(f"cannot read the bests of {family}") as session:
             return [rows.best_record(*row) for row in session.execute(stmt)]
+
+    def bests_version(self) -> tuple[tuple[Any, ...], ...]:
+        """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
+        best, or one that moves to another trial or re-timing, changes it; the trials and
+        re-timings it points at never change, so an answer read from the bests holds while it is
+        equal (``tuner.reader`` caches by it)."""
+        stmt = select(Best.id, Best.trial_id, Best.retime_id).order_by(Best.id)
+        with self._session("cannot read the stored bests") as session:
+            return tuple(tuple(row) for row in session.execute(stmt))
