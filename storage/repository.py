@@ -468,6 +468,11 @@ class Repository:
         best, or one that moves to another trial or re-timing, changes it; the trials and
         re-timings it points at never change, so an answer read from the bests holds while it is
         equal (``tuner.reader`` caches by it)."""
-        stmt = select(Best.id, Best.trial_id, Best.retime_id).order_by(Best.id)
-        with self._session("cannot read the stored bests") as session:
-            return tuple(tuple(row) for row in session.execute(stmt))
+        try:  # a Core connection, not a Session: it is read before every cached answer
+            with self.engine.connect() as connection:
+                return tuple(tuple(row) for row in connection.execute(_BESTS_VERSION))
+        except SQLAlchemyError as error:
+            raise StorageError(f"cannot read the stored bests: {one_line(error)}") from error
+
+
+_BESTS_VERSION = select(Best.id, Best.trial_id, Best.retime_id).order_by(Best.id)

@@ -16,9 +16,11 @@ or ``module:ATTR`` would load code named by whoever sends the query.
 stored bests they were read at (``Repository.bests_version``: each best row's id, trial and
 re-timing). Every call reads that version first (one small query on the ``tuner_best`` table)
 and answers from the cache only when it is unchanged; a new best, or a best that moves, changes
-it and the cache is dropped. An answer depends on nothing else that can change: the trials and
-re-timings a best points at are never rewritten, and so an answer is never older than the bests
-it is served beside. Studies and coverage change with every trial and are read each time.
+it and the cache is dropped. An answer depends on nothing else that the database can change: the
+trials and re-timings a best points at are never rewritten, and so an answer is never older than
+the bests it is served beside. (A family's template edited on disk while the server runs is a
+new template version: restart it.) Studies and coverage change with every trial and are read
+each time.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Reader:
              device: str | None = None) -> dict[str, Any]:
         """``tuner best ... --json``: the stored winner, or the rule's pick for a shape never tuned."""
         fam, problem = self.problem(family, shape, dtype, flags)
-        return self._cached(("best", fam.name, fam.template_hash, problem.key, device), lambda: (
+        return self._cached(("best", fam.name, problem.key, device), lambda: (
             report.best_document(api.best_in(self.repo, fam, problem, device=device))))
 
     def export(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
@@ -78,7 +80,7 @@ class Reader:
         """What ``tuner export`` writes: ``name`` (the ``.cu`` file's), ``source`` and ``launch``
         (the ``.launch.json``'s content)."""
         fam, problem = self.problem(family, shape, dtype, flags)
-        return self._cached(("export", fam.name, fam.template_hash, problem.key, device), lambda: (
+        return self._cached(("export", fam.name, problem.key, device), lambda: (
             report.plain(api.export_in(self.repo, fam, problem, device=device))))
 
     def studies(self) -> list[dict[str, Any]]:
