@@ -103,7 +103,7 @@ class Reader:
         found = []
         for name in self.families:
             fam = lookup.family(name)
-            found.append({"name": fam.name, "template_hash": fam.template_hash,
+            found.append({"name": fam.name, "template_hash": fam.template_hash, "dtypes": list(fam.dtypes),
                           "flags": [{"name": f.name, "switch": f.switch, "choices": report.plain(f.choices),
                                      "doc": f.doc} for f in fam.flags]})
         return found

@@ -68,6 +68,14 @@ def create_app(reader: Reader) -> FastAPI:
     app = FastAPI(title="kernel tuner", version="1", summary="Stored tuning results, read-only",
                   openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
     flags = _flag_parameters(reader)
+    catalogue = reader.catalogue()
+    family_query = Query(description="kernel family", examples=list(reader.families),
+                         json_schema_extra={"enum": list(reader.families)})
+    shape_query = Query(description="the problem's dimensions, comma-separated (attention: B,H,S,D)",
+                        pattern=r"^[0-9]+(,[0-9]+)*$", examples=["2,8,1024,64"])
+    dtypes = sorted({d for f in catalogue for d in f["dtypes"]})
+    dtype_query = Query(description="element type", examples=dtypes[:1], json_schema_extra={"enum": dtypes})
+    device_query = Query(None, description="only results on this GPU name, e.g. NVIDIA H200")
 
     def answers(*codes: int, ok: dict[str, Any]) -> dict[int | str, Any]:
         found: dict[int | str, Any] = {200: {"description": "the answer",
@@ -82,18 +90,14 @@ def create_app(reader: Reader) -> FastAPI:
 
     @app.get("/best", responses=answers(*problem_codes, ok=BEST), openapi_extra={"parameters": flags},
              summary="The stored winner of a problem, or the config picked for a shape never tuned")
-    async def best(request: Request, family: str = Query(description="kernel family, e.g. attention"),
-             shape: str = Query(description="e.g. 2,8,1024,64"),
-             dtype: str = Query(description="e.g. fp16"),
-             device: str | None = Query(None, description="only results on this GPU name")) -> Any:
+    async def best(request: Request, family: str = family_query, shape: str = shape_query,
+                   dtype: str = dtype_query, device: str | None = device_query) -> Any:
         return _answer(lambda: reader.best(family, shape, dtype, _flags(request, flags), device))
 
     @app.get("/export", responses=answers(*problem_codes, 409, ok=EXPORT), openapi_extra={"parameters": flags},
              summary="The winner's CUDA source and launch document, as `tuner export` writes them")
-    async def export(request: Request, family: str = Query(description="kernel family, e.g. attention"),
-               shape: str = Query(description="e.g. 2,8,1024,64"),
-               dtype: str = Query(description="e.g. fp16"),
-               device: str | None = Query(None, description="only results on this GPU name")) -> Any:
+    async def export(request: Request, family: str = family_query, shape: str = shape_query,
+                     dtype: str = dtype_query, device: str | None = device_query) -> Any:
         return _answer(lambda: reader.export(family, shape, dtype, _flags(request, flags), device))
 
     @app.get("/studies", responses=answers(400, 503, ok={"type": "array", "items": STUDY}),
@@ -108,7 +112,7 @@ def create_app(reader: Reader) -> FastAPI:
 
     @app.get("/coverage", responses=answers(400, 422, 503, ok=COVERAGE),
              summary="Each stored best of a family by problem, GPU and template; the rule's score")
-    def coverage(request: Request, family: str = Query(description="kernel family, e.g. attention")) -> Any:
+    def coverage(request: Request, family: str = family_query) -> Any:
         return _answer(lambda: _no_extra(request, ("family",)) or reader.coverage(family))
 
     @app.get("/families", responses=answers(400, ok=FAMILIES),
