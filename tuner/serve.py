@@ -71,7 +71,7 @@ def create_app(reader: Reader) -> FastAPI:
     catalogue = reader.catalogue()
     family_query = Query(description="kernel family", examples=list(reader.families),
                          json_schema_extra={"enum": list(reader.families)})
-    shape_query = Query(description="the problem's dimensions, comma-separated (attention: B,H,S,D)",
+    shape_query = Query(description="the problem's dimensions, comma-separated, as the family takes them",
                         pattern=r"^[0-9]+(,[0-9]+)*$", examples=["2,8,1024,64"])
     dtypes = sorted({d for f in catalogue for d in f["dtypes"]})
     dtype_query = Query(description="element type", examples=dtypes[:1], json_schema_extra={"enum": dtypes})
