@@ -324,7 +324,7 @@ def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) 
     bests = database.call(lambda: repo.bests(fam.name, device_name=device))
     if not bests:
         return None
-    limits_of = device_limits(database.call(repo.studies))
+    limits_of = limits_by_study(database.call(repo.study_settings))
     pick = rules.pick_config(fam, problem, bests, limits_of, limits_of(bests[0]))
     if pick is None:
         return None
@@ -335,7 +335,12 @@ def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) 
 def device_limits(summaries: Sequence[Any]) -> Callable[[Any], DeviceLimits]:
     """A stored best -> the limits of the GPU its study ran on (from the study's settings;
     the defaults of ``H100_LIMITS`` for what a study does not say)."""
-    by_study = {s.name: s.settings.get("device") or {} for s in summaries}
+    return limits_by_study({s.name: s.settings for s in summaries})
+
+
+def limits_by_study(settings: Mapping[str, Mapping[str, Any]]) -> Callable[[Any], DeviceLimits]:
+    """:func:`device_limits` from each study's settings by its name (``repo.study_settings()``)."""
+    by_study = {name: s.get("device") or {} for name, s in settings.items()}
 
     def limits(best: Any) -> DeviceLimits:
         info = by_study.get(best.study, {})
