@@ -166,8 +166,10 @@ def _connect_args(url: URL, read_only: bool = False) -> dict[str, Any]:
     backend = url.get_backend_name()
     if backend == "postgresql":
         args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}  # libpq rounds under 2 up to 2
-        if read_only:
-            args["options"] = "-c default_transaction_read_only=on"
+        if read_only:  # beside the URL's own options (a search_path, say), which this replaces
+            given = url.query.get("options", "")
+            given = " ".join(given) if isinstance(given, tuple) else given
+            args["options"] = f"{given} -c default_transaction_read_only=on".strip()
         return args
     if backend == "sqlite":
         return {"timeout": SQLITE_BUSY_TIMEOUT_S}  # seconds to wait on another writer's lock
