@@ -89,7 +89,11 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
         names = set(archive.namelist())
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"templates/attention/landscapes/{name}" in names
+    assert {"tuner/page/index.html", "tuner/page/page.js"} <= names  # the page `tuner serve` shows
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata
+    assert "Provides-Extra: serve" in metadata
+    assert not any(line.startswith(("Requires-Dist: fastapi", "Requires-Dist: uvicorn")) and "extra ==" not in line
+                   for line in metadata.splitlines())
     assert not any(line.startswith("Requires-Dist: psycopg") and "extra ==" not in line
                    for line in metadata.splitlines())

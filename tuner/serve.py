@@ -85,18 +85,18 @@ def create_app(reader: Reader) -> FastAPI:
         return found
 
     problem_codes = (400, 404, 422, 503)
-    # /best and /export answer from the reader's cache in a fraction of a millisecond: run on
-    # the event loop (no thread hand-off); the others read every trial and run in threads.
+    # Every route runs in the threadpool: an answer not cached yet (a shape never tuned reads
+    # every best; studies and coverage read every trial) must not hold up the cached ones.
 
     @app.get("/best", responses=answers(*problem_codes, ok=BEST), openapi_extra={"parameters": flags},
              summary="The stored winner of a problem, or the config picked for a shape never tuned")
-    async def best(request: Request, family: str = family_query, shape: str = shape_query,
+    def best(request: Request, family: str = family_query, shape: str = shape_query,
                    dtype: str = dtype_query, device: str | None = device_query) -> Any:
         return _answer(lambda: reader.best(family, shape, dtype, _flags(request, flags), device))
 
     @app.get("/export", responses=answers(*problem_codes, 409, ok=EXPORT), openapi_extra={"parameters": flags},
              summary="The winner's CUDA source and launch document, as `tuner export` writes them")
-    async def export(request: Request, family: str = family_query, shape: str = shape_query,
+    def export(request: Request, family: str = family_query, shape: str = shape_query,
                      dtype: str = dtype_query, device: str | None = device_query) -> Any:
         return _answer(lambda: reader.export(family, shape, dtype, _flags(request, flags), device))
 

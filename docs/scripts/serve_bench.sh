@@ -5,7 +5,8 @@
 # trials). Queries: 50 tuned problems of the database and 10 shapes never tuned (answered by
 # the rule), taken in turn. First a warm-up pass (each query once), then the open-loop run at
 # RATE requests a second (docs/scripts/openloop.py; latency from when each request was due),
-# then wrk's closed-loop run (4 connections, 10 s) for the most the server answers.
+# then hey at 500/s (50 workers, each throttled to 10/s: a Go client, lighter than the Python
+# one), then wrk's closed-loop run (4 connections, 10 s) for the most the server answers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DB="${1:-/tmp/tuner-100k.db}"
@@ -35,6 +36,10 @@ echo "server up; cold pass (each query once, in turn):"
 $PY docs/scripts/openloop.py --urls "$URLS" --rate 20 --seconds 3
 echo "open loop at $RATE/s for $SECONDS_ s:"
 $PY docs/scripts/openloop.py --urls "$URLS" --rate "$RATE" --seconds "$SECONDS_" --json
+if command -v hey >/dev/null; then
+    echo "hey, 50 workers at 10 requests a second each (500/s), 30 s, one tuned query:"
+    hey -z 30s -c 50 -q 10 "$(head -1 "$URLS")" | grep -E "Requests/sec|Total:|Slowest|Fastest|Average|% in|\[2|\[4|\[5"
+fi
 if command -v wrk >/dev/null; then
     echo "wrk, closed loop, 4 connections, 10 s, one tuned query:"
     wrk -t1 -c4 -d10s --latency "$(head -1 "$URLS")" | grep -E "Latency|50%|90%|99%|Requests/sec"
