@@ -75,6 +75,17 @@ class Reader:
         return self._cached(("best", fam.name, problem.key, device), lambda: (
             report.best_document(api.best_in(self.repo, fam, problem, device=device))))
 
+    def cached(self, what: str, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
+               device: str | None = None) -> dict[str, Any] | None:
+        """The answer of ``best`` or ``export`` (``what``) where the cache holds it at the current
+        version of the bests; None where it must be read (a bad query raises as those do)."""
+        fam, problem = self.problem(family, shape, dtype, flags)
+        version = database.call(self.repo.bests_version)
+        with self._lock:
+            if version != self._version:
+                return None
+            return self._answers.get((what, fam.name, problem.key, device))
+
     def export(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
                device: str | None = None) -> dict[str, Any]:
         """What ``tuner export`` writes: ``name`` (the ``.cu`` file's), ``source`` and ``launch``

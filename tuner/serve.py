@@ -22,6 +22,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, one_line
@@ -72,7 +73,8 @@ def create_app(reader: Reader) -> FastAPI:
     family_query = Query(description="kernel family", examples=list(reader.families),
                          json_schema_extra={"enum": list(reader.families)})
     shape_query = Query(description="the problem's dimensions, comma-separated, as the family takes them",
-                        pattern=r"^[0-9]+(,[0-9]+)*$", examples=["2,8,1024,64"])
+                        examples=["2,8,1024,64"],  # the family checks it, and says what it takes
+                        json_schema_extra={"pattern": r"^[0-9]+(,[0-9]+)*$"})
     dtypes = sorted({d for f in catalogue for d in f["dtypes"]})
     dtype_query = Query(description="element type", examples=dtypes[:1], json_schema_extra={"enum": dtypes})
     device_query = Query(None, description="only results on this GPU name, e.g. NVIDIA H200")
@@ -85,20 +87,22 @@ def create_app(reader: Reader) -> FastAPI:
         return found
 
     problem_codes = (400, 404, 422, 503)
-    # Every route runs in the threadpool: an answer not cached yet (a shape never tuned reads
-    # every best; studies and coverage read every trial) must not hold up the cached ones.
+    # /best and /export answer from the reader's cache on the event loop (a thread hand-off costs
+    # more than the answer, and threads contend for the GIL); an answer not cached yet (a shape
+    # never tuned reads every best) is read in the threadpool, as the other routes are (studies
+    # and coverage read every trial), so that it holds up no other request.
 
     @app.get("/best", responses=answers(*problem_codes, ok=BEST), openapi_extra={"parameters": flags},
              summary="The stored winner of a problem, or the config picked for a shape never tuned")
-    def best(request: Request, family: str = family_query, shape: str = shape_query,
+    async def best(request: Request, family: str = family_query, shape: str = shape_query,
                    dtype: str = dtype_query, device: str | None = device_query) -> Any:
-        return _answer(lambda: reader.best(family, shape, dtype, _flags(request, flags), device))
+        return await _answer_soon(reader, "best", lambda: (family, shape, dtype, _flags(request, flags), device))
 
     @app.get("/export", responses=answers(*problem_codes, 409, ok=EXPORT), openapi_extra={"parameters": flags},
              summary="The winner's CUDA source and launch document, as `tuner export` writes them")
-    def export(request: Request, family: str = family_query, shape: str = shape_query,
+    async def export(request: Request, family: str = family_query, shape: str = shape_query,
                      dtype: str = dtype_query, device: str | None = device_query) -> Any:
-        return _answer(lambda: reader.export(family, shape, dtype, _flags(request, flags), device))
+        return await _answer_soon(reader, "export", lambda: (family, shape, dtype, _flags(request, flags), device))
 
     @app.get("/studies", responses=answers(400, 503, ok={"type": "array", "items": STUDY}),
              summary="Every study: its problem, status, trials measured of its budget (settings.trials), best")
@@ -156,6 +160,19 @@ _WHY = {400: "a value the tuner refuses (unknown family, bad shape, dtype or fla
 def _answer(call: Callable[[], Any]) -> JSONResponse:
     try:
         return JSONResponse(call())
+    except TunerError as error:
+        return JSONResponse({"detail": str(error)}, status_code=STATUS.get(type(error), 400))
+
+
+async def _answer_soon(reader: Reader, what: str, given: Callable[[], tuple[Any, ...]]) -> JSONResponse:
+    """``reader.best`` or ``reader.export`` of the query: from the cache at once where it holds
+    it, else read in a thread."""
+    try:
+        query = given()
+        found = reader.cached(what, *query)
+        if found is None:
+            found = await run_in_threadpool(getattr(reader, what), *query)
+        return JSONResponse(found)
     except TunerError as error:
         return JSONResponse({"detail": str(error)}, status_code=STATUS.get(type(error), 400))
 

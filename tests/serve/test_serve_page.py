@@ -74,6 +74,20 @@ def _wait(driver: object, what: str, timeout: float = 30) -> list:
     return WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, what) or False)
 
 
+def _wait_text(driver: object, what: str, text: str, timeout: float = 30) -> str:
+    """The text of the element ``what`` once it holds ``text`` (found anew each time: the page
+    redraws its panels when they are loaded again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def holds(d: object) -> str | bool:
+        found = [e.text for e in d.find_elements(By.CSS_SELECTOR, what)]
+        return next((t for t in found if text in t), False)
+
+    return WebDriverWait(driver, timeout, ignored_exceptions=[StaleElementReferenceException]).until(holds)
+
+
 def _shot(driver: object, tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     assert driver.save_screenshot(str(path))
@@ -117,15 +131,15 @@ def test_the_tabs_show_winners_per_gpu_and_coverage(server, browser, client, tmp
     browser.get(server + "/")
     _wait(browser, "#study-list tbody tr.pick")
     browser.find_element(By.ID, "tab-winners").click()
-    panels = _wait(browser, "#winner-panels .winners")
-    assert [p.get_attribute("data-gpu") for p in panels] == ["NVIDIA H200"]
-    cells = panels[0].find_elements(By.CSS_SELECTOR, "tbody tr")
     coverage = client.get("/coverage", params={"family": "attention"}).json()
-    assert len(cells) == len(coverage["rows"]) == 2
-    assert {c.find_elements(By.TAG_NAME, "td")[1].text for c in cells} == {r["problem"] for r in coverage["rows"]}
+    panel = _wait_text(browser, "#winner-panels .winners", "NVIDIA H200")
+    assert panel.splitlines()[0] == "NVIDIA H200" and len(_wait(browser, "#winner-panels .winners")) == 1
+    for row in coverage["rows"]:
+        assert row["problem"] in panel and f"{row['median_ms']:.4f} re-timed" in panel
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#winner-panels .winners tbody tr")) == len(coverage["rows"]) == 2
     assert browser.find_element(By.ID, "studies").is_displayed() is False
     _shot(browser, tmp_path, "serve-winners.png")
     browser.find_element(By.ID, "tab-coverage").click()
-    attention = _wait(browser, '#coverage-panels .coverage[data-family="attention"]')[0]
-    assert "2 stored best(s): 2 on NVIDIA H200" in attention.text
-    assert f"leave-one-out over {len(coverage['rule']['held'])} problem(s)" in attention.text
+    shown = _wait_text(browser, '#coverage-panels .coverage[data-family="attention"]', "stored best(s)")
+    assert "2 stored best(s): 2 on NVIDIA H200" in shown
+    assert f"leave-one-out over {len(coverage['rule']['held'])} problem(s)" in shown

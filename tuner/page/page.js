@@ -15,6 +15,16 @@ const problemKey = (shape, dtype, flags) =>
     flags[k] === true ? "-" + k : (flags[k] === false ? "" : "-" + k + "=" + flags[k])).join("");
 const params = (p) => Object.entries(p).map(([k, v]) => k + "=" + v).join(" ");
 
+// Set an element's HTML only where it changed: a refresh that brings nothing new redraws
+// nothing (no flicker, and what a reader points at stays).
+const drawn = new WeakMap();
+function setHTML(el, html) {
+  if (drawn.get(el) !== html) {
+    el.innerHTML = html;
+    drawn.set(el, html);
+  }
+}
+
 async function get(path) {
   const answer = await fetch(path);
   const body = await answer.json();
@@ -42,10 +52,10 @@ async function loadStudies() {
       `<td>${progress}</td><td class="num">${s.n_ok} / ${s.n_failed}</td>` +
       `<td class="num">${fmt(s.best_median_ms)}</td><td class="muted">${esc(s.updated_at.slice(0, 19))}</td></tr>`;
   });
-  $("#study-list tbody").innerHTML = rows.join("") ||
-    '<tr><td colspan="9" class="muted">no studies stored</td></tr>';
+  setHTML($("#study-list tbody"), rows.join("") ||
+    '<tr><td colspan="9" class="muted">no studies stored</td></tr>');
   for (const row of document.querySelectorAll("#study-list tbody tr.pick")) {
-    row.addEventListener("click", () => openStudy(Number(row.dataset.id)));
+    row.onclick = () => openStudy(Number(row.dataset.id));
   }
   return studies;
 }
@@ -61,12 +71,12 @@ async function openStudy(id) {
   $("#study-detail").hidden = false;
   $("#detail-title").textContent = `Best so far: ${s.family} ${problemKey(s.shape, s.dtype, s.flags)} on ${s.device_name}`;
   drawCurve(detail.trials);
-  $("#trials tbody").innerHTML = detail.trials.map((t) =>
+  setHTML($("#trials tbody"), detail.trials.map((t) =>
     `<tr data-number="${t.number}"><td class="num">${t.number}</td>` +
     (t.status === "ok"
       ? `<td>ok</td><td class="num">${fmt(t.median_ms)}</td><td class="num">${fmt(t.tflops, 1)}</td>`
       : `<td class="failed" title="${esc(t.reason || "")}">${esc(t.failure || "failed")}</td><td class="num">-</td><td class="num">-</td>`) +
-    `<td class="params">${esc(params(t.params))}</td></tr>`).join("");
+    `<td class="params">${esc(params(t.params))}</td></tr>`).join(""));
 }
 
 // The best-so-far curve: each ok trial a dot (its median), the running minimum a step line.
@@ -75,7 +85,7 @@ function drawCurve(trials) {
   const ok = trials.filter((t) => t.status === "ok" && t.median_ms !== null);
   const box = $("#curve");
   if (!ok.length) {
-    box.innerHTML = '<p class="muted">no trial measured yet</p>';
+    setHTML(box, '<p class="muted">no trial measured yet</p>');
     $("#curve-note").textContent = "";
     return;
   }
@@ -97,7 +107,7 @@ function drawCurve(trials) {
   const ticks = [lo, (lo + hi) / 2, hi].map((v) =>
     `<text x="${L - 6}" y="${y(v) + 4}" text-anchor="end">${fmt(v, 3)}</text>` +
     `<line x1="${L}" x2="${W - R}" y1="${y(v)}" y2="${y(v)}" stroke="#eef0f3"/>`).join("");
-  box.innerHTML =
+  setHTML(box,
     `<svg id="curve-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="best so far">` +
     ticks + dots +
     `<path id="best-line" d="${path}" fill="none" stroke="#2f6fde" stroke-width="2"/>` +
@@ -106,7 +116,7 @@ function drawCurve(trials) {
     `<text x="${L}" y="${H - B + 16}">0</text><text x="${W - R}" y="${H - B + 16}" text-anchor="end">${last}</text>` +
     `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">trial</text>` +
     `<text x="12" y="${(T + H - B) / 2}" transform="rotate(-90 12 ${(T + H - B) / 2})" text-anchor="middle">median ms</text>` +
-    `</svg>`;
+    `</svg>`);
   $("#curve-note").textContent = `${ok.length} measured, ${trials.length - ok.length} failed; best ${fmt(best)} ms, ` +
     `improved ${steps} times (search medians; the stored winner may be re-timed)`;
 }
@@ -119,15 +129,15 @@ async function loadCoverage() {
   for (const report of reports) {
     for (const row of report.rows) (byGpu[row.device] = byGpu[row.device] || []).push([report.family, row]);
   }
-  $("#winner-panels").innerHTML = Object.keys(byGpu).sort().map((gpu) =>
+  setHTML($("#winner-panels"), Object.keys(byGpu).sort().map((gpu) =>
     `<div class="panel winners" data-gpu="${esc(gpu)}"><h2>${esc(gpu)}</h2><table><thead><tr><th>family</th><th>problem</th>` +
     `<th class="num">best ms</th><th class="num">TFLOPS</th><th class="num">trials</th><th>template</th><th>study</th></tr></thead><tbody>` +
     byGpu[gpu].map(([family, r]) => `<tr><td>${esc(family)}</td><td>${esc(r.problem)}</td>` +
       `<td class="num">${fmt(r.median_ms)}${r.retimed ? " re-timed" : ""}</td><td class="num">${fmt(r.tflops, 1)}</td>` +
       `<td class="num">${r.trials}</td><td>${esc(r.template_hash)}${r.current ? " (current)" : ""}</td>` +
       `<td class="muted">${esc(r.study)}</td></tr>`).join("") + "</tbody></table></div>").join("") ||
-    '<div class="panel muted">no stored winners yet</div>';
-  $("#coverage-panels").innerHTML = reports.map((report) => {
+    '<div class="panel muted">no stored winners yet</div>');
+  setHTML($("#coverage-panels"), reports.map((report) => {
     const rule = report.rule;
     const gpus = {};
     for (const r of report.rows) gpus[r.device] = (gpus[r.device] || 0) + 1;
@@ -141,7 +151,7 @@ async function loadCoverage() {
       (Object.entries(gpus).map(([g, n]) => `${n} on ${esc(g)}`).join(", ") || "none") + `</p>` +
       `<p>the rule for shapes never tuned, leave-one-out over ${rule.held.length} problem(s): ${score}</p>` +
       `<p class="muted">${esc(report.peers_note)}</p></div>`;
-  }).join("");
+  }).join(""));
 }
 
 // -- tabs and polling ----------------------------------------------------------------------------
