@@ -5,8 +5,9 @@
 # trials). Queries: 50 tuned problems of the database and 10 shapes never tuned (answered by
 # the rule), taken in turn. First a warm-up pass (each query once), then the open-loop run at
 # RATE requests a second (docs/scripts/openloop.py; latency from when each request was due),
-# then hey at 500/s (50 workers, each throttled to 10/s: a Go client, lighter than the Python
-# one), then wrk's closed-loop run (4 connections, 10 s) for the most the server answers.
+# then hey at the same rate (5 workers each throttled to RATE/5 a second: bursts of 5, and a
+# worker waits for its answer, so not open-loop; a Go client, as a cross-check), then wrk's
+# closed-loop run (4 connections, 10 s) for the most the server answers. Only 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DB="${1:-/tmp/tuner-100k.db}"
@@ -34,11 +35,15 @@ trap 'kill $SERVER 2>/dev/null; rm -f "$URLS"' EXIT
 for _ in $(seq 120); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/families" && break; sleep 0.5; done
 echo "server up; cold pass (each query once, in turn):"
 $PY docs/scripts/openloop.py --urls "$URLS" --rate 20 --seconds 3
-echo "open loop at $RATE/s for $SECONDS_ s:"
+cpu() { awk '{print $14 + $15}' "/proc/$SERVER/stat"; }  # utime + stime, in 10 ms ticks
+echo "open loop at $RATE/s for $SECONDS_ s (load average before: $(cut -d' ' -f1-3 /proc/loadavg)):"
+before=$(cpu)
 $PY docs/scripts/openloop.py --urls "$URLS" --rate "$RATE" --seconds "$SECONDS_" --json
+after=$(cpu)
+echo "server CPU: $(( (after - before) * 10 )) ms for $(python3 -c "print(int($RATE * $SECONDS_))") requests; load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 if command -v hey >/dev/null; then
-    echo "hey, 50 workers at 10 requests a second each (500/s), 30 s, one tuned query:"
-    hey -z 30s -c 50 -q 10 "$(head -1 "$URLS")" | grep -E "Requests/sec|Total:|Slowest|Fastest|Average|% in|\[2|\[4|\[5"
+    echo "hey, 5 workers at 100 requests a second each ($RATE/s in bursts of 5), 30 s, one tuned query:"
+    hey -z 30s -c 5 -q $(( RATE / 5 )) "$(head -1 "$URLS")" | grep -E "Requests/sec|Slowest|Fastest|Average|% in|\[2|\[4|\[5"
 fi
 if command -v wrk >/dev/null; then
     echo "wrk, closed loop, 4 connections, 10 s, one tuned query:"
