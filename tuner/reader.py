@@ -14,9 +14,10 @@ or ``module:ATTR`` would load code named by whoever sends the query.
 
 ``best`` and ``export`` answers are kept, keyed by what was asked, beside the version of the
 stored bests they were read at (``Repository.bests_version``: each best row's id, trial and
-re-timing). Every call reads that version first (one small query on the ``tuner_best`` table)
-and answers from the cache only when it is unchanged; a new best, or a best that moves, changes
-it and the cache is dropped. An answer depends on nothing else that the database can change: the
+re-timing). Every call reads that version first (on SQLite a ``PRAGMA data_version``, and the
+``tuner_best`` rows only when another connection has committed since; elsewhere the rows) and
+answers from the cache only when it is unchanged; a new best, or a best that moves, changes it
+and the cache is dropped. An answer depends on nothing else that the database can change: the
 trials and re-timings a best points at are never rewritten, and so an answer is never older than
 the bests it is served beside. (A family's template edited on disk while the server runs is a
 new template version: restart it.) Studies and coverage change with every trial and are read
