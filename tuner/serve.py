@@ -16,6 +16,7 @@ FastAPI and uvicorn are imported here only: ``pip install 'kernel-tuner-service[
 from __future__ import annotations
 
 import logging
+import socket
 from importlib import resources
 from typing import Any, Callable
 
@@ -224,14 +225,28 @@ def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) ->
 
     with open_reader(db) as reader:
         app = create_app(reader)
+        listening = _listen(host, port)  # here, so that a port in use is one line of ours
         logger.info("serving %s on http://%s:%d/ (read-only; API schema at /openapi.json)",
-                    reader.repo.url, host, port)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                lifespan="off")
-        server = uvicorn.Server(config)
-        try:
-            server.run()
-        except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-        if getattr(server, "started", True) is False:
-            raise UsageError(f"cannot listen on {host}:{port} (in use, or not an address of this machine)")
+                    reader.repo.url, host, listening.getsockname()[1])
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        with listening:
+            uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` and listening, or one UsageError saying why not."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    family, kind, proto, _, address = found[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(2048)
+    except OSError as error:
+        listening.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    listening.setblocking(False)
+    return listening

@@ -217,3 +217,13 @@ def test_serve_without_fastapi_says_what_to_install(tmp_path):
     assert done.stderr.startswith("tuner: error: tuner serve needs FastAPI and uvicorn: "
                                   "pip install 'kernel-tuner-service[serve]'")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(served_db, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--db", served_db, "--port", str(port)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"tuner: error: cannot listen on 127.0.0.1:{port}: Address already in use")
