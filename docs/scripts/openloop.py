@@ -7,7 +7,7 @@ Request i is due at start + i / rate. It goes out at that time on a free keep-al
 counted from when it was due to when its whole answer has arrived: a server that falls behind
 shows it in the latencies, instead of slowing the sender down (no coordinated omission). The
 URLs (one a line, or ``--url``) are taken in turn. Bounded: at most ``--seconds`` of sending,
-100,000 requests, and only to 127.0.0.1, ::1 or localhost. Prints percentiles; ``--json`` too.
+100,000 requests, 10 s a request, and only to 127.0.0.1, ::1 or localhost. Prints percentiles; ``--json`` too.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from urllib.parse import urlsplit
 
 MAX_REQUESTS = 100_000
+TIMEOUT_S = 10.0  # a request not answered by then counts as an error (its connection is dropped)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -60,10 +61,10 @@ async def run(urls: list[str], rate: float, seconds: float, limit: int) -> dict:
 
     async def one(due: float, target: str) -> None:
         try:
-            status = await fetch(pool, opened, host, port, target, limit)
+            status = await asyncio.wait_for(fetch(pool, opened, host, port, target, limit), TIMEOUT_S)
             if status != 200:
                 errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
-        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+        except (OSError, asyncio.IncompleteReadError, ValueError, asyncio.TimeoutError) as error:
             errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1
             return
         latencies.append(loop.time() - due)
