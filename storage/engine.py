@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from storage.errors import StorageError
-from storage.migrate import current_revision, refuse_newer, upgrade
+from storage.migrate import current_revision, head_revision, refuse_newer, upgrade
 from storage.repository import Repository, one_line
 
 # PostgreSQL's driver is an extra: SQLite users need none.
@@ -54,6 +54,36 @@ def open_repository(url: str | None = None) -> Repository:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
         upgrade(engine)
+    except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
+        engine.dispose()
+        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+    return Repository(engine)
+
+
+def open_reader(url: str | None = None) -> Repository:
+    """A :class:`Repository` at ``url`` that only reads: no table is created or migrated, and
+    every connection refuses writes (SQLite ``PRAGMA query_only``, PostgreSQL read-only
+    transactions). For a process that serves what others store (``tuner serve``).
+
+    Raises:
+        StorageError: as :func:`open_repository`, and where the database holds no tuner tables
+            or was written by an older version (its schema is not this version's; any other
+            ``tuner`` command upgrades it) or a newer one.
+    """
+    url = url or default_url()
+    engine = make_engine(url, read_only=True)
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as connection:
+            current = current_revision(connection)
+        refuse_newer(current)
+        head = head_revision()
+        if current is None:
+            raise RuntimeError("it holds no tuner tables (nothing was tuned into it)")
+        if current != head:
+            raise RuntimeError(
+                f"its tuner schema is at revision {current}, older than this version's ({head}); "
+                "a read-only reader does not migrate it: run `tuner studies --db URL` once to upgrade it")
     except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
         engine.dispose()
         raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
@@ -103,15 +133,16 @@ def missing_sqlite_file(url: str) -> Path | None:
     return None if path.exists() else path
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with short connect timeouts and SQLite made transactional."""
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
+    """An engine for ``url`` with short connect timeouts and SQLite made transactional;
+    ``read_only``: every connection refuses writes."""
     try:
         parsed = make_url(url)
     except ArgumentError as error:
         raise StorageError(f"cannot open database {url!r}: not a database URL") from error
     options: dict[str, Any] = {
         "json_serializer": _dump_json,
-        "connect_args": _connect_args(parsed),
+        "connect_args": _connect_args(parsed, read_only),
         "pool_pre_ping": parsed.get_backend_name() != "sqlite",  # servers drop idle connections
     }
     try:
@@ -122,7 +153,7 @@ def make_engine(url: str) -> Engine:
             raise StorageError(f"cannot open database {shown}: {POSTGRES_DRIVER} ({one_line(error)})") from error
         raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
     if engine.dialect.name == "sqlite":
-        _make_sqlite_transactional(engine)
+        _make_sqlite_transactional(engine, read_only=read_only)
     return engine
 
 
@@ -131,10 +162,15 @@ def _dump_json(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def _connect_args(url: URL) -> dict[str, Any]:
+def _connect_args(url: URL, read_only: bool = False) -> dict[str, Any]:
     backend = url.get_backend_name()
     if backend == "postgresql":
-        return {"connect_timeout": CONNECT_TIMEOUT_S}  # libpq rounds values under 2 up to 2
+        args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}  # libpq rounds under 2 up to 2
+        if read_only:  # beside the URL's own options (a search_path, say), which this replaces
+            given = url.query.get("options", "")
+            given = " ".join(given) if isinstance(given, tuple) else given
+            args["options"] = f"{given} -c default_transaction_read_only=on".strip()
+        return args
     if backend == "sqlite":
         return {"timeout": SQLITE_BUSY_TIMEOUT_S}  # seconds to wait on another writer's lock
     return {}
@@ -181,9 +217,10 @@ def sqlite_pragmas(dbapi_connection: Any) -> None:
     cursor.close()
 
 
-def _make_sqlite_transactional(engine: Engine) -> None:
+def _make_sqlite_transactional(engine: Engine, *, read_only: bool = False) -> None:
     """Foreign keys on, write-ahead logging, and real BEGIN/SAVEPOINT (pysqlite's own handling
-    breaks both).
+    breaks both). ``read_only``: ``PRAGMA query_only`` instead of the journal pragmas (a reader
+    changes nothing, not even the journal mode; a tuner database is in WAL mode already).
 
     See "Serializable isolation / Savepoints / Transactional DDL" in SQLAlchemy's SQLite notes.
     """
@@ -193,8 +230,11 @@ def _make_sqlite_transactional(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
+        if read_only:
+            cursor.execute("PRAGMA query_only=ON")
         cursor.close()
-        sqlite_pragmas(dbapi_connection)
+        if not read_only:
+            sqlite_pragmas(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:

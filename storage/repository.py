@@ -20,6 +20,8 @@ Every method runs in :meth:`Repository._session`, which commits, or rolls back a
 from __future__ import annotations
 
 import math
+import sqlite3
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage import queries, rows
 from storage.batches import BatchedTrials, trial_row
 from storage.errors import ClaimRefused, StorageError
-from storage.models import Retime, RunningTrial, Study, Trial, utcnow
+from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
     LEASE_TTL_S,
     STUDY_STATUSES,
@@ -64,12 +66,19 @@ class Repository(BatchedTrials):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._watch: Any = None  # bests_version's connection (SQLite), opened on first use
+        self._watch_lock = threading.Lock()
+        self._watched: tuple[int | None, tuple[tuple[Any, ...], ...]] = (None, ())
 
     @property
     def url(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
 
     def close(self) -> None:
+        with self._watch_lock:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
         self.engine.dispose()
 
     def __enter__(self) -> Repository:
@@ -448,3 +457,47 @@ class Repository(BatchedTrials):
         stmt = queries.bests_statement(family, dtype, flags, device_name, template_hash)
         with self._session(f"cannot read the bests of {family}") as session:
             return [rows.best_record(*row) for row in session.execute(stmt)]
+
+    def study_settings(self) -> dict[str, dict[str, Any]]:
+        """Each study's settings by its name (what :meth:`studies` gives, without counting trials)."""
+        with self._session("cannot read the studies") as session:
+            return {name: dict(settings) for name, settings in session.execute(select(Study.name, Study.settings))}
+
+    def bests_version(self) -> tuple[tuple[Any, ...], ...]:
+        """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
+        best, or one that moves to another trial or re-timing, changes it; the trials and
+        re-timings it points at never change, so an answer read from the bests holds while it is
+        equal (``tuner.reader`` caches by it)."""
+        # It is read before every cached answer. On SQLite, first PRAGMA data_version on a
+        # connection of its own: unchanged, nothing was committed since the rows were last read
+        # (read after it), and they are returned without reading them again.
+        try:
+            stamp = self._commit_stamp()
+            with self._watch_lock:
+                if stamp is not None and stamp == self._watched[0]:
+                    return self._watched[1]
+            with self.engine.connect() as connection:  # Core, not a Session: it is on every call
+                found = tuple(tuple(row) for row in connection.execute(_BESTS_VERSION))
+        except (SQLAlchemyError, sqlite3.Error) as error:
+            raise StorageError(f"cannot read the stored bests: {one_line(error)}") from error
+        with self._watch_lock:
+            self._watched = (stamp, found)
+        return found
+
+    def _commit_stamp(self) -> int | None:
+        """SQLite's ``PRAGMA data_version`` on a connection kept for it: it changes whenever
+        another connection commits. None on other databases."""
+        if self.engine.dialect.name != "sqlite":
+            return None
+        with self._watch_lock:
+            if self._watch is None:
+                self._watch = self.engine.raw_connection()
+            cursor = self._watch.cursor()
+            try:
+                cursor.execute("PRAGMA data_version")
+                return int(cursor.fetchone()[0])
+            finally:
+                cursor.close()
+
+
+_BESTS_VERSION = select(Best.id, Best.trial_id, Best.retime_id).order_by(Best.id)

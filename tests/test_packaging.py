@@ -91,7 +91,11 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
     assert f"templates/attention/landscapes/{name}" in names
     # tuner export-dispatch's C++ templates
     assert {"tuner/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
+    assert {"tuner/page/index.html", "tuner/page/page.js"} <= names  # the page `tuner serve` shows
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata
+    assert "Provides-Extra: serve" in metadata
+    assert not any(line.startswith(("Requires-Dist: fastapi", "Requires-Dist: uvicorn")) and "extra ==" not in line
+                   for line in metadata.splitlines())
     assert not any(line.startswith("Requires-Dist: psycopg") and "extra ==" not in line
                    for line in metadata.splitlines())

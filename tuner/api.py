@@ -29,7 +29,7 @@ from tuner import retime as retiming
 from tuner import database, lookup, search, warmstart
 from tuner import rule as rules
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
-from tuner.exporter import write_export
+from tuner.exporter import Export, render_export, write_export
 from tuner.loop import Coordinator, LoopOutcome
 from tuner.meter import Meter
 
@@ -337,22 +337,28 @@ def best(
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
     with database.repository(database.url(db), create=False) as repo:
-        try:
-            return _best(repo, fam, problem, device)
-        except NotFound:
-            if not derive:
-                raise
-            picked = _derive(repo, fam, problem, device)
-            if picked is None:
-                raise
-            return picked
+        return best_in(repo, fam, problem, device=device, derive=derive)
+
+
+def best_in(repo: Any, fam: KernelFamily, problem: Problem, *, device: str | None = None,
+            derive: bool = True) -> Any:
+    """:func:`best` on an open ``storage.Repository`` (a server's, opened once)."""
+    try:
+        return _best(repo, fam, problem, device)
+    except NotFound:
+        if not derive:
+            raise
+        picked = _derive(repo, fam, problem, device)
+        if picked is None:
+            raise
+        return picked
 
 
 def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Derived | None:
     bests = database.call(lambda: repo.bests(fam.name, device_name=device))
     if not bests:
         return None
-    limits_of = device_limits(database.call(repo.studies))
+    limits_of = limits_by_study(database.call(repo.study_settings))
     pick = rules.pick_config(fam, problem, bests, limits_of, limits_of(bests[0]))
     if pick is None:
         return None
@@ -363,7 +369,12 @@ def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) 
 def device_limits(summaries: Sequence[Any]) -> Callable[[Any], DeviceLimits]:
     """A stored best -> the limits of the GPU its study ran on (from the study's settings;
     the defaults of ``H100_LIMITS`` for what a study does not say)."""
-    by_study = {s.name: s.settings.get("device") or {} for s in summaries}
+    return limits_by_study({s.name: s.settings for s in summaries})
+
+
+def limits_by_study(settings: Mapping[str, Mapping[str, Any]]) -> Callable[[Any], DeviceLimits]:
+    """:func:`device_limits` from each study's settings by its name (``repo.study_settings()``)."""
+    by_study = {name: s.get("device") or {} for name, s in settings.items()}
 
     def limits(best: Any) -> DeviceLimits:
         info = by_study.get(best.study, {})
@@ -459,35 +470,52 @@ def export(
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
     with database.repository(database.url(db), create=False) as repo:
-        winner = _best(repo, fam, problem, device)
-        if winner.template_hash != fam.template_hash:
-            raise TemplateMismatch(
-                f"the stored winner of {fam.name} {problem.key} was measured with template "
-                f"{winner.template_hash}, the current template is {fam.template_hash}; "
-                "tune again before exporting"
-            )
+        files = export_in(repo, fam, problem, device=device)
     try:
-        return write_export(fam, problem, winner, Path(out_dir))
+        return write_export(files, Path(out_dir))
     except OSError as error:
         raise UsageError(f"cannot write to {out_dir}: {error.strerror or error}") from None
+
+
+def export_in(repo: Any, fam: KernelFamily, problem: Problem, *, device: str | None = None) -> Export:
+    """What :func:`export` writes (the ``.cu``'s name and source, the launch document), read
+    from an open ``storage.Repository``."""
+    winner = _best(repo, fam, problem, device)
+    if winner.template_hash != fam.template_hash:
+        raise TemplateMismatch(
+            f"the stored winner of {fam.name} {problem.key} was measured with template "
+            f"{winner.template_hash}, the current template is {fam.template_hash}; "
+            "tune again before exporting"
+        )
+    return render_export(fam, problem, winner)
 
 
 def studies(db: str | None = None) -> list[Any]:
     """Every stored study with its counts and best (``storage.StudySummary``), oldest first."""
     with database.repository(database.url(db), create=False) as repo:
-        return database.call(repo.studies)
+        return studies_in(repo)
+
+
+def studies_in(repo: Any) -> list[Any]:
+    """:func:`studies` on an open ``storage.Repository``."""
+    return database.call(repo.studies)
 
 
 def show(name: str, db: str | None = None) -> StudyDetail:
     """One study, all its trials and its latest re-timing; ``name`` is its name, or the number
     ``studies --json`` gives it as ``id``."""
     with database.repository(database.url(db), create=False) as repo:
-        stored = database.call(repo.studies)
-        found = [s for s in stored if s.name == name] or [s for s in stored if str(s.id) == name.strip()]
-        if not found:
-            raise NotFound(f"no study named {name!r} (see `tuner studies`)")
-        return StudyDetail(found[0], database.call(lambda: repo.trials(found[0].id)),
-                           database.call(lambda: repo.retimes(found[0].id)))
+        return show_in(repo, name)
+
+
+def show_in(repo: Any, name: str) -> StudyDetail:
+    """:func:`show` on an open ``storage.Repository``."""
+    stored = database.call(repo.studies)
+    found = [s for s in stored if s.name == name] or [s for s in stored if str(s.id) == name.strip()]
+    if not found:
+        raise NotFound(f"no study named {name!r} (see `tuner studies`)")
+    return StudyDetail(found[0], database.call(lambda: repo.trials(found[0].id)),
+                       database.call(lambda: repo.retimes(found[0].id)))
 
 
 def export_optuna(name: str, target: str, db: str | None = None) -> str:

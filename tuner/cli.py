@@ -82,6 +82,13 @@ def _positive_int(text: str) -> int:
     return _whole_number(text, 1, "at least 1")
 
 
+def _port(text: str) -> int:
+    value = _whole_number(text, 0, "a port, 0-65535")
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, 0-65535, not {value}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but an error is one line ``tuner: error: ...`` (no usage block)."""
 
@@ -209,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
     cli_dispatch.add_parser(sub, common)
+
+    serve = sub.add_parser("serve", parents=[common],
+                           help="serve the stored results read-only over HTTP (JSON API and a page)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -374,11 +387,11 @@ def _best(args: argparse.Namespace) -> int:
               f"{result.study if result else '-'}", file=sys.stderr)
         winner = api.best(args.family, args.shape, args.dtype, args.flags, db=args.db,
                           device=result.device if result else args.device, derive=False)
+    if args.json:
+        print(json.dumps(report.best_document(winner), indent=2))
+        return 0
     if isinstance(winner, api.Derived):
         return _derived(args, winner)
-    if args.json:
-        print(json.dumps({**report.plain(winner), "measured": True, "source": _key(winner)}, indent=2))
-        return 0
     rows = [
         ("config", format_params(winner.params)),
         ("median", f"{winner.median_ms:.4f} ms" + (" re-timed" if winner.retime else "") + report.spread(winner)),
@@ -396,16 +409,7 @@ def _best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _key(winner: Any) -> str:
-    from templates.family import Problem
-
-    return Problem(tuple(winner.shape), winner.dtype, tuple(sorted(winner.flags.items()))).key
-
-
 def _derived(args: argparse.Namespace, derived: Any) -> int:
-    if args.json:
-        print(json.dumps(report.plain(derived), indent=2))
-        return 0
     away = f", distance {derived.distance:.2f}" if derived.distance is not None else ""
     there = derived.source_best
     rows = [
@@ -521,6 +525,18 @@ def _bench_search(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVE_EXTRA = ("tuner serve needs FastAPI and uvicorn: pip install 'kernel-tuner-service[serve]'")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from tuner.serve import serve
+    except ImportError as error:
+        raise UsageError(f"{SERVE_EXTRA} ({error})") from None
+    serve(args.db, host=args.host, port=args.port)
+    return 0
+
+
 def _landscape(args: argparse.Namespace) -> int:
     path = record_landscape(args.study, args.out, db=args.db)
     print(f"wrote {path}")
@@ -528,8 +544,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "check": check_cli.run,
-             "export-dispatch": cli_dispatch.run}
+             "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
+             "check": check_cli.run, "export-dispatch": cli_dispatch.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -134,6 +134,18 @@ def plain(value: Any) -> Any:
     return value
 
 
+def best_document(answer: Any) -> dict[str, Any]:
+    """``best --json`` (and the server's ``/best``): a stored winner (``storage.BestRecord``) with
+    ``"measured": true`` and its problem's key as ``"source"``; a derived answer
+    (``tuner.api.Derived``, ``"measured": false``) as it is."""
+    if getattr(answer, "measured", None) is False:
+        return plain(answer)
+    from templates.family import Problem
+
+    key = Problem(tuple(answer.shape), answer.dtype, tuple(sorted(answer.flags.items()))).key
+    return {**plain(answer), "measured": True, "source": key}
+
+
 def bench_table(rows: Sequence[Any]) -> list[str]:
     """Markdown rows: ours, each peer's TFLOPS and our speed-up over it by both timing methods
     (``1.10x/1.08x``; `` !`` where they differ by more than AGREEMENT), resources; then a line for each

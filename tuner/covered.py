@@ -55,16 +55,21 @@ def coverage(family: str | KernelFamily, *, db: str | None = None) -> Coverage:
     leave-one-out score over them."""
     fam = lookup.family(family)
     with database.repository(database.url(db), create=False) as repo:
-        bests = database.call(lambda: repo.bests(fam.name))
-        summaries = {s.name: s for s in database.call(repo.studies)}
-        measured: dict[str, dict[str, Any]] = {}
+        return coverage_in(repo, fam)
 
-        def trials_of(study: str) -> dict[str, Any]:
-            if study not in measured:
-                measured[study] = database.call(lambda: repo.measured(summaries[study].id))
-            return measured[study]
 
-        score = rules.leave_one_out(fam, bests, api.device_limits(list(summaries.values())), trials_of)
+def coverage_in(repo: Any, fam: KernelFamily) -> Coverage:
+    """:func:`coverage` on an open ``storage.Repository``."""
+    bests = database.call(lambda: repo.bests(fam.name))
+    summaries = {s.name: s for s in database.call(repo.studies)}
+    measured: dict[str, dict[str, Any]] = {}
+
+    def trials_of(study: str) -> dict[str, Any]:
+        if study not in measured:
+            measured[study] = database.call(lambda: repo.measured(summaries[study].id))
+        return measured[study]
+
+    score = rules.leave_one_out(fam, bests, api.device_limits(list(summaries.values())), trials_of)
     now = datetime.now(timezone.utc)
     rows = []
     for best in bests:

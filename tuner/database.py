@@ -57,6 +57,27 @@ def repository(url: str, *, create: bool = True) -> Iterator[Any]:
         repo.close()
 
 
+@contextmanager
+def reader(url: str) -> Iterator[Any]:
+    """A ``storage.Repository`` at ``url`` that only reads (``storage.open_reader``): a missing
+    SQLite file, a database without our tables, or of another version's schema, is refused in
+    one line; nothing is created or migrated."""
+    from storage import StorageError, missing_sqlite_file, open_reader
+
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise DatabaseError(f"no database at {missing}: nothing is stored there "
+                            "(check --db or $TUNER_DB, or tune first)")
+    try:
+        repo = open_reader(url)
+    except StorageError as error:
+        raise DatabaseError(one_line(error)) from None
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
 def call(fn: Callable[[], T]) -> T:
     """Run ``fn``; a ``storage.StorageError`` becomes a one-line DatabaseError."""
     from storage import StorageError

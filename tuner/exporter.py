@@ -1,6 +1,6 @@
 """Write a stored winner out as a CUDA source and the facts needed to launch it.
 
-    path = write_export(family, problem, best_record, Path("out"))
+    path = write_export(render_export(family, problem, best_record), Path("out"))
     # out/attention_4x16x4096x128-fp16-causal.cu and, beside it, launch_path(path):
     # out/attention_4x16x4096x128-fp16-causal.launch.json (exports of several problems can
     # share a folder)
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -98,14 +99,28 @@ def tensors(family: KernelFamily, problem: Problem) -> list[dict[str, Any]]:
     return found
 
 
-def write_export(family: KernelFamily, problem: Problem, best: Any, out_dir: Path) -> Path:
+@dataclass(frozen=True)
+class Export:
+    """An export before it is written: the ``.cu``'s name and text, and its launch document."""
+
+    name: str  # <family>_<problem>.cu
+    source: str
+    launch: dict[str, Any]  # the .launch.json's content
+
+
+def render_export(family: KernelFamily, problem: Problem, best: Any) -> Export:
+    """The winner's source, rendered with the current template, and its launch document."""
+    name = source_name(family, problem)
+    return Export(name, family.render(best.params, problem),
+                  launch_document(family, problem, best, source=name))
+
+
+def write_export(files: Export, out_dir: Path) -> Path:
     """Write the ``.cu`` and its ``.launch.json`` into ``out_dir``; return the ``.cu`` path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = family.render(best.params, problem)
-    cu = out_dir / source_name(family, problem)
-    document = launch_document(family, problem, best, source=cu.name)
-    write_atomic(cu, source)
-    write_atomic(launch_path(cu), json.dumps(document, indent=2) + "\n")
+    cu = out_dir / files.name
+    write_atomic(cu, files.source)
+    write_atomic(launch_path(cu), json.dumps(files.launch, indent=2) + "\n")
     return cu
 
 

@@ -63,6 +63,7 @@ def ranked(family: KernelFamily, problem: Problem, bests: Sequence[Any]) -> list
     """The stored bests of other problems, nearest first by the rule's order, with the family's
     distance of each."""
     order = []
+    template_hash = family.template_hash  # read once: it hashes the family's files
     for best in bests:
         other = problem_of(best)
         if other == problem:
@@ -73,7 +74,7 @@ def ranked(family: KernelFamily, problem: Problem, bests: Sequence[Any]) -> list
         else:
             same = other.dtype == problem.dtype and other.flags == problem.flags
             rank = (1 if same else 2, shape_distance(family, other, problem))
-        current = best.template_hash == family.template_hash
+        current = best.template_hash == template_hash
         order.append(((*rank, not current, other.key, best.median_ms), best, away))
     return [(best, away) for _, best, away in sorted(order, key=lambda item: item[0])]
 

@@ -1,0 +1,138 @@
+"""The API's read calls on one database opened once, read-only: what ``tuner serve`` answers.
+
+    with tuner.reader.open_reader("sqlite:///tuner.db") as reader:
+        reader.best("attention", "2,8,1024,64", "fp16", {"causal": "true"})  # = `best --json`
+        reader.export("attention", "2,8,1024,64", "fp16", {"causal": True})  # .cu and launch
+        reader.studies(); reader.show("3"); reader.coverage("attention")
+
+Each answer is the document the matching ``--json`` command prints (:mod:`tuner.cli_text`),
+computed by the same calls of :mod:`tuner.api` and :mod:`tuner.covered`, on a repository that
+neither creates nor migrates anything and refuses writes (``storage.open_reader``).
+
+Families are the installed ones (and those registered in this process) by name only: a path
+or ``module:ATTR`` would load code named by whoever sends the query.
+
+``best`` and ``export`` answers are kept, keyed by what was asked, beside the version of the
+stored bests they were read at (``Repository.bests_version``: each best row's id, trial and
+re-timing). Every call reads that version first (on SQLite a ``PRAGMA data_version``, and the
+``tuner_best`` rows only when another connection has committed since; elsewhere the rows) and
+answers from the cache only when it is unchanged; a new best, or a best that moves, changes it
+and the cache is dropped. An answer depends on nothing else that the database can change: the
+trials and re-timings a best points at are never rewritten, and so an answer is never older than
+the bests it is served beside. (A family's template edited on disk while the server runs is a
+new template version: restart it.) Studies and coverage change with every trial and are read
+each time.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+from templates.family import KernelFamily, Problem
+from tuner import api, database, lookup
+from tuner import cli_text as report
+from tuner.errors import UsageError
+
+CACHE_LIMIT = 4096  # answers kept at one version of the bests; the oldest go first past it
+
+
+@contextmanager
+def open_reader(db: str | None = None) -> Iterator[Reader]:
+    """A :class:`Reader` on ``db`` (None: ``$TUNER_DB`` or ``./tuner.db``), closed on the way out;
+    a missing SQLite file, or a database of another version's schema, is one DatabaseError."""
+    with database.reader(database.url(db)) as repo:
+        yield Reader(repo)
+
+
+class Reader:
+    """Read calls on an open read-only ``storage.Repository``; safe to call from many threads."""
+
+    def __init__(self, repo: Any) -> None:
+        from templates import families
+
+        self.repo = repo
+        self.families = tuple(families())
+        self._lock = threading.Lock()
+        self._version: Any = None
+        self._answers: dict[tuple[Any, ...], Any] = {}
+
+    # -- what the page and the API ask ------------------------------------------------------------
+    def family(self, name: str) -> KernelFamily:
+        """An installed (or registered) family by its name; anything else is refused."""
+        if name not in self.families:
+            raise UsageError(f"unknown family {name!r} (installed: {', '.join(self.families) or 'none'})")
+        return lookup.family(name)
+
+    def problem(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any]) -> tuple[KernelFamily, Problem]:
+        fam = self.family(family)
+        return fam, lookup.problem(fam, shape, dtype, flags)
+
+    def best(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
+             device: str | None = None) -> dict[str, Any]:
+        """``tuner best ... --json``: the stored winner, or the rule's pick for a shape never tuned."""
+        fam, problem = self.problem(family, shape, dtype, flags)
+        return self._cached(("best", fam.name, problem.key, device), lambda: (
+            report.best_document(api.best_in(self.repo, fam, problem, device=device))))
+
+    def cached(self, what: str, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
+               device: str | None = None) -> dict[str, Any] | None:
+        """The answer of ``best`` or ``export`` (``what``) where the cache holds it at the current
+        version of the bests; None where it must be read (a bad query raises as those do)."""
+        fam, problem = self.problem(family, shape, dtype, flags)
+        version = database.call(self.repo.bests_version)
+        with self._lock:
+            if version != self._version:
+                return None
+            return self._answers.get((what, fam.name, problem.key, device))
+
+    def export(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
+               device: str | None = None) -> dict[str, Any]:
+        """What ``tuner export`` writes: ``name`` (the ``.cu`` file's), ``source`` and ``launch``
+        (the ``.launch.json``'s content)."""
+        fam, problem = self.problem(family, shape, dtype, flags)
+        return self._cached(("export", fam.name, problem.key, device), lambda: (
+            report.plain(api.export_in(self.repo, fam, problem, device=device))))
+
+    def studies(self) -> list[dict[str, Any]]:
+        """``tuner studies --json``."""
+        return [report.plain(s) for s in api.studies_in(self.repo)]
+
+    def show(self, study: str) -> dict[str, Any]:
+        """``tuner show STUDY --json`` (``study``: its name or id)."""
+        detail = api.show_in(self.repo, study)
+        return {"study": report.plain(detail.summary), "trials": [report.plain(t) for t in detail.trials]}
+
+    def coverage(self, family: str) -> dict[str, Any]:
+        """``tuner coverage FAMILY --json``."""
+        from tuner.covered import coverage_in
+
+        return report.plain(coverage_in(self.repo, self.family(family)))
+
+    def catalogue(self) -> list[dict[str, Any]]:
+        """The families this reader answers for: name, current template hash, problem flags."""
+        found = []
+        for name in self.families:
+            fam = lookup.family(name)
+            found.append({"name": fam.name, "template_hash": fam.template_hash, "dtypes": list(fam.dtypes),
+                          "flags": [{"name": f.name, "switch": f.switch, "choices": report.plain(f.choices),
+                                     "doc": f.doc} for f in fam.flags]})
+        return found
+
+    # -- the cache ----------------------------------------------------------------------------------
+    def _cached(self, key: tuple[Any, ...], answer: Callable[[], Any]) -> Any:
+        version = database.call(self.repo.bests_version)  # read before the answer: never newer
+        with self._lock:
+            if version != self._version:
+                self._answers.clear()
+                self._version = version
+            elif key in self._answers:
+                return self._answers[key]
+        value = answer()
+        with self._lock:
+            if version == self._version:
+                if len(self._answers) >= CACHE_LIMIT:
+                    self._answers.pop(next(iter(self._answers)))
+                self._answers[key] = value
+        return value

@@ -1,0 +1,252 @@
+"""``tuner serve``: the stored results over HTTP, read-only, and a page that shows them.
+
+    tuner serve --db sqlite:///tuner.db            # http://127.0.0.1:8765/ , schema at /openapi.json
+    curl 'http://127.0.0.1:8765/best?family=attention&shape=2,8,1024,64&dtype=fp16&causal=true'
+
+Every route calls :class:`tuner.reader.Reader` and returns what it gives, which is what the
+matching ``--json`` command prints; nothing is computed here. The problem flags of the families
+are query parameters named as on the command line (``causal=true``, ``layout=nt``). A bad query
+is a 4xx with one line, ``{"detail": "..."}``: 400 for a value the tuner refuses, 404 for
+nothing stored, 409 for a winner of an older template (export), 422 for a parameter missing or
+of the wrong type; 503 when the database cannot be read.
+
+FastAPI and uvicorn are imported here only: ``pip install 'kernel-tuner-service[serve]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from importlib import resources
+from typing import Any, Callable
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, one_line
+from tuner.reader import Reader
+
+logger = logging.getLogger("tuner")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+PROBLEM_QUERY = ("family", "shape", "dtype", "device")  # the rest of a /best or /export query: flags
+STATUS = {UsageError: 400, NotFound: 404, TemplateMismatch: 409, DatabaseError: 503}
+
+ERROR = {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}},
+         "additionalProperties": False}
+_OBJECT = {"type": "object"}
+_NUMBER = {"type": ["number", "null"]}
+BEST = {"type": "object", "required": ["family", "shape", "dtype", "flags", "params", "measured", "source"],
+        "properties": {"family": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
+                       "dtype": {"type": "string"}, "flags": _OBJECT, "params": _OBJECT,
+                       "measured": {"type": "boolean"}, "source": {"type": "string"},
+                       "median_ms": {"type": "number"}, "tflops": _NUMBER,
+                       "device": _OBJECT, "passed_over": {"type": "array", "items": {"type": "string"}}}}
+EXPORT = {"type": "object", "required": ["name", "source", "launch"],
+          "properties": {"name": {"type": "string"}, "source": {"type": "string"}, "launch": _OBJECT}}
+STUDY = {"type": "object", "required": ["id", "name", "family", "status", "n_trials", "n_ok", "n_failed", "settings"],
+         "properties": {"id": {"type": "integer"}, "name": {"type": "string"}, "family": {"type": "string"},
+                        "status": {"type": "string", "enum": ["running", "finished", "interrupted"]},
+                        "n_trials": {"type": "integer"}, "n_ok": {"type": "integer"},
+                        "n_failed": {"type": "integer"}, "best_median_ms": _NUMBER, "settings": _OBJECT}}
+DETAIL = {"type": "object", "required": ["study", "trials"],
+          "properties": {"study": STUDY, "trials": {"type": "array", "items": {
+              "type": "object", "required": ["number", "params", "status"],
+              "properties": {"number": {"type": "integer"}, "params": _OBJECT,
+                             "status": {"type": "string", "enum": ["ok", "failed"]},
+                             "median_ms": _NUMBER}}}}}
+COVERAGE = {"type": "object", "required": ["family", "template_hash", "rows", "rule"],
+            "properties": {"family": {"type": "string"}, "template_hash": {"type": "string"},
+                           "rows": {"type": "array", "items": _OBJECT}, "rule": _OBJECT}}
+FAMILIES = {"type": "array", "items": {"type": "object", "required": ["name", "template_hash", "flags"]}}
+
+
+def create_app(reader: Reader) -> FastAPI:
+    """The application over ``reader`` (opened by the caller, who closes it)."""
+    app = FastAPI(title="kernel tuner", version="1", summary="Stored tuning results, read-only",
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+    flags = _flag_parameters(reader)
+    catalogue = reader.catalogue()
+    family_query = Query(description="kernel family", examples=list(reader.families),
+                         json_schema_extra={"enum": list(reader.families)})
+    shape_query = Query(description="the problem's dimensions, comma-separated, as the family takes them",
+                        examples=["2,8,1024,64"],  # the family checks it, and says what it takes
+                        json_schema_extra={"pattern": r"^[0-9]+(,[0-9]+)*$"})
+    dtypes = sorted({d for f in catalogue for d in f["dtypes"]})
+    dtype_query = Query(description="element type", examples=dtypes[:1], json_schema_extra={"enum": dtypes})
+    device_query = Query(None, description="only results on this GPU name, e.g. NVIDIA H200")
+
+    def answers(*codes: int, ok: dict[str, Any]) -> dict[int | str, Any]:
+        found: dict[int | str, Any] = {200: {"description": "the answer",
+                                             "content": {"application/json": {"schema": ok}}}}
+        for code in codes:
+            found[code] = {"description": _WHY[code], "content": {"application/json": {"schema": ERROR}}}
+        return found
+
+    problem_codes = (400, 404, 422, 503)
+    # /best and /export answer from the reader's cache on the event loop (a thread hand-off costs
+    # more than the answer, and threads contend for the GIL); an answer not cached yet (a shape
+    # never tuned reads every best) is read in the threadpool, as the other routes are (studies
+    # and coverage read every trial), so that it holds up no other request.
+
+    @app.get("/best", responses=answers(*problem_codes, ok=BEST), openapi_extra={"parameters": flags},
+             summary="The stored winner of a problem, or the config picked for a shape never tuned")
+    async def best(request: Request, family: str = family_query, shape: str = shape_query,
+                   dtype: str = dtype_query, device: str | None = device_query) -> Any:
+        return await _answer_soon(reader, "best", lambda: (family, shape, dtype, _flags(request, flags), device))
+
+    @app.get("/export", responses=answers(*problem_codes, 409, ok=EXPORT), openapi_extra={"parameters": flags},
+             summary="The winner's CUDA source and launch document, as `tuner export` writes them")
+    async def export(request: Request, family: str = family_query, shape: str = shape_query,
+                     dtype: str = dtype_query, device: str | None = device_query) -> Any:
+        return await _answer_soon(reader, "export", lambda: (family, shape, dtype, _flags(request, flags), device))
+
+    @app.get("/studies", responses=answers(400, 503, ok={"type": "array", "items": STUDY}),
+             summary="Every study: its problem, status, trials measured of its budget (settings.trials), best")
+    def studies(request: Request) -> Any:
+        return _answer(lambda: _no_extra(request, ()) or reader.studies())
+
+    @app.get("/studies/{study:path}", responses=answers(400, 404, 503, ok=DETAIL),
+             summary="One study (its name or id) and all its trials")
+    def show(request: Request, study: str) -> Any:
+        return _answer(lambda: _no_extra(request, ()) or reader.show(study))
+
+    @app.get("/coverage", responses=answers(400, 422, 503, ok=COVERAGE),
+             summary="Each stored best of a family by problem, GPU and template; the rule's score")
+    def coverage(request: Request, family: str = family_query) -> Any:
+        return _answer(lambda: _no_extra(request, ("family",)) or reader.coverage(family))
+
+    @app.get("/families", responses=answers(400, ok=FAMILIES),
+             summary="The families served, with their current template and problem flags")
+    def families(request: Request) -> Any:
+        return _answer(lambda: _no_extra(request, ()) or reader.catalogue())
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> Response:
+        return HTMLResponse(_asset("index.html"))
+
+    @app.get("/page.js", include_in_schema=False)
+    def script() -> Response:
+        return Response(_asset("page.js"), media_type="text/javascript")
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part not in ("query", "path"))
+        message = first.get("msg", "invalid request")
+        return JSONResponse({"detail": f"{where}: {message}" if where else message}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": one_line(Exception(str(error.detail)))}, status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    def unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("serve: %s %s failed", request.method, request.url.path)
+        return JSONResponse({"detail": f"internal error: {one_line(error)}"}, status_code=500)
+
+    return app
+
+
+_WHY = {400: "a value the tuner refuses (unknown family, bad shape, dtype or flag, unknown parameter)",
+        404: "nothing stored for it", 409: "the winner was measured with an older template",
+        422: "a parameter missing or of the wrong type", 503: "the database cannot be read"}
+
+
+def _answer(call: Callable[[], Any]) -> JSONResponse:
+    try:
+        return JSONResponse(call())
+    except TunerError as error:
+        return JSONResponse({"detail": str(error)}, status_code=STATUS.get(type(error), 400))
+
+
+async def _answer_soon(reader: Reader, what: str, given: Callable[[], tuple[Any, ...]]) -> JSONResponse:
+    """``reader.best`` or ``reader.export`` of the query: from the cache at once where it holds
+    it, else read in a thread."""
+    try:
+        query = given()
+        found = reader.cached(what, *query)
+        if found is None:
+            found = await run_in_threadpool(getattr(reader, what), *query)
+        return JSONResponse(found)
+    except TunerError as error:
+        return JSONResponse({"detail": str(error)}, status_code=STATUS.get(type(error), 400))
+
+
+def _flags(request: Request, declared: list[dict[str, Any]]) -> dict[str, Any]:
+    """The query's problem flags: every parameter past family, shape, dtype and device (the
+    family says which it has, and refuses the others in one line)."""
+    query = request.query_params
+    repeated = [name for name in query if len(query.getlist(name)) > 1]
+    if repeated:
+        raise UsageError(f"query parameter {repeated[0]!r} is given more than once")
+    return {name: value for name, value in query.items() if name not in PROBLEM_QUERY}
+
+
+def _no_extra(request: Request, allowed: tuple[str, ...]) -> None:
+    unknown = [name for name in request.query_params if name not in allowed]
+    if unknown:
+        takes = ", ".join(allowed) if allowed else "none"
+        raise UsageError(f"unknown query parameter {unknown[0]!r} (this endpoint takes: {takes})")
+
+
+def _flag_parameters(reader: Reader) -> list[dict[str, Any]]:
+    """The families' problem flags as OpenAPI query parameters: a switch a boolean, a choice one
+    of its values; a flag of several families takes what any of them does."""
+    merged: dict[str, dict[str, Any]] = {}
+    for family in reader.catalogue():
+        for flag in family["flags"]:
+            entry = merged.setdefault(flag["name"], {"families": [], "switch": True, "choices": []})
+            entry["families"].append(family["name"])
+            entry["switch"] = entry["switch"] and flag["switch"]
+            entry["choices"] += [str(c).lower() if isinstance(c, bool) else str(c) for c in flag["choices"]
+                                 if str(c) not in entry["choices"]]
+    return [{"name": name, "in": "query", "required": False,
+             "description": f"problem flag of {', '.join(e['families'])}, as --{name.replace('_', '-')} on the command line",
+             "schema": {"type": "boolean"} if e["switch"] else {"type": "string", "enum": sorted(set(e["choices"]))}}
+            for name, e in sorted(merged.items())]
+
+
+def _asset(name: str) -> str:
+    return (resources.files("tuner") / "page" / name).read_text(encoding="utf-8")
+
+
+def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    """Open ``db`` read-only (refused in one line: missing, not a tuner database, another
+    version's schema) and serve it until interrupted."""
+    import uvicorn
+
+    from tuner.reader import open_reader
+
+    with open_reader(db) as reader:
+        app = create_app(reader)
+        listening = _listen(host, port)  # here, so that a port in use is one line of ours
+        logger.info("serving %s on http://%s:%d/ (read-only; API schema at /openapi.json)",
+                    reader.repo.url, host, listening.getsockname()[1])
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        with listening:
+            uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` and listening, or one UsageError saying why not."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    family, kind, proto, _, address = found[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(2048)
+    except OSError as error:
+        listening.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    listening.setblocking(False)
+    return listening
