@@ -41,20 +41,10 @@ def refuse_newer(url: str) -> None:
 def repository(url: str, *, create: bool = True) -> Iterator[Any]:
     """A ``storage.Repository`` at ``url``, closed on the way out. ``create=False`` (the calls
     that only read) refuses a SQLite file that does not exist rather than create an empty one."""
-    from storage import StorageError, missing_sqlite_file, open_repository
+    from storage import open_repository
 
-    missing = None if create else missing_sqlite_file(url)
-    if missing is not None:
-        raise DatabaseError(f"no database at {missing}: nothing is stored there "
-                            "(check --db or $TUNER_DB, or tune first)")
-    try:
-        repo = open_repository(url)
-    except StorageError as error:
-        raise DatabaseError(one_line(error)) from None
-    try:
+    with _opened(url, open_repository, refuse_missing=not create) as repo:
         yield repo
-    finally:
-        repo.close()
 
 
 @contextmanager
@@ -62,14 +52,22 @@ def reader(url: str) -> Iterator[Any]:
     """A ``storage.Repository`` at ``url`` that only reads (``storage.open_reader``): a missing
     SQLite file, a database without our tables, or of another version's schema, is refused in
     one line; nothing is created or migrated."""
-    from storage import StorageError, missing_sqlite_file, open_reader
+    from storage import open_reader
 
-    missing = missing_sqlite_file(url)
+    with _opened(url, open_reader, refuse_missing=True) as repo:
+        yield repo
+
+
+@contextmanager
+def _opened(url: str, opener: Callable[[str], Any], *, refuse_missing: bool) -> Iterator[Any]:
+    from storage import StorageError, missing_sqlite_file
+
+    missing = missing_sqlite_file(url) if refuse_missing else None
     if missing is not None:
         raise DatabaseError(f"no database at {missing}: nothing is stored there "
                             "(check --db or $TUNER_DB, or tune first)")
     try:
-        repo = open_reader(url)
+        repo = opener(url)
     except StorageError as error:
         raise DatabaseError(one_line(error)) from None
     try:
