@@ -26,7 +26,7 @@ import optuna
 from templates import reference
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
 from tuner import retime as retiming
-from tuner import database, lookup, search, warmstart
+from tuner import dashboard, database, lookup, search, warmstart
 from tuner import rule as rules
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import write_export
@@ -253,12 +253,17 @@ def _run_study(
     for pick in picks:
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
+    copy = database.call(lambda: dashboard.start(url, record, repo))
     coordinator = Coordinator(
         fam, problem, pool=pool, repository=repo, record=record, space=space,
         sampler=search.make_sampler(sampler, space, seed, points, valid), first=first,
-        trials=trials, time_budget=time_budget, **loop_options,
+        trials=trials, time_budget=time_budget, stored=copy.put if copy else None, **loop_options,
     )
-    outcome = database.call(coordinator.run)
+    try:
+        outcome = database.call(coordinator.run)
+    finally:
+        if copy is not None:
+            copy.close()
     summary = database.call(lambda: repo.study(name))
     measured = database.call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
@@ -460,12 +465,12 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
     """Copy the stored study ``name`` into an Optuna storage at ``target`` (an RDB URL, or the
     path of a journal file), for optuna-dashboard; returns ``target``. Refuses a target that
     holds a study of that name already (:mod:`tuner.optuna_export`)."""
-    from tuner.optuna_export import copy_study
+    from tuner.optuna_export import copy_study, study_attrs
 
     detail = show(name, db=db)
     try:
         with _quiet_optuna():
-            copy_study(name, detail.trials, target)
+            copy_study(detail.summary.name, detail.trials, target, study_attrs(detail.summary))
     except optuna.exceptions.DuplicatedStudyError:
         raise UsageError(f"{target} holds a study named {name!r} already") from None
     except Exception as error:  # the target's driver, path or URL errors alike

@@ -132,10 +132,12 @@ class Coordinator:
         retime: int = DEFAULT_TOP,
         early_stop: bool = True,
         first: Sequence[dict[str, Any]] = (),
+        stored: Callable[[Any], None] | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
+        self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
         self.trials, self.time_budget = trials, time_budget
         self.lookahead = max(1, lookahead or default_lookahead(pool))
         self.max_idle_asks = max_idle_asks
@@ -389,7 +391,7 @@ class Coordinator:
         self._known[flight.key] = value
         self._set_early_stop()
         try:
-            self._mirror.finish(flight.proposal, value, flight.params, outcome)
+            self._published(self._mirror.finish(flight.proposal, value, flight.params, outcome))
         except ClaimRefused:  # this run stalled past its leases' life; another took the config
             logger.warning("trial %d: its lease was taken over meanwhile; the result is not stored",
                            flight.proposal.number)
@@ -403,6 +405,12 @@ class Coordinator:
             failure=None if m.ok else m.failure,
             median_ms=timing.median_ms if m.ok and timing else None, tflops=tflops,
         )
+
+    def _published(self, trial: Any) -> None:
+        """A stored trial, to whoever wants each one (``stored``: the optuna-dashboard copy,
+        :mod:`tuner.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
+        if self.stored is not None:
+            self.stored(trial)
 
     # -- resume and interruption ------------------------------------------------------------------
     def _resume(self) -> None:

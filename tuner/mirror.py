@@ -117,15 +117,17 @@ class MirroredStudy:
         quarter, 27 in the last)."""
         self.memory.tell(proposal.trial, state=TrialState.FAIL, skip_if_finished=True)
 
-    def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> None:
+    def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> Any:
         """A measured result: told to the sampler, then stored in place of the running trial
-        (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number)."""
+        (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number);
+        returns the stored ``storage.TrialRecord``."""
         if proposal.number is None:
             raise ValueError("finish takes a recorded proposal")
         self.memory.tell(proposal.trial, value, skip_if_finished=True)
         self._mine.discard(proposal.number)
-        self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
+        stored = self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
         self._taken.add(proposal.number)
+        return stored
 
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told by this run: FAIL in memory; its running trial is left without an
