@@ -37,6 +37,7 @@ _MODULES = {
     "tuner.covered": ("coverage",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
+    "tuner.study_plot": ("plot_study",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -57,6 +58,7 @@ __all__ = [
     "coverage",
     "export",
     "export_optuna",
+    "plot_study",
     "record_landscape",
     "show",
     "studies",

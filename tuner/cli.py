@@ -32,6 +32,7 @@ from tuner.searchbench import SAMPLERS as SEARCH_SAMPLERS
 from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
+from tuner.study_plot import plot_study
 from tuner.progress import format_params
 
 EXIT_USAGE = 2
@@ -195,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write a study's trials as a replay landscape (JSON)")
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
+
+    plot = sub.add_parser("report", parents=[common], help="one study as a PNG: best so far, importances, failures")
+    plot.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
+    plot.add_argument("-o", "--out", required=True, metavar="FILE", help="PNG file to write")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -492,6 +497,11 @@ def _bench_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {plot_study(args.study, args.out, db=args.db)}")
+    return 0
+
+
 def _landscape(args: argparse.Namespace) -> int:
     path = record_landscape(args.study, args.out, db=args.db)
     print(f"wrote {path}")
@@ -499,7 +509,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
-             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search}
+             "landscape": _landscape, "bench": _bench, "bench-search": _bench_search, "report": _report}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
