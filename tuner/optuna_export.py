@@ -23,6 +23,7 @@ Optuna's public API is used.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,7 +61,9 @@ def study_attrs(study: Any) -> dict[str, Any]:
 
 def describe(study: optuna.Study, attrs: Mapping[str, Any]) -> None:
     """Name the objective (:data:`METRIC`) and set the study's user attributes."""
-    study.set_metric_names([METRIC])
+    with warnings.catch_warnings():  # experimental since Optuna 3.2, and what the dashboard reads
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC])
     for key, value in attrs.items():
         study.set_user_attr(key, value)
 
