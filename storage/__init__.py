@@ -20,7 +20,7 @@ from typing import Any
 
 _MODULES = {
     "storage.engine": ("default_url", "missing_sqlite_file", "open_repository", "refuse_newer_schema",
-                       "use_sqlite_pragmas"),
+                       "use_sqlite_writer"),
     "storage.errors": ("ClaimRefused", "StorageError"),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",

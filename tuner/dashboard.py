@@ -75,16 +75,19 @@ class DashboardCopy:
     # -- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            study, numbers = _open(self.url, self.study)
+            storage, study, numbers = _open(self.url, self.study)
             distributions = space_distributions(self.study.space)
         except Exception as error:  # noqa: BLE001 - the copy never fails the study
             logger.warning("optuna-dashboard copy of %s not written: %s", self.study.name, one_line(error))
             return self._drain()
-        for trial in self._missing:
-            if trial.number not in numbers:
+        try:
+            for trial in self._missing:
+                if trial.number not in numbers:
+                    self._write(study, trial, distributions)
+            while (trial := self._queue.get()) is not _STOP:
                 self._write(study, trial, distributions)
-        while (trial := self._queue.get()) is not _STOP:
-            self._write(study, trial, distributions)
+        finally:
+            storage.engine.dispose()  # its connections closed now, not when collected
 
     def _write(self, study: optuna.Study, trial: Any, distributions: dict[str, Any]) -> None:
         try:
@@ -118,13 +121,13 @@ def start(url: str, study: Any, repository: Any) -> DashboardCopy | None:
     return DashboardCopy(url, study, () if others else repository.trials(study.id))
 
 
-def _open(url: str, record: Any) -> tuple[optuna.Study, set[int]]:
-    """The Optuna study named as ``record`` in the database at ``url`` (Optuna's tables created
-    there if absent; ours untouched), described, and the stored trial numbers it holds."""
-    from storage import use_sqlite_pragmas
+def _open(url: str, record: Any) -> tuple[Any, optuna.Study, set[int]]:
+    """Optuna's storage at ``url`` (its tables created there if absent; ours untouched), the
+    study named as ``record`` in it, described, and the stored trial numbers it holds."""
+    from storage import use_sqlite_writer
 
     storage = optuna.storages.RDBStorage(url)
-    use_sqlite_pragmas(storage.engine)
+    use_sqlite_writer(storage.engine)  # on SQLite, waits for our writer's lock like ours do
     study = optuna.create_study(study_name=record.name, storage=storage, direction="minimize",
                                 load_if_exists=True)
     trials = study.get_trials(deepcopy=False)
@@ -136,4 +139,4 @@ def _open(url: str, record: Any) -> tuple[optuna.Study, set[int]]:
         study = optuna.create_study(study_name=record.name, storage=storage, direction="minimize")
         numbers = set()
     describe(study, study_attrs(record))
-    return study, numbers
+    return storage, study, numbers
