@@ -155,3 +155,39 @@ def test_report_refuses_a_bad_study_or_output_in_one_line(toy, db, tuned, tmp_pa
     assert len(lines) == 3 and all(line.startswith("tuner: error: ") for line in lines)
     assert "no study named" in lines[0] and "cannot write" in lines[1] and "cannot write" in lines[2]
     assert not (tmp_path / "r.png").exists()
+
+
+def test_a_run_leaves_the_catch_up_to_a_live_coordinator_beside_it(db):
+    """At its start a run adds the stored trials the copy lacks, except while another coordinator
+    measures the study (it adds its own: both adding them would copy them twice)."""
+    import os
+    import socket
+
+    from storage import TrialOutcome, open_repository
+    from tuner import dashboard
+
+    repo = open_repository(db)
+    device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",
+              "driver_version": "580.65", "cuda_version": "13.0"}
+    record = repo.open_study("copied", family="toy", template_hash="0123456789abcdef",
+                             space={"A": [1, 2, 3], "B": [[1, 2], [2, 1]]}, shape=[1, 2], dtype="fp16",
+                             flags={}, device=device, sampler="random", replay=False, settings={})
+    for a in (1, 2):
+        number = repo.claim_trial(record.id, {"A": a, "B": [1, 2]}, owner="gone:1")
+        outcome = TrialOutcome("ok", median_ms=0.5 * a) if a == 1 else TrialOutcome(
+            "failed", failure="compile", reason="ptxas: too many resources")
+        repo.record_trial(record.id, number, {"A": a, "B": [1, 2]}, outcome, owner="gone:1")
+    live = repo.claim_trial(record.id, {"A": 3, "B": [2, 1]}, owner=f"{socket.gethostname()}:{os.getppid()}")
+    beside = dashboard.start(db, record, repo)
+    beside.close()
+    assert beside.written == 0
+    repo.drop_trial(record.id, live)  # alone now
+    alone = dashboard.start(db, record, repo)
+    alone.close()
+    assert alone.written == 2
+    copy = optuna.load_study(study_name="copied", storage=db)
+    assert [(t.state, t.value, t.params) for t in copy.trials] == [
+        (TrialState.COMPLETE, 0.5, {"A": 1, "B": "[1, 2]"}), (TrialState.FAIL, None, {"A": 2, "B": "[1, 2]"})]
+    assert copy.trials[1].user_attrs["failure"] == "compile"
+    assert copy.user_attrs["problem"] == "1x2-fp16" and copy.user_attrs["template_version"] == "0123456789abcdef"
+    repo.close()
