@@ -8,8 +8,9 @@
     tuner.export("attention", "4,16,4096,128", "fp16", {"causal": True}, out_dir="out/")
 
 ``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); a study's trials are stored
-there, in our tables alone (:func:`export_optuna` copies a study to an Optuna storage, for
-optuna-dashboard and Optuna's own tools). Every error a user can cause is a :class:`tuner.TunerError`
+there, in our tables, their record; a copy in Optuna's tables of the same database follows them
+for optuna-dashboard (:mod:`tuner.dashboard`), and :func:`export_optuna` copies a study to another
+Optuna storage. Every error a user can cause is a :class:`tuner.TunerError`
 whose text is one line.
 """
 
