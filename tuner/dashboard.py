@@ -3,13 +3,14 @@
     optuna-dashboard sqlite:///tuner.db        # every study, live, unmodified dashboard
 
 Our tables are the record of a trial, and the sampler works on its own study in memory
-(:mod:`tuner.mirror`). While a study runs, each trial it stores is also added, by a thread of
+(:mod:`tuner.mirror`). While a study runs, each trial it stores is also added, by a process of
 its own, to an Optuna study of the same name in Optuna's tables of the same database
 (:mod:`tuner.optuna_export` says what a trial becomes: a failure is FAIL, with its kind and
-reason). An Optuna RDB write took 23 ms a trial (median) on SQLite, against 30-50 ms a trial for a
-whole study of microsecond kernels on the GPU machine, so the loop does not wait for it: the thread
-writes while the coordinator waits on the pool (it shares the interpreter, so a study bound by the
-coordinator's own work still pays the CPU)::
+reason). An Optuna RDB write took 23-28 ms a trial (median) on SQLite, against 30-50 ms a trial
+for a whole study of microsecond kernels on the GPU machine: written by a thread of the
+coordinator, the copy made a 200-trial replay 30% slower (the GIL), so it has a process of its own
+(``python -m tuner.dashboard``, not multiprocessing: a spawned child re-runs the caller's main
+module), fed on its stdin; it ends when its stdin does, so with the coordinator, even a killed one::
 
     copy = start(url, study_record, repo)   # opens the copy; adds what earlier runs left out
     copy.put(trial_record)                  # after each stored trial, returns at once
@@ -28,7 +29,11 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -42,8 +47,7 @@ from tuner.optuna_export import COPY_MARK, describe, optuna_trial, space_distrib
 logger = logging.getLogger("tuner")
 
 CLOSE_TIMEOUT_S = 60.0  # how long the end of a run waits for the copy to catch up
-WRITE_ATTEMPTS = 5  # an RDB write that meets SQLite's lock held by our writer is tried again
-_STOP = object()
+WRITE_ATTEMPTS = 5  # an RDB write that fails (a lock met) is tried again
 
 
 def enabled() -> bool:
@@ -51,66 +55,106 @@ def enabled() -> bool:
 
 
 class DashboardCopy:
-    """A study's Optuna copy, written by a thread: :meth:`put` each stored trial, then
+    """A study's Optuna copy, written by a process of its own (``python -m tuner.dashboard``, fed
+    pickled records on its stdin by a thread here): :meth:`put` each stored trial, then
     :meth:`close`. ``missing``: stored trials to add first where the copy lacks them."""
 
     def __init__(self, url: str, study: Any, missing: Sequence[Any] = ()) -> None:
         self.url, self.study = url, study
-        self._missing = list(missing)
+        self.written = 0  # trials added to the copy, known once closed
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # our modules
+        self._process = subprocess.Popen([sys.executable, "-m", "tuner.dashboard"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.written = 0  # trials added to the copy (tests, logs)
-        self._thread = threading.Thread(target=self._run, name="optuna-copy", daemon=True)
-        self._thread.start()
+        self._queue.put((url, study, list(missing)))
+        self._feeder = threading.Thread(target=self._feed, name="optuna-copy-feeder", daemon=True)
+        self._feeder.start()
 
     def put(self, trial: Any) -> None:
-        """Add a stored trial (``storage.TrialRecord``) to the copy, soon."""
+        """Add a stored trial (``storage.TrialRecord``) to the copy, soon; never waits."""
         self._queue.put(trial)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Wait (up to ``timeout`` s) for the trials put so far to be written."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        self._queue.put(None)
+        self._feeder.join(timeout)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
             logger.warning("the optuna-dashboard copy of %s is behind; the next run of the study "
                            "adds what it lacks", self.study.name)
+            self._process.kill()
+            self._process.wait()
+        assert self._process.stdout is not None
+        out = self._process.stdout.read().split()  # the process's last word: trials added
+        self._process.stdout.close()
+        self.written = int(out[-1]) if out and out[-1].isdigit() else 0
 
-    # -- the thread ---------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _feed(self) -> None:
+        """Pickle what is put to the process's stdin, in order; None closes it."""
+        pipe = self._process.stdin
+        assert pipe is not None
         try:
-            storage, study, numbers = _open(self.url, self.study)
-            distributions = space_distributions(self.study.space)
-        except Exception as error:  # noqa: BLE001 - the copy never fails the study
-            logger.warning("optuna-dashboard copy of %s not written: %s", self.study.name, one_line(error))
-            return self._drain()
-        try:
-            for trial in self._missing:
-                if trial.number not in numbers:
-                    self._write(study, trial, distributions)
-            while (trial := self._queue.get()) is not _STOP:
-                self._write(study, trial, distributions)
-        finally:
-            storage.engine.dispose()  # its connections closed now, not when collected
-
-    def _write(self, study: optuna.Study, trial: Any, distributions: dict[str, Any]) -> None:
-        try:
-            frozen = optuna_trial(trial, distributions)
-        except ValueError as error:
-            logger.debug("optuna-dashboard copy: %s", error)
-            return
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                study.add_trial(frozen)
-                self.written += 1
-                return
-            except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
-                if attempt == WRITE_ATTEMPTS - 1:
-                    logger.warning("optuna-dashboard copy: trial %d not written: %s", trial.number,
-                                   one_line(error))
-                time.sleep(0.05 * 2 ** attempt)
-
-    def _drain(self) -> None:
-        while self._queue.get() is not _STOP:
+            while (item := self._queue.get()) is not None:
+                pickle.dump(item, pipe)
+                pipe.flush()
+        except OSError:  # the process is gone (it said why on stderr)
             pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+# -- the copy's process ------------------------------------------------------------------------------
+def serve(stream: Any) -> int:
+    """Read (url, study record, missing trials) then trials from ``stream`` (pickled) and add
+    them to the copy, until None or the end of the stream (the coordinator is gone); the number
+    of trials added. Ctrl-C is the coordinator's to handle: it closes the copy."""
+    url, record, missing = pickle.load(stream)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage, study, numbers = _open(url, record)
+        distributions = space_distributions(record.space)
+    except Exception as error:  # noqa: BLE001 - the copy never fails the study
+        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, one_line(error))
+        return 0
+    written = 0
+    try:
+        for trial in missing:
+            if trial.number not in numbers:
+                written += _write(study, trial, distributions)
+        while True:
+            try:
+                trial = pickle.load(stream)
+            except EOFError:
+                break
+            if trial is None:
+                break
+            written += _write(study, trial, distributions)
+    finally:
+        storage.engine.dispose()  # its connections closed now: SQLite folds its -wal file back
+    return written
+
+
+def _write(study: optuna.Study, trial: Any, distributions: dict[str, Any]) -> int:
+    """Add one stored trial to the copy: 1, or 0 where it could not be."""
+    try:
+        frozen = optuna_trial(trial, distributions)
+    except ValueError as error:
+        logger.debug("optuna-dashboard copy: %s", error)
+        return 0
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            study.add_trial(frozen)
+            return 1
+        except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
+            if attempt == WRITE_ATTEMPTS - 1:
+                logger.warning("optuna-dashboard copy: trial %d not written: %s", trial.number,
+                               one_line(error))
+            time.sleep(0.05 * 2 ** attempt)
+    return 0
 
 
 def start(url: str, study: Any, repository: Any) -> DashboardCopy | None:
@@ -142,3 +186,9 @@ def _open(url: str, record: Any) -> tuple[Any, optuna.Study, set[int]]:
         numbers = set()
     describe(study, study_attrs(record))
     return storage, study, numbers
+
+
+if __name__ == "__main__":  # the copy's process (DashboardCopy)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.WARNING)
+    print(serve(sys.stdin.buffer))
