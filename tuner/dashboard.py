@@ -158,7 +158,7 @@ def _write(study: optuna.Study, trial: Any, distributions: dict[str, Any]) -> in
 
 
 def start(url: str, study: Any, repository: Any) -> DashboardCopy | None:
-    """The copy of ``study`` (a ``storage.StudyRecord``) at ``url``, its thread started; None
+    """The copy of ``study`` (a ``storage.StudyRecord``) at ``url``, its process started; None
     when turned off. The stored trials are added where the copy lacks them, unless another
     coordinator holds a live lease on the study (it adds its own)."""
     if not enabled():
