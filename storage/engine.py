@@ -193,6 +193,29 @@ def use_sqlite_pragmas(engine: Engine) -> None:
         engine.dispose()
 
 
+def use_sqlite_writer(engine: Engine) -> None:
+    """Make ``engine`` (another library's, e.g. Optuna's) a writer that shares a SQLite file with
+    ours: our pragmas, our busy timeout, and every transaction ``BEGIN IMMEDIATE``, so that it
+    waits for another writer's lock instead of failing where a read turns into a write (in WAL
+    mode that fails at once, whatever the timeout). Other engines unchanged."""
+    if engine.dialect.name != "sqlite":
+        return
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        sqlite_pragmas(dbapi_connection)
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
+
+
 def sqlite_pragmas(dbapi_connection: Any) -> None:
     """Write-ahead logging, synced at checkpoints: for every connection to a SQLite database,
     ours and Optuna's (:func:`tuner.search.optuna_storage`).

@@ -39,6 +39,7 @@ _MODULES = {
     "tuner.dispatch": ("export_dispatch",),
     "tuner.many": ("tune_many",),
     "tuner.landscape": ("record_landscape",),
+    "tuner.study_plot": ("plot_study",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -61,6 +62,7 @@ __all__ = [
     "export",
     "export_dispatch",
     "export_optuna",
+    "plot_study",
     "record_landscape",
     "show",
     "studies",

@@ -8,8 +8,9 @@
     tuner.export("attention", "4,16,4096,128", "fp16", {"causal": True}, out_dir="out/")
 
 ``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); a study's trials are stored
-there, in our tables alone (:func:`export_optuna` copies a study to an Optuna storage, for
-optuna-dashboard and Optuna's own tools). Every error a user can cause is a :class:`tuner.TunerError`
+there, in our tables, their record; a copy in Optuna's tables of the same database follows them
+for optuna-dashboard (:mod:`tuner.dashboard`), and :func:`export_optuna` copies a study to another
+Optuna storage. Every error a user can cause is a :class:`tuner.TunerError`
 whose text is one line.
 """
 
@@ -26,7 +27,7 @@ import optuna
 from templates import reference
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
 from tuner import retime as retiming
-from tuner import database, lookup, search, warmstart
+from tuner import dashboard, database, lookup, search, warmstart
 from tuner import rule as rules
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
 from tuner.exporter import Export, render_export, write_export
@@ -282,17 +283,20 @@ def _run_study(
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
     meter = meter or Meter()
+    copy = database.call(lambda: dashboard.start(url, record, repo))
     coordinator = Coordinator(
         fam, problem, pool=pool, repository=meter.repository(repo), record=record, space=space,
         sampler=search.make_sampler(sampler, space, seed, points, valid, constant_liar=constant_liar),
-        first=first,
-        trials=trials, time_budget=time_budget, meter=meter, **loop_options,
+        first=first, trials=trials, time_budget=time_budget, meter=meter,
+        stored=copy.put if copy else None, **loop_options,
     )
     meter.start()
     try:
         outcome = database.call(coordinator.run)
     finally:
         meter.stop()
+        if copy is not None:
+            copy.close()
     summary = database.call(lambda: repo.study(name))
     measured = database.call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
@@ -522,12 +526,12 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
     """Copy the stored study ``name`` into an Optuna storage at ``target`` (an RDB URL, or the
     path of a journal file), for optuna-dashboard; returns ``target``. Refuses a target that
     holds a study of that name already (:mod:`tuner.optuna_export`)."""
-    from tuner.optuna_export import copy_study
+    from tuner.optuna_export import copy_study, study_attrs
 
     detail = show(name, db=db)
     try:
         with _quiet_optuna():
-            copy_study(name, detail.trials, target)
+            copy_study(detail.summary.name, detail.trials, target, study_attrs(detail.summary))
     except optuna.exceptions.DuplicatedStudyError:
         raise UsageError(f"{target} holds a study named {name!r} already") from None
     except Exception as error:  # the target's driver, path or URL errors alike

@@ -34,6 +34,7 @@ from tuner.searchbench import SAMPLERS as ALL_SEARCH_SAMPLERS
 from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
+from tuner.study_plot import plot_study
 from tuner.progress import format_params
 
 EXIT_USAGE = 2
@@ -222,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
+
+    plot = sub.add_parser("report", parents=[common], help="one study as a PNG: best so far, importances, failures")
+    plot.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
+    plot.add_argument("-o", "--out", required=True, metavar="FILE", help="PNG file to write")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -537,6 +542,11 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {plot_study(args.study, args.out, db=args.db)}")
+    return 0
+
+
 def _landscape(args: argparse.Namespace) -> int:
     path = record_landscape(args.study, args.out, db=args.db)
     print(f"wrote {path}")
@@ -545,7 +555,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
-             "check": check_cli.run, "export-dispatch": cli_dispatch.run}
+             "check": check_cli.run, "export-dispatch": cli_dispatch.run, "report": _report}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -161,12 +161,14 @@ class Coordinator:
         first: Sequence[dict[str, Any]] = (),
         meter: Any = None,
         batch: bool = True,
+        stored: Callable[[Any], None] | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.meter = meter  # tuner.meter.Meter: asks and tells timed
         self.batch = batch  # claims and results stored in batches (see _fill_batch, _collect_batch)
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
+        self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
         self.trials, self.time_budget = trials, time_budget
         self.lookahead = max(1, lookahead or default_lookahead(pool))
         self.max_idle_asks = max_idle_asks
@@ -451,7 +453,7 @@ class Coordinator:
                 if isinstance(record, ClaimRefused):
                     self._lost(flight)
                 else:
-                    self._measured(flight, m, outcome, value)
+                    self._measured(flight, m, outcome, value, record)
         self._release_held()
 
     def _refused(self, proposal: Proposal, key: str, why: str) -> None:
@@ -538,11 +540,11 @@ class Coordinator:
         self._set_early_stop()
         self._refresh_incumbent()
         try:
-            self._mirror.finish(flight.proposal, value, flight.params, outcome)
+            record = self._mirror.finish(flight.proposal, value, flight.params, outcome)
         except ClaimRefused:  # this run stalled past its leases' life; another took the config
             self._lost(flight)
             return
-        self._measured(flight, m, outcome, value)
+        self._measured(flight, m, outcome, value, record)
 
     def _outcome(self, flight: _InFlight, m: Measurement) -> tuple[TrialOutcome, float]:
         """A measurement as the trial to store and the value to tell; the config is known."""
@@ -580,7 +582,9 @@ class Coordinator:
         for follower in flight.followers:
             self._mirror.drop(follower)
 
-    def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome, value: float) -> None:
+    def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome, value: float,
+                  record: Any) -> None:
+        self._published(record)
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(
@@ -588,6 +592,12 @@ class Coordinator:
             failure=None if m.ok else m.failure,
             median_ms=value if m.ok and m.timing else None, tflops=outcome.tflops,
         )
+
+    def _published(self, trial: Any) -> None:
+        """A stored trial, to whoever wants each one (``stored``: the optuna-dashboard copy,
+        :mod:`tuner.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
+        if self.stored is not None:
+            self.stored(trial)
 
     # -- resume and interruption ------------------------------------------------------------------
     def _resume(self) -> None:

@@ -174,15 +174,17 @@ class MirroredStudy:
         quarter, 27 in the last)."""
         self._tell(proposal.trial if proposal.trial is not None else proposal, state=TrialState.FAIL)
 
-    def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> None:
+    def finish(self, proposal: Proposal, value: float, params: Mapping[str, Any], outcome: Any) -> Any:
         """A measured result: told to the sampler, then stored in place of the running trial
-        (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number)."""
+        (``Repository.record_trial``: ``outcome`` a ``storage.TrialOutcome``, under its number);
+        returns the stored ``storage.TrialRecord``."""
         if proposal.number is None:
             raise ValueError("finish takes a recorded proposal")
         self._tell(proposal.trial if proposal.trial is not None else proposal, value)
         self._mine.discard(proposal.number)
-        self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
+        stored = self.repository.record_trial(self.study_id, proposal.number, params, outcome, owner=self.owner)
         self._taken.add(proposal.number)
+        return stored
 
     def finish_many(self, items: Sequence[tuple[Proposal, float, Mapping[str, Any], Any]]) -> list[Any]:
         """:meth:`finish` for many results (proposal, value, params, outcome), stored in one

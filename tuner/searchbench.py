@@ -123,8 +123,10 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
 
 
 def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
-             warm: Sequence[dict[str, Any]] = ()) -> tuple[int, int, list[float]]:
-    """Measured trials to come within 5% and 2% of the best, and the best-so-far curve."""
+             warm: Sequence[dict[str, Any]] = (), *, failed_as_fail: bool = False) -> tuple[int, int, list[float]]:
+    """Measured trials to come within 5% and 2% of the best, and the best-so-far curve.
+    ``failed_as_fail``: a measured config that failed is told FAIL, not ``inf`` (what the sampler
+    would see if it read the optuna-dashboard copy, :mod:`tuner.dashboard`; not what a study does)."""
     from storage import params_key
 
     space = land.space
@@ -144,7 +146,10 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
         value = land.values[key]
-        study.tell(trial, value)
+        if failed_as_fail and math.isinf(value):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, value)
         seen[key] = value
         curve.append(min(seen.values()) / land.best)
         if hit5 is None and curve[-1] <= 1.05:

@@ -1,0 +1,194 @@
+"""The study as optuna-dashboard reads it: an Optuna copy in our own database, kept up to date.
+
+    optuna-dashboard sqlite:///tuner.db        # every study, live, unmodified dashboard
+
+Our tables are the record of a trial, and the sampler works on its own study in memory
+(:mod:`tuner.mirror`). While a study runs, each trial it stores is also added, by a process of
+its own, to an Optuna study of the same name in Optuna's tables of the same database
+(:mod:`tuner.optuna_export` says what a trial becomes: a failure is FAIL, with its kind and
+reason). An Optuna RDB write took 23-28 ms a trial (median) on SQLite, against 30-50 ms a trial
+for a whole study of microsecond kernels on the GPU machine: written by a thread of the
+coordinator, the copy made a 200-trial replay 30% slower (the GIL), so it has a process of its own
+(``python -m tuner.dashboard``, not multiprocessing: a spawned child re-runs the caller's main
+module), fed on its stdin; it ends when its stdin does, so with the coordinator, even a killed one::
+
+    copy = start(url, study_record, repo)   # opens the copy; adds what earlier runs left out
+    copy.put(trial_record)                  # after each stored trial, returns at once
+    copy.close()                            # waits for the queue to drain (bounded)
+
+A copy is marked as ours (:data:`tuner.optuna_export.COPY_MARK`); an Optuna study of the same
+name without the mark is the sampler's study of a version before our tables were the record
+(its failures told as ``inf``) and is replaced. Each coordinator adds the trials it measured; at
+its start it adds the stored trials the copy lacks (those of a run killed before it could),
+unless another coordinator is measuring the study now. Nothing here can fail a study: a copy
+that cannot be written (an Optuna schema older than the installed Optuna's, say) is logged once
+and left. ``TUNER_OPTUNA_COPY=0`` turns the copy off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Sequence
+
+import optuna
+
+from tuner import search
+from tuner.errors import one_line
+from tuner.optuna_export import COPY_MARK, describe, optuna_trial, space_distributions, study_attrs
+
+logger = logging.getLogger("tuner")
+
+CLOSE_TIMEOUT_S = 60.0  # how long the end of a run waits for the copy to catch up
+WRITE_ATTEMPTS = 5  # an RDB write that fails (a lock met) is tried again
+
+
+def enabled() -> bool:
+    return os.environ.get("TUNER_OPTUNA_COPY", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class DashboardCopy:
+    """A study's Optuna copy, written by a process of its own (``python -m tuner.dashboard``, fed
+    pickled records on its stdin by a thread here): :meth:`put` each stored trial, then
+    :meth:`close`. ``missing``: stored trials to add first where the copy lacks them."""
+
+    def __init__(self, url: str, study: Any, missing: Sequence[Any] = ()) -> None:
+        self.url, self.study = url, study
+        self.written = 0  # trials added to the copy, known once closed
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # our modules
+        self._process = subprocess.Popen([sys.executable, "-m", "tuner.dashboard"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue.put((url, study, list(missing)))
+        self._feeder = threading.Thread(target=self._feed, name="optuna-copy-feeder", daemon=True)
+        self._feeder.start()
+
+    def put(self, trial: Any) -> None:
+        """Add a stored trial (``storage.TrialRecord``) to the copy, soon; never waits."""
+        self._queue.put(trial)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Wait (up to ``timeout`` s) for the trials put so far to be written."""
+        self._queue.put(None)
+        self._feeder.join(timeout)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("the optuna-dashboard copy of %s is behind; the next run of the study "
+                           "adds what it lacks", self.study.name)
+            self._process.kill()
+            self._process.wait()
+        assert self._process.stdout is not None
+        out = self._process.stdout.read().split()  # the process's last word: trials added
+        self._process.stdout.close()
+        self.written = int(out[-1]) if out and out[-1].isdigit() else 0
+
+    def _feed(self) -> None:
+        """Pickle what is put to the process's stdin, in order; None closes it."""
+        pipe = self._process.stdin
+        assert pipe is not None
+        try:
+            while (item := self._queue.get()) is not None:
+                pickle.dump(item, pipe)
+                pipe.flush()
+        except OSError:  # the process is gone (it said why on stderr)
+            pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+# -- the copy's process ------------------------------------------------------------------------------
+def serve(stream: Any) -> int:
+    """Read (url, study record, missing trials) then trials from ``stream`` (pickled) and add
+    them to the copy, until None or the end of the stream (the coordinator is gone); the number
+    of trials added. Ctrl-C is the coordinator's to handle: it closes the copy."""
+    url, record, missing = pickle.load(stream)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage, study, numbers = _open(url, record)
+        distributions = space_distributions(record.space)
+    except Exception as error:  # noqa: BLE001 - the copy never fails the study
+        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, one_line(error))
+        return 0
+    written = 0
+    try:
+        for trial in missing:
+            if trial.number not in numbers:
+                written += _write(study, trial, distributions)
+        while True:
+            try:
+                trial = pickle.load(stream)
+            except EOFError:
+                break
+            if trial is None:
+                break
+            written += _write(study, trial, distributions)
+    finally:
+        storage.engine.dispose()  # its connections closed now: SQLite folds its -wal file back
+    return written
+
+
+def _write(study: optuna.Study, trial: Any, distributions: dict[str, Any]) -> int:
+    """Add one stored trial to the copy: 1, or 0 where it could not be."""
+    try:
+        frozen = optuna_trial(trial, distributions)
+    except ValueError as error:
+        logger.debug("optuna-dashboard copy: %s", error)
+        return 0
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            study.add_trial(frozen)
+            return 1
+        except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
+            if attempt == WRITE_ATTEMPTS - 1:
+                logger.warning("optuna-dashboard copy: trial %d not written: %s", trial.number,
+                               one_line(error))
+            time.sleep(0.05 * 2 ** attempt)
+    return 0
+
+
+def start(url: str, study: Any, repository: Any) -> DashboardCopy | None:
+    """The copy of ``study`` (a ``storage.StudyRecord``) at ``url``, its process started; None
+    when turned off. The stored trials are added where the copy lacks them, unless another
+    coordinator holds a live lease on the study (it adds its own)."""
+    if not enabled():
+        return None
+    others = [r for r in repository.running(study.id) if search.owner_alive(r.owner, r.heartbeat_at or r.started_at)]
+    return DashboardCopy(url, study, () if others else repository.trials(study.id))
+
+
+def _open(url: str, record: Any) -> tuple[Any, optuna.Study, set[int]]:
+    """Optuna's storage at ``url`` (its tables created there if absent; ours untouched), the
+    study named as ``record`` in it, described, and the stored trial numbers it holds."""
+    from storage import use_sqlite_writer
+
+    storage = optuna.storages.RDBStorage(url)
+    use_sqlite_writer(storage.engine)  # on SQLite, waits for our writer's lock like ours do
+    study = optuna.create_study(study_name=record.name, storage=storage, direction="minimize",
+                                load_if_exists=True)
+    trials = study.get_trials(deepcopy=False)
+    numbers = {t.user_attrs["number"] for t in trials if "number" in t.user_attrs}
+    if COPY_MARK not in study.user_attrs and trials and not numbers:  # an old version's sampler study
+        logger.info("replacing the Optuna study %s of an earlier version with a copy of our trials",
+                    record.name)
+        optuna.delete_study(study_name=record.name, storage=storage)
+        study = optuna.create_study(study_name=record.name, storage=storage, direction="minimize")
+        numbers = set()
+    describe(study, study_attrs(record))
+    return storage, study, numbers
+
+
+if __name__ == "__main__":  # the copy's process (DashboardCopy)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.WARNING)
+    print(serve(sys.stdin.buffer))
