@@ -17,7 +17,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import optuna
 
@@ -122,6 +122,31 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
                       values[best_key], winner, limits, space)
 
 
+class _Progress:
+    """A search's best-so-far curve over a landscape, and the measured trials it took to come
+    within 5% and 2% of the landscape's best."""
+
+    def __init__(self, land: "_Landscape") -> None:
+        self.land = land
+        self.curve: list[float] = []
+        self.hit5: int | None = None
+        self.hit2: int | None = None
+
+    def add(self, seen: Mapping[str, float]) -> None:
+        """After a trial: ``seen``, every config measured so far and its value."""
+        self.curve.append(min(seen.values()) / self.land.best)
+        if self.hit5 is None and self.curve[-1] <= 1.05:
+            self.hit5 = len(seen)
+        if self.hit2 is None and self.curve[-1] <= 1.02:
+            self.hit2 = len(seen)
+
+    def done(self, seen: Mapping[str, float]) -> bool:
+        return self.hit2 is not None or len(seen) == self.land.valid
+
+    def result(self) -> tuple[int, int, list[float]]:
+        return self.hit5 or self.land.valid, self.hit2 or self.land.valid, self.curve
+
+
 def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
              warm: Sequence[dict[str, Any]] = (), *, failed_as_fail: bool = False) -> tuple[int, int, list[float]]:
     """Measured trials to come within 5% and 2% of the best, and the best-so-far curve.
@@ -134,8 +159,7 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
     for params in warm:
         study.enqueue_trial(space.encode(params))
     seen: dict[str, float] = {}
-    curve: list[float] = []
-    hit5 = hit2 = None
+    progress = _Progress(land)
     for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
         trial = study.ask(space.distributions)
         key = params_key(space.decode(trial.params))
@@ -151,14 +175,10 @@ def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
         else:
             study.tell(trial, value)
         seen[key] = value
-        curve.append(min(seen.values()) / land.best)
-        if hit5 is None and curve[-1] <= 1.05:
-            hit5 = len(seen)
-        if hit2 is None and curve[-1] <= 1.02:
-            hit2 = len(seen)
-        if hit2 is not None or len(seen) == land.valid:
+        progress.add(seen)
+        if progress.done(seen):
             break
-    return hit5 or land.valid, hit2 or land.valid, curve
+    return progress.result()
 
 
 def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tuple[int, int, list[float]]:
@@ -181,8 +201,7 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
         batcher = BatchProposer(space, valid, seed=seed, liar=liar)
     flying: deque[tuple[Any, str, dict[str, Any]]] = deque()  # (trial or None, key, encoded)
     seen: dict[str, float] = {}
-    curve: list[float] = []
-    hit5 = hit2 = None
+    progress = _Progress(land)
     step = max(1, in_flight // 8)
     for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
         keys = {key for _, key, _ in flying}
@@ -211,14 +230,10 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
             else:
                 study.tell(trial, value)
             seen[key] = value
-            curve.append(min(seen.values()) / land.best)
-            if hit5 is None and curve[-1] <= 1.05:
-                hit5 = len(seen)
-            if hit2 is None and curve[-1] <= 1.02:
-                hit2 = len(seen)
-        if hit2 is not None or len(seen) == land.valid:
+            progress.add(seen)
+        if progress.done(seen):
             break
-    return hit5 or land.valid, hit2 or land.valid, curve
+    return progress.result()
 
 
 def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
