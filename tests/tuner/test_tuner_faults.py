@@ -63,8 +63,10 @@ def test_each_failed_trial_is_costed_and_its_replacements_added(toy, db, pools):
 
 
 def test_a_run_without_failures_has_no_fault_lines(toy, db, pools, capsys):
+    # the grid's seeded order: its first three configs are not among the toy's failing ones
+    # (WARPS=4 with STAGES=2, tuner_doubles.failure_of); unseeded, a failing one came 1 in 4 runs
     argv = ["tune", "toy", "--shape", PROBLEM[0], "--dtype", PROBLEM[1], "--trials", "3", "--sampler", "grid",
-            "--warm-start", "0", "--retime", "0", "--db", db]
+            "--seed", "1", "--warm-start", "0", "--retime", "0", "--db", db]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "(0 failed)" in out and "faults" not in out and "| fault |" not in out

@@ -47,7 +47,8 @@ def _until(pool, done, deadline_s=60.0):
         calibrations += pool.calibrations()
         if done(results, calibrations):
             return results, calibrations
-    raise AssertionError(f"not done: {len(results)} results, {len(calibrations)} calibrations")
+    timed = sorted((c.round, c.measurement.gpu.get("index")) for c in calibrations)
+    raise AssertionError(f"not done: {len(results)} results, calibrations (round, GPU) {timed}")
 
 
 def test_each_gpu_times_the_incumbent_in_rounds_and_says_which_gpu_it_is(two_gpus):
@@ -61,8 +62,12 @@ def test_each_gpu_times_the_incumbent_in_rounds_and_says_which_gpu_it_is(two_gpu
     ticket, m = next(iter(first.items()))
     incumbent = _config(list(TAGS)[ticket])
     pool.set_incumbent(incumbent, "", LAUNCH, ())
-    results, calibrations = _until(pool, lambda r, c: len(r) == len(TAGS) - len(first)
-                                   and {x.round for x in c} >= {1, 2} and len(c) % 2 == 0)
+    # every trial back, a round timed on both GPUs, and a later round begun. A GPU times the
+    # round current when its turn comes, so it may skip one (GPU 0 busy while round 1 became
+    # round 2), and the last round may stay on one GPU when the trials run out first.
+    results, calibrations = _until(pool, lambda r, c: len(r) == len(TAGS) - len(first) and len(
+        {x.round for x in c}) >= 2 and any(len({x.measurement.gpu["index"] for x in c if x.round == n}) == 2
+                                           for n in {x.round for x in c}))
     results.update(first)
     by_gpu = {0: [], 1: []}
     for ticket, m in results.items():
@@ -80,7 +85,7 @@ def test_each_gpu_times_the_incumbent_in_rounds_and_says_which_gpu_it_is(two_gpu
         if len(timed) == 2:
             assert timed[1].measurement.timing.median_ms / timed[0].measurement.timing.median_ms == \
                 pytest.approx(1.04, rel=1e-12)
-    assert sorted(rounds)[:2] == [1, 2] and all(len(rounds[n]) == 2 for n in (1, 2))
+    assert len(rounds) >= 2 and any(len(timed) == 2 for timed in rounds.values())
 
 
 def test_the_retiming_runs_on_the_first_gpu(two_gpus):
