@@ -8,19 +8,14 @@ from typing import Iterator, NamedTuple
 
 import pytest
 
-import templates
 import tuner.api
-from tuner_doubles import KERNEL_SOURCE, PROBLEM, FakePool, PoolFactory, ToyFamily, no_ray
+from tuner_doubles import PROBLEM, FakePool, PoolFactory, ToyFamily, no_ray, registered
 
 
 @pytest.fixture
 def toy(tmp_path: Path) -> Iterator[ToyFamily]:
-    folder = tmp_path / "toy_family"
-    folder.mkdir()
-    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
-    family = templates.register(ToyFamily(folder))
-    yield family
-    templates.unregister("toy")
+    with registered(ToyFamily, tmp_path / "toy_family") as family:
+        yield family
 
 
 @pytest.fixture
@@ -51,18 +46,13 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
 @pytest.fixture(scope="session")
 def _grid_tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuner.TuneResult, FakePool]:
     """The toy space tuned once with the grid sampler (slow: ~70 trials through SQLite)."""
-    folder = tmp_path_factory.mktemp("toy_family")
-    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
-    templates.register(ToyFamily(folder))
     path = tmp_path_factory.mktemp("grid") / "tuner.db"
-    try:
+    with registered(ToyFamily, tmp_path_factory.mktemp("toy_family")):
         with pytest.MonkeyPatch.context() as patch:
             pools = PoolFactory()
             patch.setattr(tuner.api, "_open_pool", pools)
             patch.setattr(tuner.api, "_ray", no_ray)
             result = tuner.tune("toy", *PROBLEM, sampler="grid", db=f"sqlite:///{path}", seed=0)
-    finally:
-        templates.unregister("toy")
     return path, result, pools.used[0]
 
 

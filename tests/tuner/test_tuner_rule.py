@@ -9,12 +9,11 @@ from typing import Any, Mapping
 
 import pytest
 
-import templates
 import tuner
 from storage import TrialOutcome, open_repository
 from templates.family import DeviceLimits, Problem
 from tuner.cli import main
-from tuner_doubles import DEVICE, KERNEL_SOURCE, ToyFamily
+from tuner_doubles import DEVICE, ToyFamily, registered
 
 START = {"BLOCK_M": 16, "BLOCK_N": 16, "WARPS": 2, "STAGES": 1}
 
@@ -37,12 +36,8 @@ def config(block_m: int, block_n: int = 32, warps: int = 4, stages: int = 1) -> 
 
 @pytest.fixture
 def fit(tmp_path):
-    folder = tmp_path / "toyfit"
-    folder.mkdir()
-    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
-    family = templates.register(FitFamily(folder))
-    yield family
-    templates.unregister("toyfit")
+    with registered(FitFamily, tmp_path / "toyfit") as family:
+        yield family
 
 
 def store(db: str, family: FitFamily, shape: tuple[int, ...], trials: list[tuple[dict, float | None]],

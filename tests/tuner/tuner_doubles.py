@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import templates
 from templates.family import (
     BufferSpec,
     DeviceLimits,
@@ -39,6 +40,19 @@ from workers.calibrate import CalibrationSchedule
 from workers.results import FAILURE_KINDS, Calibration, DeviceInfo, Measurement, Resources, Retiming, Timing
 
 KERNEL_SOURCE = "__global__ void toy_kernel() {}\n"
+
+
+@contextlib.contextmanager
+def registered(family_cls: type, folder: Path):
+    """A test family made over ``folder`` (the toy kernel template written into it) and
+    registered under its name until the block ends."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.cu.j2").write_text(KERNEL_SOURCE)
+    family = templates.register(family_cls(folder))
+    try:
+        yield family
+    finally:
+        templates.unregister(family.name)
 PROBLEM = ("2,4,1024,64", "fp16")
 GPU_FAILURES = [k for k in FAILURE_KINDS if k != "invalid"]  # what a GPU run can end in
 DEVICE = DeviceInfo(
