@@ -86,7 +86,9 @@ class AttentionFamily(KernelFamily):
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
-        points = [dict(self.default_params(), **point) for point in _starts.starting_points(problem.shape[3])]
+        b, h, s, d = problem.shape
+        few_tiles = b * h * -(-s // 128) < device.sm_count
+        points = [dict(self.default_params(), **point) for point in _starts.starting_points(d, few_tiles)]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:

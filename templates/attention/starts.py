@@ -42,7 +42,16 @@ TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
 }
 
 
-def starting_points(head_dim: int) -> list[dict[str, Any]]:
-    """In the order they are measured (the family keeps those its constraints accept)."""
-    return ([dict(p) for p in TMA_POINTS.get(head_dim, ())] + ([dict(FIRST_AT_D128)] if head_dim == 128 else [])
-            + [dict(p) for p in COMMON])
+# Problems of fewer 128-row tiles than the GPU has SMs (e.g. 1x8x512: 32 tiles on 132 SMs): first
+# one consumer warpgroup of 64 rows, which doubles the blocks. Two of the eleventh session's bf16
+# winners on the H200 (1x8x512x64: 9.5 us, 1.09x the Triton peer; 2x8x512x64: 10.7 us), where
+# the fp16 studies, which had not measured them, kept the cp.async 64x128 tile (10.6-11.5 us).
+ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PRODUCER_REGS=56, PINGPONG=0)
+FEW_TILES_POINTS = (dict(ONE_CONSUMER, STAGES=4), dict(ONE_CONSUMER, BLOCK_N=176, STAGES=3))
+
+
+def starting_points(head_dim: int, few_tiles: bool = False) -> list[dict[str, Any]]:
+    """In the order they are measured (the family keeps those its constraints accept).
+    ``few_tiles``: the problem has fewer 128-row tiles than the GPU has SMs."""
+    return ([dict(p) for p in FEW_TILES_POINTS if few_tiles] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
+            + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON])
