@@ -27,10 +27,11 @@ TOGGLES = (("setmaxnreg", "PRODUCER_REGS", 0, 24), ("ping-pong", "PINGPONG", 0, 
 
 
 def short(params) -> str:
-    """128x176 s2 r24 ov1 pp1 st16 (the TMA path), or 128x128 s3 wgmma cp.async."""
+    """128x176 s2 r24 ov1 pp1 st16 persistent (the TMA path), or 128x128 s3 wgmma cp.async."""
     if params["LOADS"] != "tma":
         return "{BLOCK_M}x{BLOCK_N} s{STAGES} {MMA} cp.async".format(**params)
-    return "{BLOCK_M}x{BLOCK_N} s{STAGES} r{PRODUCER_REGS} ov{INTRA_OVERLAP} pp{PINGPONG} {EPILOGUE}".format(**params)
+    text = "{BLOCK_M}x{BLOCK_N} s{STAGES} r{PRODUCER_REGS} ov{INTRA_OVERLAP} pp{PINGPONG} {EPILOGUE} {SCHEDULE}"
+    return text.format(**params) + (" lpt" if params["TILE_ORDER"] == "lpt" else "")
 
 
 def measure(local: LocalBench, problem, params):
