@@ -61,7 +61,7 @@ class GemmFamily(KernelFamily):
                 ((4096, 4096, 4096), "fp16", {"layout": "tn", "epilogue": "bias_relu"})))
     # What renders and launches the kernels; inputs and reference (problem.py), starting points
     # (starts.py), peers and this file may change without a new template version.
-    kernel_files = ("kernel.cu.j2", "render.py", "space.py")
+    kernel_files = ("kernel.cu.j2", "hopper.cu.j2", "render.py", "space.py")
     # Its C++ for `tuner export-dispatch`; a config's source depends on the alignment of the
     # operands' rows and on N's parity too (dispatch_variant).
     dispatch_file = "dispatch.h.j2"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from templates.family import KernelArg, Launch, Params, Problem, TemplateError
+from templates.family import KernelArg, Launch, Params, Problem, TemplateError, TensorMap
 from templates.gemm import problem as _problem
 from templates.gemm import space as _space
 
@@ -25,14 +25,14 @@ _ENVIRONMENT = jinja2.Environment(
     comment_start_string="/*#",
     comment_end_string="#*/",
 )
-_TEMPLATE = _ENVIRONMENT.get_template("kernel.cu.j2")
+_TEMPLATES = {"sync": _ENVIRONMENT.get_template("kernel.cu.j2"), "wgmma": _ENVIRONMENT.get_template("hopper.cu.j2")}
 
 
 def source(params: Params, problem: Problem) -> str:
     """CUDA C++ for ``params`` (already checked to be in the space)."""
     layout, epilogue = problem.flag("layout"), problem.flag("epilogue")
     warp_m, warp_n = _space.warp_tile(params)
-    if warp_m % 16 or warp_n % 16:
+    if not _space.wgmma(params) and (warp_m % 16 or warp_n % 16):
         raise TemplateError(f"gemm: cannot render {dict(params)}: the warp tile is not whole 16x16 tiles")
     (_, a_cols), (_, b_cols) = _space.operand_tiles(params, layout)
     aligned = _problem.alignment(problem)
@@ -40,7 +40,7 @@ def source(params: Params, problem: Problem) -> str:
     # What the source depends on, and no more: M, N and K are arguments.
     for_problems = (f"{problem.dtype} layout={layout} epilogue={epilogue}, "
                     + ", ".join(f"{name}={int(value)}" for name, value in aligned.items()))
-    return _TEMPLATE.render(
+    return _TEMPLATES[params["MMA"]].render(
         **params,
         config_comment=f"{for_problems}; {comment}",
         kernel_name=KERNEL_NAME,
@@ -57,6 +57,10 @@ def source(params: Params, problem: Problem) -> str:
         bias=_problem.has_bias(problem),
         activation=ACTIVATIONS[epilogue],
         ptx_type="f16" if problem.dtype == "fp16" else "bf16",
+        consumers=_space.consumers(params),
+        consumer_regs=_space.consumer_registers(params) if _space.wgmma(params) else 0,
+        ptx_regs=_ptx_regs,
+        acc_operands=_acc_operands,
         **aligned,
     )
 
@@ -69,6 +73,36 @@ def grid(params: Params, problem: Problem) -> tuple[int, int, int]:
 def launch(params: Params, problem: Problem) -> Launch:
     m, n, k = problem.shape
     buffers = ("a", "b", "bias", "c") if _problem.has_bias(problem) else ("a", "b", "c")
-    args = tuple(KernelArg("buffer", name) for name in buffers) + tuple(KernelArg("i32", d) for d in (m, n, k))
+    if _space.wgmma(params):  # A and B by TMA: tensor maps in their place
+        operands = tuple(KernelArg("tensormap", m_) for m_ in tensor_maps(params, problem))
+        buffers = buffers[2:]
+    else:
+        operands = ()
+    args = (operands + tuple(KernelArg("buffer", name) for name in buffers)
+            + tuple(KernelArg("i32", d) for d in (m, n, k)))
     return Launch(KERNEL_NAME, grid(params, problem), (_space.threads(params), 1, 1),
                   _space.smem_bytes(params, problem.flag("layout")), args)
+
+
+def tensor_maps(params: Params, problem: Problem) -> tuple[TensorMap, TensorMap]:
+    """A's and B's maps as stored (innermost dimension first), 128-byte swizzled: a K-major
+    operand moves in boxes of 64 deep x its tile's rows, an M- or N-major one in 64 x 64 boxes
+    (the kernel issues BLOCK / 64 of them a stage). Past M, N or K the TMA reads zeros."""
+    m, n, k = problem.shape
+    layout = problem.flag("layout")
+    a_rows, a_cols = _problem.a_shape(problem)
+    b_rows, b_cols = _problem.b_shape(problem)
+    a_box = (64, 64) if layout[0] == "t" else (64, params["BLOCK_M"])
+    b_box = (64, params["BLOCK_N"]) if layout[1] == "t" else (64, 64)
+    return (TensorMap("a", 2, (a_cols, a_rows), (2 * a_cols,), a_box, swizzle=128),
+            TensorMap("b", 2, (b_cols, b_rows), (2 * b_cols,), b_box, swizzle=128))
+
+
+def _ptx_regs(first: int, count: int) -> str:
+    """A PTX vector of asm operands: {%first, ..., %last}."""
+    return "{" + ", ".join(f"%{i}" for i in range(first, first + count)) + "}"
+
+
+def _acc_operands(n: int) -> str:
+    """The read-write asm operands of an m64nN f32 accumulator held as d[N/8][4]."""
+    return ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(n // 2))

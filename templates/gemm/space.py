@@ -17,6 +17,11 @@ PARAMS: tuple[Param, ...] = (
     Param("SMEM_LAYOUT", ("swizzle", "pad8"), "XOR swizzle of 16-byte chunks, or 8 halves of row padding"),
     Param("GROUP_M", (8, 1, 4, 16), "output tiles in column-major groups of this many tile rows, so "
           "that a wave of blocks shares A's and B's tiles in L2 (1: row by row)"),
+    Param("MMA", ("sync", "wgmma"), "sync: warps' mma.sync fed by cp.async (any GPU from sm_80); wgmma: "
+          "Hopper's pipeline (sm_90a): TMA loads into mbarrier-tracked stages by a producer warpgroup, "
+          "NUM_WARPS / 4 consumer warpgroups issuing wgmma from shared memory"),
+    Param("PRODUCER_REGS", (0, 40, 24), "wgmma: setmaxnreg gives the producer warpgroup this many registers "
+          "and the consumers the rest (0: no setmaxnreg)"),
 )
 
 # Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
@@ -37,6 +42,46 @@ ELEMENT_BYTES = 2
 SMALLEST_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 
 
+# The wgmma path: one 128-byte swizzle atom of 16-bit elements deep, each consumer warpgroup's
+# accumulators at most this many fp32 registers a thread (64 x 256 or 128 x 128 a warpgroup), the
+# consumers' registers after setmaxnreg at most MAX_CONSUMER_REGS.
+WGMMA_BLOCK_K = 64
+MAX_ACCUMULATORS = 128
+REGISTER_FILE = 65536
+MAX_CONSUMER_REGS = 240
+BARRIER_BYTES = 1024 + 64  # the 1024-byte alignment of the stages, and the stages' mbarriers
+HOPPER_PARAMS = ("PRODUCER_REGS",)
+
+
+def wgmma(params: Mapping[str, Any]) -> bool:
+    return params["MMA"] == "wgmma"
+
+
+def consumers(params: Mapping[str, Any]) -> int:
+    """wgmma: consumer warpgroups (NUM_WARPS counts their warps; the producer's are extra)."""
+    return params["NUM_WARPS"] // 4
+
+
+def accumulators(params: Mapping[str, Any]) -> int:
+    """wgmma: fp32 accumulator registers a consumer thread holds (its warpgroup's rows x BLOCK_N / 128)."""
+    return params["BLOCK_M"] // consumers(params) * params["BLOCK_N"] // 128
+
+
+def launch_registers(params: Mapping[str, Any]) -> int:
+    """The register cap a thread gets from __launch_bounds__(threads, 1)."""
+    return min(255, REGISTER_FILE // threads(params) // 8 * 8)
+
+
+def consumer_registers(params: Mapping[str, Any]) -> int:
+    """wgmma: the registers a consumer thread may use: the launch cap, or with setmaxnreg what the
+    producer gives up shared among the consumer warpgroups, at most MAX_CONSUMER_REGS."""
+    cap = launch_registers(params)
+    if not params["PRODUCER_REGS"]:
+        return cap
+    pool = (1 + consumers(params)) * min(256, (cap + 7) // 8 * 8)
+    return min(MAX_CONSUMER_REGS, (pool - params["PRODUCER_REGS"]) // consumers(params) // 8 * 8)
+
+
 def warps_m(params: Mapping[str, Any]) -> int:
     """Warps along M (the rest along N)."""
     if params["NUM_WARPS"] == 4:
@@ -54,7 +99,8 @@ def warp_tile(params: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def threads(params: Mapping[str, Any]) -> int:
-    return 32 * params["NUM_WARPS"]
+    """mma.sync: the warps; wgmma: the consumers' warps and the producer warpgroup."""
+    return 32 * params["NUM_WARPS"] + (128 if wgmma(params) else 0)
 
 
 def operand_tiles(params: Mapping[str, Any], layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -74,6 +120,8 @@ def stage_bytes(params: Mapping[str, Any], layout: str) -> int:
 
 
 def smem_bytes(params: Mapping[str, Any], layout: str) -> int:
+    if wgmma(params):
+        return params["STAGES"] * stage_bytes(params, layout) + BARRIER_BYTES
     return params["STAGES"] * stage_bytes(params, layout)
 
 
@@ -92,6 +140,11 @@ def loads_per_thread(params: Mapping[str, Any]) -> int:
 
 def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
     """None when the config can run; otherwise the first reason it cannot."""
+    if wgmma(params):
+        return _wgmma_check(params, problem, device)
+    for name in HOPPER_PARAMS:
+        if params[name] != _first(name):
+            return f"path: {name} applies to MMA=wgmma only"
     layout = problem.flag("layout")
     wm, wn = warp_tile(params)
     if params["BLOCK_M"] % warps_m(params) or params["BLOCK_N"] % warps_n(params) or wm % 16 or wn % 16:
@@ -117,12 +170,43 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
     return None
 
 
+def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
+    if device.compute_capability != (9, 0):
+        return f"arch: TMA and wgmma need sm_90a, {device.name} is sm_{''.join(map(str, device.compute_capability))}"
+    if params["BLOCK_K"] != WGMMA_BLOCK_K or params["SMEM_LAYOUT"] != "swizzle":
+        return f"wgmma: BLOCK_K={WGMMA_BLOCK_K} on swizzled tiles (one 128-byte swizzle atom deep)"
+    aligned = alignment(problem)
+    if not (aligned["a_aligned"] and aligned["b_aligned"]):
+        return "tma: A's and B's rows must start on 16-byte boundaries (leading dimensions a multiple of 8)"
+    rows = params["BLOCK_M"] // consumers(params)
+    if rows not in (64, 128):
+        return f"wgmma: {rows} rows a consumer warpgroup (64 or 128)"
+    for name, dim in (("BLOCK_M", problem.shape[0]), ("BLOCK_N", problem.shape[1])):
+        fits = max(SMALLEST_TILE[name], _power_of_two(dim))
+        if params[name] > fits:
+            return f"tile: {name}={params[name]} is wider than the problem needs ({fits})"
+    if accumulators(params) > MAX_ACCUMULATORS:
+        return f"registers: {accumulators(params)} accumulators a consumer thread > {MAX_ACCUMULATORS}"
+    smem = smem_bytes(params, problem.flag("layout"))
+    if smem > device.max_smem_per_block_optin:
+        return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    return None
+
+
 def candidates() -> Iterator[dict[str, Any]]:
-    """The configs ``check`` may accept. One path so far (mma.sync fed by cp.async), whose
-    parameters all apply: the whole product (864 configs)."""
+    """The configs ``check`` may accept: on the mma.sync path the whole product of its parameters
+    (864 configs, PRODUCER_REGS at its first value); on the wgmma path 64-deep swizzled stages."""
     names = [p.name for p in PARAMS]
-    for values in itertools.product(*(p.choices for p in PARAMS)):
-        yield dict(zip(names, values))
+    choices = {p.name: p.choices for p in PARAMS}
+    sync = dict(choices, MMA=("sync",), **{n: choices[n][:1] for n in HOPPER_PARAMS})
+    hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K,), SMEM_LAYOUT=("swizzle",))
+    for space in (sync, hopper):
+        for values in itertools.product(*(space[n] for n in names)):
+            yield dict(zip(names, values))
+
+
+def _first(name: str) -> Any:
+    return next(p.choices[0] for p in PARAMS if p.name == name)
 
 
 def _power_of_two(n: int) -> int:

@@ -1,0 +1,137 @@
+"""The gemm family's wgmma path on a GPU: checked on odd problems, then timed beside cuBLAS and the
+Triton peer in one process.
+
+    python3 docs/scripts/gemm_hopper_check.py [--quick]
+
+First every sampled config of the path (tiles, consumer warpgroups, setmaxnreg, stages) is
+compiled on all cores and passes the workers' checks (outputs poisoned, two runs compared, the
+float64 reference on sampled rows) on odd problems of each layout, dtype and epilogue: each
+failure is printed, then ``checked N (config, problem) pairs: F failed``. Then, on each timed
+problem, the candidate configs by the workers' held timing, the fastest again by
+``triton.testing.do_bench``, and the family's peers (cuBLAS through torch.matmul, the autotuned
+Triton matmul) both ways. A table last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from templates import get_family
+
+FAMILY = get_family("gemm")
+BASE = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
+# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS)
+TILES = ((128, 256, 8, 4, 40), (128, 128, 8, 4, 40), (256, 128, 8, 3, 40), (128, 128, 4, 4, 40),
+         (64, 128, 4, 4, 0), (64, 64, 4, 2, 24), (128, 64, 8, 3, 0), (128, 256, 8, 3, 0), (256, 128, 8, 4, 24),
+         (64, 256, 4, 4, 40))
+CHECKED = TILES[:7]
+# Odd problems (each layout keeps those whose stored rows are 16-byte aligned: the path needs it)
+ODD = ((8, 8, 8), (1, 264, 72), (129, 255, 64), (136, 264, 72), (1000, 1000, 1000), (4097, 1000, 64),
+       (1000, 4104, 520), (16, 4096, 14336))
+FLAGS = (("fp16", "none"), ("bf16", "bias_gelu"), ("fp16", "bias_relu"))
+TIMED = (("4096,4096,4096", "fp16", "nn"), ("4096,4096,4096", "bf16", "nn"), ("8192,8192,8192", "fp16", "nn"),
+         ("1024,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("16,14336,4096", "bf16", "nt"),
+         ("64,4096,14336", "bf16", "nt"), ("2048,2048,2048", "fp16", "nn"))
+
+
+def config(bm: int, bn: int, warps: int, stages: int, regs: int, group: int = 8) -> dict:
+    return dict(BASE, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group)
+
+
+def short(p: dict) -> str:
+    return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{NUM_WARPS} s{STAGES} r{PRODUCER_REGS} g{GROUP_M}".format(**p)
+
+
+def _compile(job: tuple[str, tuple[str, ...]]) -> str | None:
+    from workers.compile import compile_cubin, default_cache_dir
+    from workers.results import CompileRequest
+
+    source, options = job
+    try:
+        compile_cubin(CompileRequest(source, "gemm", options), cache_dir=default_cache_dir())
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported; the measurement says it again
+        return str(exc)[:300]
+
+
+def main(quick: bool) -> None:
+    from workers.local import LocalBench
+    from workers.peers import time_peers
+
+    with LocalBench() as local:
+        limits = local.device.limits
+        checks = []
+        for layout in ("nn", "nt", "tn", "tt"):
+            for dtype, epilogue in FLAGS:
+                for shape in ODD[:5] if quick else ODD:
+                    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+                    for tile in CHECKED:
+                        params = config(*tile, group=1 if shape[0] > 1000 else 8)
+                        if FAMILY.check(params, problem, limits) is None:
+                            checks.append((problem, params))
+        timed = []
+        for shape, dtype, layout in TIMED:
+            problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+            timed.append((problem, [p for p in (config(*t) for t in TILES) + (config(*TILES[0], group=16),)
+                                    if FAMILY.check(p, problem, limits) is None]))
+        jobs = {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, p in checks}
+        jobs |= {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, ps in timed for p in ps}
+        start = time.time()
+        with ProcessPoolExecutor(os.cpu_count()) as pool:
+            errors = [e for e in pool.map(_compile, sorted(jobs)) if e]
+        print(f"compiled {len(jobs)} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
+              flush=True)
+
+        failed = 0
+        for problem, params in checks:
+            m = local.measure("gemm", problem, FAMILY.render(params, problem), FAMILY.launch(params, problem),
+                              FAMILY.compile_options(params, problem))
+            if not m.ok:
+                failed += 1
+                print(f"CHECK FAILED {problem.key} {short(params)}: {m.failure}: {m.reason}", flush=True)
+        print(f"checked {len(checks)} (config, problem) pairs: {failed} failed", flush=True)
+
+        rows = []
+        for problem, candidates in timed:
+            results = []
+            for params in candidates:
+                src, launch = FAMILY.render(params, problem), FAMILY.launch(params, problem)
+                m = local.measure("gemm", problem, src, launch, FAMILY.compile_options(params, problem))
+                if m.ok:
+                    results.append((m.timing.median_ms, params, m))
+                    print(f"{problem.key} {short(params)}: {m.timing.median_ms * 1e3:.1f} us "
+                          f"{FAMILY.tflops(problem, m.timing.median_ms):.0f} TFLOPS regs "
+                          f"{m.resources.registers if m.resources else '-'}", flush=True)
+                else:
+                    print(f"{problem.key} {short(params)}: {m.failure}: {m.reason}", flush=True)
+            if not results:
+                continue
+            ms, best, _ = min(results, key=lambda r: r[0])
+            bench = local.do_bench("gemm", problem, FAMILY.render(best, problem), FAMILY.launch(best, problem),
+                                   FAMILY.compile_options(best, problem))
+            peers = time_peers("gemm", problem)
+            rows.append((problem, ms, bench, best, peers))
+            print(f"{problem.key}: best {short(best)} {ms * 1e3:.1f} us; peers "
+                  + ", ".join(f"{n} {r.median_ms} / {r.check_ms}" for n, r in peers.items()), flush=True)
+
+    print("\n| problem | best config | ours us | TFLOPS | cuBLAS TFLOPS | Triton TFLOPS | vs cuBLAS | vs Triton |")
+    print("|---|---|---|---|---|---|---|---|")
+    for problem, ms, bench, best, peers in rows:
+        cells = []
+        for name in ("cublas", "triton"):
+            r = peers.get(name)
+            if r is None or not r.median_ms:
+                cells.append(("-", "-"))
+                continue
+            by_bench = f"{r.check_ms / bench:.2f}x" if r.check_ms and bench else "-"
+            cells.append((f"{FAMILY.tflops(problem, r.median_ms):.0f}", f"{r.median_ms / ms:.2f}x/{by_bench}"))
+        print(f"| {problem.key} | {short(best)} | {ms * 1e3:.1f} | {FAMILY.tflops(problem, ms):.0f} | {cells[0][0]} "
+              f"| {cells[1][0]} | {cells[0][1]} | {cells[1][1]} |")
+    print("ratios: peer time / ours, held events / triton.testing.do_bench")
+
+
+if __name__ == "__main__":
+    main("--quick" in sys.argv[1:])
