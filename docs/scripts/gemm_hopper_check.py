@@ -75,7 +75,7 @@ def main(quick: bool) -> None:
         timed = []
         for shape, dtype, layout in TIMED:
             problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
-            timed.append((problem, [p for p in (config(*t) for t in TILES) + (config(*TILES[0], group=16),)
+            timed.append((problem, [p for p in [config(*t) for t in TILES] + [config(*TILES[0], group=16)]
                                     if FAMILY.check(p, problem, limits) is None]))
         jobs = {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, p in checks}
         jobs |= {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, ps in timed for p in ps}
