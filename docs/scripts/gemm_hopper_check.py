@@ -32,8 +32,8 @@ CHECKED = TILES[:7]
 ODD = ((8, 8, 8), (1, 264, 72), (129, 255, 64), (136, 264, 72), (1000, 1000, 1000), (4097, 1000, 64),
        (1000, 4104, 520), (16, 4096, 14336))
 FLAGS = (("fp16", "none"), ("bf16", "bias_gelu"), ("fp16", "bias_relu"))
-TIMED = (("4096,4096,4096", "fp16", "nn"), ("4096,4096,4096", "bf16", "nn"), ("8192,8192,8192", "fp16", "nn"),
-         ("1024,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("16,14336,4096", "bf16", "nt"),
+TIMED = (("4096,4096,4096", "fp16", "nn"), ("8192,8192,8192", "fp16", "nn"), ("1024,14336,4096", "bf16", "nt"),
+         ("16,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("4096,4096,4096", "bf16", "nn"),
          ("64,4096,14336", "bf16", "nt"), ("2048,2048,2048", "fp16", "nn"))
 
 
@@ -57,34 +57,41 @@ def _compile(job: tuple[str, tuple[str, ...]]) -> str | None:
         return str(exc)[:300]
 
 
+def plan(limits, quick: bool) -> tuple[list, list]:
+    """(the (problem, config) pairs to check, the (problem, candidate configs) to time)."""
+    checks = []
+    for layout in ("nn", "nt", "tn", "tt"):
+        for dtype, epilogue in FLAGS:
+            for shape in ODD[:5] if quick else ODD:
+                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+                for tile in CHECKED:
+                    params = config(*tile, group=1 if shape[0] > 1000 else 8)
+                    if FAMILY.check(params, problem, limits) is None:
+                        checks.append((problem, params))
+    timed = []
+    for shape, dtype, layout in TIMED[:5] if quick else TIMED:
+        problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+        timed.append((problem, [p for p in [config(*t) for t in TILES] + [config(*TILES[0], group=16)]
+                                if FAMILY.check(p, problem, limits) is None]))
+    return checks, timed
+
+
 def main(quick: bool) -> None:
+    from templates.family import H100_LIMITS  # the H100's and the H200's limits are the same
     from workers.local import LocalBench
     from workers.peers import time_peers
 
+    checks, timed = plan(H100_LIMITS, quick)
+    print(f"{len(checks)} checks, {sum(len(c) for _, c in timed)} timings planned", flush=True)
+    jobs = {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, p in checks}
+    jobs |= {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, ps in timed for p in ps}
+    start = time.time()
+    # before this process makes a CUDA context (forked workers would inherit it)
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        errors = [e for e in pool.map(_compile, sorted(jobs)) if e]
+    print(f"compiled {len(jobs)} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
+          flush=True)
     with LocalBench() as local:
-        limits = local.device.limits
-        checks = []
-        for layout in ("nn", "nt", "tn", "tt"):
-            for dtype, epilogue in FLAGS:
-                for shape in ODD[:5] if quick else ODD:
-                    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-                    for tile in CHECKED:
-                        params = config(*tile, group=1 if shape[0] > 1000 else 8)
-                        if FAMILY.check(params, problem, limits) is None:
-                            checks.append((problem, params))
-        timed = []
-        for shape, dtype, layout in TIMED:
-            problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
-            timed.append((problem, [p for p in [config(*t) for t in TILES] + [config(*TILES[0], group=16)]
-                                    if FAMILY.check(p, problem, limits) is None]))
-        jobs = {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, p in checks}
-        jobs |= {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, ps in timed for p in ps}
-        start = time.time()
-        with ProcessPoolExecutor(os.cpu_count()) as pool:
-            errors = [e for e in pool.map(_compile, sorted(jobs)) if e]
-        print(f"compiled {len(jobs)} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
-              flush=True)
-
         failed = 0
         for problem, params in checks:
             m = local.measure("gemm", problem, FAMILY.render(params, problem), FAMILY.launch(params, problem),
