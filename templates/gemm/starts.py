@@ -17,6 +17,21 @@ POINTS: tuple[dict[str, Any], ...] = tuple(
 )
 
 
+# The wgmma path first (sm_90a; the constraints drop it elsewhere, and where A's or B's rows are
+# not 16-byte aligned): two consumer warpgroups of 64 x 256 with four stages and setmaxnreg, the
+# fastest of docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed
+# (H200, twelfth session: 623-686 TFLOPS), then the next ones there, and one consumer warpgroup
+# of 64 rows for small M.
+WGMMA = dict(MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
+WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group)
+    for bm, bn, warps, stages, regs, group in (
+        (128, 256, 8, 4, 40, 8), (128, 256, 8, 4, 40, 16), (256, 128, 8, 4, 24, 8), (128, 128, 4, 4, 40, 8),
+        (64, 128, 4, 4, 0, 8), (64, 256, 4, 4, 40, 8),
+    )
+)
+
+
 def starting_points() -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept)."""
-    return [dict(p) for p in POINTS]
+    return [dict(p) for p in WGMMA_POINTS] + [dict(p) for p in POINTS]

@@ -144,14 +144,20 @@ def test_no_two_valid_configs_render_the_same_kernel():
         bodies[body] = config
 
 
-def test_starting_points_are_valid_and_lead_with_the_128_tile():
+def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
     for shape, dtype, flags in FAMILY.suite:
         problem = FAMILY.parse_problem(shape, dtype, flags)
         points = FAMILY.starting_points(problem, H100_LIMITS)
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
-        if min(problem.shape) >= 128:
-            assert points[0] == FAMILY.default_params()
+        assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
+        if min(problem.shape) >= 128:  # two consumer warpgroups of 64 x 256 (H200, twelfth session)
+            assert (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["NUM_WARPS"]) == (128, 256, 8)
+            assert FAMILY.default_params() in points
+    older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
+    assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(_problem("4096,4096,4096"), older))
+    unaligned = FAMILY.starting_points(_problem("4096,4096,4097"), H100_LIMITS)  # K odd: rows unaligned
+    assert unaligned and all(p["MMA"] == "sync" for p in unaligned)
 
 
 # -- source and launch --------------------------------------------------------------------------
