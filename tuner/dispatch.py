@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import jinja2
 
-from templates.family import KernelFamily, Problem
+from templates.family import KernelFamily, Problem, TemplateError
 from tuner import database, lookup
 from tuner.errors import NotFound, UsageError
 from tuner.exporter import ARCH, write_atomic
@@ -76,8 +76,13 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
         for variant, representative in sorted(family.dispatch_variants(problem).items()):
             if (_kind(problem), config, variant) not in seen:
                 seen.add((_kind(problem), config, variant))
-                kernels.append(_kernel(family, configs[config], _kind(problem), config, variant, representative,
-                                       sources))
+                try:
+                    kernels.append(_kernel(family, configs[config], _kind(problem), config, variant,
+                                           representative, sources))
+                except TemplateError:
+                    # a config the family cannot launch on that variant (a TMA map needs its
+                    # rows aligned): the header's check refuses those problems before a lookup
+                    continue
     flags = family.flags
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)

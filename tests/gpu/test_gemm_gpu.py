@@ -133,3 +133,39 @@ def test_the_default_config_reaches_a_fair_rate_on_a_square_problem(bench, tmp_p
     result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=1, min_reps=10)
     assert result.ok, result
     assert FAMILY.tflops(problem, result.timing.median_ms) > 50
+
+
+# The wgmma path (TMA into mbarrier stages, a producer warpgroup, wgmma from shared memory): odd
+# M, N, K whose stored rows are 16-byte aligned (what its tensor maps need), every layout.
+WGMMA_CASES = (
+    ("8,8,8", "fp16", "nn", "none"),
+    ("1,264,72", "bf16", "nt", "bias"),
+    ("129,255,64", "bf16", "nt", "bias_gelu"),
+    ("136,264,72", "fp16", "tn", "bias_relu"),
+    ("1000,1000,1000", "bf16", "tt", "bias_gelu"),
+    ("4104,1000,520", "fp16", "tt", "none"),
+    ("1000,4104,520", "bf16", "nn", "bias"),
+)
+# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS)
+WGMMA_TILES = ((128, 256, 8, 4, 40), (256, 128, 8, 3, 24), (128, 128, 4, 4, 40), (64, 128, 4, 2, 0), (64, 64, 4, 4, 0))
+
+
+def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tmp_path_factory):
+    limits = _limits(bench)
+    jobs = []
+    for shape, dtype, layout, epilogue in WGMMA_CASES:
+        problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+        for bm, bn, warps, stages, regs in WGMMA_TILES:
+            params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
+                          STAGES=stages, PRODUCER_REGS=regs, GROUP_M=1 if bm == 256 else 8)
+            if FAMILY.check(params, problem, limits) is None:
+                jobs.append((problem, params))
+    assert len(jobs) >= 20 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
+    failures = []
+    for problem, params, binary in _compiled(jobs, tmp_path_factory.mktemp("wgmma_cubins")):
+        assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
+        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=3, min_reps=3,
+                               max_reps=5, target_ms=5)
+        if not result.ok:
+            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+    assert not failures, "\n".join(failures)

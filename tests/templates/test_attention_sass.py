@@ -10,38 +10,15 @@ from __future__ import annotations
 
 import collections
 import re
-import shutil
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from sass_tools import needs_sass, opcode_counts, sass_of
 from templates import get_family
 from templates.family import H100_LIMITS
-from workers.compile import compile_cubin
 from workers.results import CompileRequest
 
-
-
-def _tool(name: str) -> str | None:
-    """A CUDA binary on PATH, else from NVIDIA's wheel of it (the test extra installs
-    nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm: ``site-packages/nvidia/cu*/bin``)."""
-    found = shutil.which(name)
-    if found is not None:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    return next((str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob(f"cu*/bin/{name}"))), None)
-
-
-CUOBJDUMP, NVDISASM = _tool("cuobjdump"), _tool("nvdisasm")
-pytestmark = pytest.mark.skipif(
-    shutil.which("nvcc") is None or CUOBJDUMP is None or NVDISASM is None,
-    reason="needs nvcc and cuobjdump/nvdisasm",
-)
+pytestmark = needs_sass
 
 FAMILY = get_family("attention")
 PROBLEM = FAMILY.parse_problem("4,16,4096,128", "fp16", {"causal": True})
@@ -49,26 +26,16 @@ BASE = dict(FAMILY.default_params(), BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, STAGE
             WARP_SPECIALIZED=0, Q_IN_REGS=0)
 # The TMA path (hopper.cu.j2): FA3's D=128 tile, setmaxnreg 24/240, S(j+1) before the softmax of S(j).
 TMA = dict(BASE, BLOCK_N=128, MMA="wgmma", WARP_SPECIALIZED=1, LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
-_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
 def disassemble(params, tmp_path, problem=PROBLEM) -> str:
     request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(compile_cubin(request, cache_dir=tmp_path).cubin)
-    env = {**os.environ, "PATH": f"{Path(NVDISASM).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run([CUOBJDUMP, "-sass", str(cubin)], capture_output=True, text=True, check=True,
-                          env=env).stdout
+    return sass_of(request, tmp_path)
 
 
 def opcodes(params, tmp_path, problem=PROBLEM) -> collections.Counter:
     """Opcode counts of the kernel's SASS, each under its base name and its full name."""
-    sass = disassemble(params, tmp_path, problem)
-    counts: collections.Counter = collections.Counter()
-    for match in _OPCODE.finditer(sass):
-        counts[match.group(1)] += 1
-        counts[match.group(1) + match.group(2)] += 1
-    return counts
+    return opcode_counts(disassemble(params, tmp_path, problem))
 
 
 def test_mma_sync_path_is_ldmatrix_and_hmma_with_exp2_and_16_byte_copies(tmp_path):

@@ -1,0 +1,57 @@
+"""What the gemm family's compiled kernels are made of: the SASS of the wgmma path, read with
+cuobjdump (TMA copies completing on mbarriers, wgmma from shared memory, setmaxnreg, no local
+memory), beside the mma.sync path's. Needs nvcc and cuobjdump; skipped where either is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from sass_tools import needs_sass, opcode_counts, sass_of
+from templates import get_family
+from templates.family import H100_LIMITS
+from workers.results import CompileRequest
+
+pytestmark = needs_sass
+
+FAMILY = get_family("gemm")
+WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_WARPS=8, STAGES=4,
+             PRODUCER_REGS=40)
+
+
+def opcodes(params, problem, tmp_path):
+    assert FAMILY.check(params, problem, H100_LIMITS) is None, params
+    request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+    return opcode_counts(sass_of(request, tmp_path))
+
+
+def test_the_mma_sync_path_copies_by_cp_async_into_hmma(tmp_path):
+    ops = opcodes(FAMILY.default_params(), FAMILY.parse_problem("4096,4096,4096", "fp16"), tmp_path)
+    assert ops["HMMA"] > 0 and ops["LDGSTS"] > 0 and ops["HGMMA"] == ops["UTMALDG"] == 0
+    assert ops["LDL"] == ops["STL"] == 0
+
+
+@pytest.mark.parametrize("layout,dtype,epilogue", [("nn", "fp16", "none"), ("tt", "bf16", "bias_gelu"),
+                                                   ("tn", "fp16", "bias_relu"), ("nt", "bf16", "none")])
+def test_the_wgmma_path_loads_by_tma_and_multiplies_from_shared_memory(layout, dtype, epilogue, tmp_path):
+    problem = FAMILY.parse_problem("4096,4096,4096", dtype, {"layout": layout, "epilogue": epilogue})
+    ops = opcodes(WGMMA, problem, tmp_path)
+    # a 64-deep stage: 4 k steps of one m64n256k16 a consumer warpgroup
+    assert ops["HGMMA"] == 4 and ops["HMMA"] == 0 and ops["LDSM"] == 0
+    assert ops["UTMALDG"] > 0 and ops["LDGSTS"] == 0  # A and B by the copy engine alone
+    assert sum(n for op, n in ops.items() if op.startswith("SYNCS") and "." not in op) > 0  # mbarrier waits
+    assert ops["USETMAXREG"] == 2  # the producer gives registers up, the consumers take them
+    assert ops["LDL"] == ops["STL"] == 0
+
+
+@pytest.mark.parametrize("tile", [(128, 128, 4, 4, 40), (256, 128, 8, 3, 24), (64, 128, 4, 2, 0), (64, 64, 4, 4, 0)])
+def test_wgmma_variants_keep_out_of_local_memory(tile, tmp_path):
+    bm, bn, warps, stages, regs = tile
+    params = dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs)
+    ops = opcodes(params, FAMILY.parse_problem("1000,1000,1000", "bf16", {"layout": "nt", "epilogue": "bias"}),
+                  tmp_path)
+    # rows of a consumer warpgroup / 64 m64 wgmmas a k step, 4 k steps a stage (the compiler
+    # may unroll the loop over the stages: a multiple of that)
+    per_stage = 4 * (bm // (warps // 4) // 64)
+    assert ops["HGMMA"] > 0 and ops["HGMMA"] % per_stage == 0
+    assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0
+    assert (ops["USETMAXREG"] > 0) == (regs > 0)
