@@ -157,11 +157,17 @@ class GemmFamily(KernelFamily):
         return _problem.validate(problem, inputs, outputs, reference)
 
     def describe(self, params: Params, problem: Problem) -> dict[str, Any]:
-        """Derived numbers shown beside a config: threads, warp tile, shared memory, registers."""
+        """Derived numbers shown beside a config: threads, warp tile or consumer warpgroups, shared
+        memory, registers."""
+        smem = _space.smem_bytes(params, problem.flag("layout"))
+        if _space.wgmma(params):
+            return {"threads": _space.threads(params), "consumer_warpgroups": _space.consumers(params),
+                    "smem_bytes": smem, "accumulator_registers": _space.accumulators(params),
+                    "consumer_registers": _space.consumer_registers(params)}
         return {
             "threads": _space.threads(params),
             "warp_tile": "x".join(map(str, _space.warp_tile(params))),
-            "smem_bytes": _space.smem_bytes(params, problem.flag("layout")),
+            "smem_bytes": smem,
             "fragment_registers": _space.fragment_registers(params),
         }
 
