@@ -427,3 +427,23 @@ def _cache_write(cache: Path, binary: Binary) -> None:
 
 
 __all__ = ["compile_cubin", "parse_ptxas", "resolve_backend", "source_hash", "toolkit_version"]
+
+
+def _compile_quietly(request: CompileRequest) -> str | None:
+    try:
+        compile_cubin(request, cache_dir=default_cache_dir())
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, who measures (and fails) it later
+        return f"{request.kernel}: {str(exc)[:300]}"
+
+
+def compile_all(requests: list[CompileRequest], processes: int | None = None) -> list[str]:
+    """Compile ``requests`` into the workers' cache on all cores (spawned processes: safe in a
+    process that already holds a CUDA context), so that the measurements after find each cubin
+    there. The errors, one line each (a failed source is measured, and fails, again later)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    unique = list(dict.fromkeys(requests))
+    with ProcessPoolExecutor(processes or os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [e for e in pool.map(_compile_quietly, unique) if e]

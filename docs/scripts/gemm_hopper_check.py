@@ -14,10 +14,8 @@ Triton matmul) both ways. A table last.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from templates import get_family
 
@@ -45,18 +43,6 @@ def short(p: dict) -> str:
     return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{NUM_WARPS} s{STAGES} r{PRODUCER_REGS} g{GROUP_M}".format(**p)
 
 
-def _compile(job: tuple[str, tuple[str, ...]]) -> str | None:
-    from workers.compile import compile_cubin, default_cache_dir
-    from workers.results import CompileRequest
-
-    source, options = job
-    try:
-        compile_cubin(CompileRequest(source, "gemm", options), cache_dir=default_cache_dir())
-        return None
-    except Exception as exc:  # noqa: BLE001 - reported; the measurement says it again
-        return str(exc)[:300]
-
-
 def plan(limits, quick: bool) -> tuple[list, list]:
     """(the (problem, config) pairs to check, the (problem, candidate configs) to time)."""
     checks = []
@@ -78,18 +64,18 @@ def plan(limits, quick: bool) -> tuple[list, list]:
 
 def main(quick: bool) -> None:
     from templates.family import H100_LIMITS  # the H100's and the H200's limits are the same
+    from workers.compile import compile_all
     from workers.local import LocalBench
+    from workers.results import CompileRequest
     from workers.peers import time_peers
 
     checks, timed = plan(H100_LIMITS, quick)
     print(f"{len(checks)} checks, {sum(len(c) for _, c in timed)} timings planned", flush=True)
-    jobs = {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, p in checks}
-    jobs |= {(FAMILY.render(p, q), FAMILY.compile_options(p, q)) for q, ps in timed for p in ps}
+    jobs = [CompileRequest(FAMILY.render(p, q), "gemm", FAMILY.compile_options(p, q))
+            for q, p in checks + [(q, p) for q, ps in timed for p in ps]]
     start = time.time()
-    # before this process makes a CUDA context (forked workers would inherit it)
-    with ProcessPoolExecutor(os.cpu_count()) as pool:
-        errors = [e for e in pool.map(_compile, sorted(jobs)) if e]
-    print(f"compiled {len(jobs)} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
+    errors = compile_all(jobs)
+    print(f"compiled {len(set(jobs))} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
           flush=True)
     with LocalBench() as local:
         failed = 0

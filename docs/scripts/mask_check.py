@@ -14,10 +14,8 @@ each by ``triton.testing.do_bench``, and cuDNN on the same inputs both ways. Pri
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from templates import get_family
@@ -55,24 +53,14 @@ def write_old(folder: Path) -> None:
     print(f"wrote {len(CASES)} sources into {folder}")
 
 
-def _compile(job: tuple[str, tuple[str, ...]]) -> str | None:
-    from workers.compile import compile_cubin, default_cache_dir
-    from workers.results import CompileRequest
-
-    source, options = job
-    try:
-        compile_cubin(CompileRequest(source, "attention_fwd", options), cache_dir=default_cache_dir())
-        return None
-    except Exception as exc:  # noqa: BLE001 - reported; the measurement says it again
-        return str(exc)[:200]
-
-
 def main(old: Path) -> None:
     import torch
 
     from templates.attention import peers
+    from workers.compile import compile_all
     from workers.local import LocalBench
     from workers.peers import _time_one, held_timer
+    from workers.results import CompileRequest
 
     cases = [(problem_of(s, c), p, (old / f"{i}.cu").read_text()) for i, (s, c, p) in enumerate(CASES)]
     odd = [(problem_of(shape.format(d=p.shape[3]), dict(p.flags)["causal"]), params)
@@ -82,8 +70,7 @@ def main(old: Path) -> None:
     sources = ([(FAMILY.render(params, p), FAMILY.compile_options(params, p)) for p, params in odd]
                + [(s, FAMILY.compile_options(params, p)) for p, params, s in cases])
     start = time.time()
-    with ProcessPoolExecutor(os.cpu_count()) as pool:
-        errors = [e for e in pool.map(_compile, sources) if e]
+    errors = compile_all([CompileRequest(source, "attention_fwd", options) for source, options in sources])
     print(f"compiled {len(sources)} in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}", flush=True)
     rows = []
     with LocalBench() as local:

@@ -12,10 +12,8 @@ fastest first.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from templates import get_family
 from templates.family import H100_LIMITS
@@ -48,31 +46,20 @@ def short(p: dict) -> str:
             "{SCHEDULE} {TILE_ORDER} b{BLOCKS_PER_SM}").format(**p)
 
 
-def _compile(job):
-    from workers.compile import compile_cubin, default_cache_dir
-    from workers.results import CompileRequest
-
-    problem, params = job
-    try:
-        compile_cubin(CompileRequest(FAMILY.render(params, problem), "attention_fwd",
-                                     FAMILY.compile_options(params, problem)), cache_dir=default_cache_dir())
-        return None
-    except Exception as exc:  # noqa: BLE001 - reported, the measurement says it again
-        return str(exc)[:200]
-
-
 ODD = ("2,3,1,{d}", "2,3,65,{d}", "2,3,1000,{d}", "1,3,4097,{d}", "8,16,1000,{d}", "3,11,4097,{d}")
 
 
 def main(shapes: str, dtype: str, causal: bool, quick: bool) -> None:
+    from workers.compile import compile_all
     from workers.local import LocalBench
     from workers.peers import time_peers
+    from workers.results import CompileRequest
 
     problems = [FAMILY.parse_problem(s, dtype, {"causal": causal}) for s in shapes.split(";")]
     jobs = [(p, v) for p in problems for v in variants(p.shape[3], causal, quick) if FAMILY.check(v, p, H100_LIMITS) is None]
     start = time.time()
-    with ProcessPoolExecutor(os.cpu_count()) as pool:
-        errors = [e for e in pool.map(_compile, jobs) if e]
+    errors = compile_all([CompileRequest(FAMILY.render(v, p), "attention_fwd", FAMILY.compile_options(v, p))
+                          for p, v in jobs])
     print(f"compiled {len(jobs)} in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}", flush=True)
     FAMILY.prepare_peers(problems)
     tables = []

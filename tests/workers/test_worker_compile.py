@@ -198,3 +198,18 @@ def test_a_cache_entry_of_the_wrong_structure_is_a_miss_and_is_rewritten(metadat
     assert compiled == [1, 1] and again.cubin == first.cubin
     assert any("compile cache entry" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
     assert compile_cubin(request, cache_dir=tmp_path) == again and compiled == [1, 1]  # healed: a hit
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")
+def test_compile_all_fills_the_cache_in_spawned_processes_and_reports_each_failure(tmp_path, monkeypatch):
+    from workers.compile import compile_all
+
+    monkeypatch.setenv("TUNER_CACHE", str(tmp_path))
+    good = CompileRequest('extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.f; }', "k", ("-O3",))
+    bad = CompileRequest('extern "C" __global__ void k( { }', "k", ("-O3",))
+    errors = compile_all([good, bad, good], processes=2)  # the same request twice: compiled once
+    assert len(errors) == 1 and errors[0].startswith("k: ")
+    cached = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert cached  # the good one is in the workers' cache: compiling it again reads it back
+    assert compile_cubin(good, cache_dir=tmp_path).cubin[:4] == b"\x7fELF"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == cached
