@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from templates.family import KernelFamily, Launch, Problem
+from templates.family import KernelFamily, Launch, Params, Problem
 from workers.compile import compile_cubin, default_cache_dir
 from workers.errors import CompileError
 from workers.hold import stream_handle
@@ -36,6 +36,17 @@ class LocalBench:
         except CompileError as exc:
             return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
         return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
+
+    def failures(self, family: KernelFamily, configs: Sequence[tuple[Problem, Params]]) -> list[str]:
+        """Each (problem, params) rendered, compiled and measured (the workers' checks: outputs
+        poisoned, two runs compared, the family's reference): a line for each that failed."""
+        lines = []
+        for problem, params in configs:
+            m = self.measure(family, problem, family.render(params, problem), family.launch(params, problem),
+                             family.compile_options(params, problem))
+            if not m.ok:
+                lines.append(f"{problem.key} {dict(params)}: {m.failure}: {m.reason}")
+        return lines
 
     def do_bench(self, family: str | KernelFamily, problem: Problem, source: str, launch: Launch,
                  options: Sequence[str], *, seed: int = 0) -> float | None:

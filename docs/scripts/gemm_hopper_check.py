@@ -78,14 +78,10 @@ def main(quick: bool) -> None:
     print(f"compiled {len(set(jobs))} sources in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}",
           flush=True)
     with LocalBench() as local:
-        failed = 0
-        for problem, params in checks:
-            m = local.measure("gemm", problem, FAMILY.render(params, problem), FAMILY.launch(params, problem),
-                              FAMILY.compile_options(params, problem))
-            if not m.ok:
-                failed += 1
-                print(f"CHECK FAILED {problem.key} {short(params)}: {m.failure}: {m.reason}", flush=True)
-        print(f"checked {len(checks)} (config, problem) pairs: {failed} failed", flush=True)
+        failed = local.failures(FAMILY, checks)
+        for line in failed:
+            print(f"CHECK FAILED {line}", flush=True)
+        print(f"checked {len(checks)} (config, problem) pairs: {len(failed)} failed", flush=True)
 
         rows = []
         for problem, candidates in timed:

@@ -74,14 +74,10 @@ def main(old: Path) -> None:
     print(f"compiled {len(sources)} in {time.time() - start:.0f} s; errors {len(errors)} {errors[:2]}", flush=True)
     rows = []
     with LocalBench() as local:
-        failed = 0
-        for p, params in odd:
-            m = local.measure("attention", p, FAMILY.render(params, p), FAMILY.launch(params, p),
-                              FAMILY.compile_options(params, p))
-            if not m.ok:
-                failed += 1
-                print(f"CHECK FAILED {p.key}: {m.failure}: {m.reason}", flush=True)
-        print(f"checked {len(odd)} (config, odd problem) pairs: {failed} failed", flush=True)
+        failed = local.failures(FAMILY, odd)
+        for line in failed:
+            print(f"CHECK FAILED {line}", flush=True)
+        print(f"checked {len(odd)} (config, odd problem) pairs: {len(failed)} failed", flush=True)
         for p, params, old_source in cases:
             launch, options = FAMILY.launch(params, p), FAMILY.compile_options(params, p)
             new_source = FAMILY.render(params, p)
