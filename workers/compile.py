@@ -426,9 +426,6 @@ def _cache_write(cache: Path, binary: Binary) -> None:
         logger.warning("could not write the compile cache in %s: %s", cache, exc)
 
 
-__all__ = ["compile_cubin", "parse_ptxas", "resolve_backend", "source_hash", "toolkit_version"]
-
-
 def _compile_quietly(request: CompileRequest) -> str | None:
     try:
         compile_cubin(request, cache_dir=default_cache_dir())
@@ -447,3 +444,6 @@ def compile_all(requests: list[CompileRequest], processes: int | None = None) ->
     unique = list(dict.fromkeys(requests))
     with ProcessPoolExecutor(processes or os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_quietly, unique) if e]
+
+
+__all__ = ["compile_all", "compile_cubin", "parse_ptxas", "resolve_backend", "source_hash", "toolkit_version"]
