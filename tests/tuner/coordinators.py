@@ -80,11 +80,12 @@ class Coordinator:
         """Until the study is under way (its first trial measured)."""
         assert self._first_trial.wait(timeout), "".join(self.err_lines)[-2000:]
 
-    def kill_holding_a_lease(self, db: str, *, others: Sequence["Coordinator"] = (), timeout: float = 30) -> list[int]:
+    def kill_holding_a_lease(self, db: str, *, others: Sequence["Coordinator"] = (),
+                             timeout: float = 30) -> list[tuple[int, str]]:
         """``kill -9`` once the process holds a lease in the database (a config in flight): the
-        numbers of the running trials it left. ``others`` (coordinators on the same study) are
-        stopped (SIGSTOP) meanwhile, so that none settles those leases before they are read,
-        and continued after."""
+        running trials it left, (number, config as canonical JSON). ``others`` (coordinators on
+        the same study) are stopped (SIGSTOP) meanwhile, so that none settles those leases
+        before they are read, and continued after."""
         owner = f"{socket.gethostname()}:{self.process.pid}"
         for other in others:
             other.process.send_signal(signal.SIGSTOP)
@@ -131,13 +132,27 @@ def stored_keys(db: str) -> dict[str, list[str]]:
             for s in tuner.studies(db=db)}
 
 
-def leases(db: str, owner: str) -> list[int]:
-    """The numbers of the running trials ``owner`` (host:pid) holds, over every study."""
+def leases(db: str, owner: str | None = None) -> list[tuple[int, str]]:
+    """(number, config as canonical JSON) of the running trials ``owner`` (host:pid) holds, over
+    every study; every running trial where ``owner`` is None."""
     repo = storage.open_repository(db)
     try:
-        return [r.number for s in repo.studies() for r in repo.running(s.id) if r.owner == owner]
+        return [(r.number, json.dumps(r.params, sort_keys=True)) for s in repo.studies() for r in repo.running(s.id)
+                if owner is None or r.owner == owner]
     finally:
         repo.close()
+
+
+def assert_settled_once(left: Sequence[tuple[int, str]], err: str, db: str) -> None:
+    """Each lease a killed coordinator ``left``, settled by the coordinator that went on (``err``
+    its log): no running trial remains, each left config is stored exactly once, and the log's
+    "left running" lines name left trials only. (One the sampler proposed again before the
+    coordinator read the lease was measured as a new trial, and its lease dropped without that
+    line: the leases are read at each sync, the proposals made in between.)"""
+    assert leases(db) == []
+    assert set(settled(err)) <= {number for number, _ in left}, (settled(err), left)
+    (keys,) = stored_keys(db).values()
+    assert all(keys.count(key) == 1 for _, key in left), left
 
 
 def settled(err: str) -> list[int]:

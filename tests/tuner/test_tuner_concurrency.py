@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from coordinators import OTHER, Coordinator, settled, stored_keys, tune_argv
+from coordinators import OTHER, Coordinator, assert_settled_once, stored_keys, tune_argv
 
 
 def _measured(out: str) -> int:
@@ -48,7 +48,7 @@ def test_a_coordinator_killed_beside_another_leaves_it_the_study(url, tmp_path):
     code, out, err = survivor.finish()
     assert code == 0, err[-2000:]
     assert "status    finished: 200 trials measured" in out
-    assert settled(err) == left  # each lease the killed one held, settled by the survivor, once
+    assert_settled_once(left, err, url)  # each lease the killed one held, settled by the survivor, once
     (keys,) = stored_keys(url).values()
     assert len(keys) == len(set(keys)) == 200
     assert killed.leftovers() == [] and survivor.leftovers() == []
@@ -87,7 +87,7 @@ def test_kill_9_mid_study_then_the_same_command_finishes_it(url, tmp_path):
     code, out, err = again.finish()
     assert code == 0, err[-2000:]
     assert f"{len(before)} from earlier runs" in out
-    assert settled(err) == left  # in flight at the kill
+    assert_settled_once(left, err, url)  # in flight at the kill
     (after,) = stored_keys(url).values()
     assert after[: len(before)] == before and len(after) == len(set(after)) == 200
     assert again.leftovers() == []
