@@ -19,12 +19,13 @@ import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jinja2
 
-from templates.family import KernelFamily, Problem, TemplateError
+from templates.family import DeviceLimits, KernelFamily, Problem
 from tuner import database, lookup
+from tuner.api import limits_by_study
 from tuner.errors import NotFound, UsageError
 from tuner.exporter import ARCH, write_atomic
 from tuner.rule import problem_of
@@ -56,8 +57,9 @@ def table_bests(family: KernelFamily, bests: Sequence[Any], device: str | None =
     return [chosen[key] for key in sorted(chosen)]
 
 
-def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
-    """The header's text for ``bests`` (``table_bests``' list)."""
+def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callable[[Any], DeviceLimits]) -> str:
+    """The header's text for ``bests`` (``table_bests``' list); ``limits_of``: a best -> the
+    limits of the GPU it won on (``tuner.api.limits_by_study``)."""
     if not family.dispatch_file:
         raise UsageError(f"{family.name} has no C++ dispatch (its family defines no dispatch_file)")
     fam_env = jinja2.Environment(loader=jinja2.FileSystemLoader(family.folder), undefined=jinja2.StrictUndefined,
@@ -72,17 +74,15 @@ def render_header(family: KernelFamily, bests: Sequence[Any]) -> str:
             configs.append(params)
         entries.append((problem, configs.index(params), best.median_ms))
     seen = set()  # a winner serves the problems at a finite distance of its own: every variant of those
-    for problem, config, _ in entries:
+    for best, (problem, config, _) in zip(bests, entries):
         for variant, representative in sorted(family.dispatch_variants(problem).items()):
-            if (_kind(problem), config, variant) not in seen:
+            # not on a variant its family's check refuses (a TMA map needing aligned rows, say):
+            # the header's check refuses those problems before a lookup
+            if (_kind(problem), config, variant) not in seen \
+                    and family.check(configs[config], representative, limits_of(best)) is None:
                 seen.add((_kind(problem), config, variant))
-                try:
-                    kernels.append(_kernel(family, configs[config], _kind(problem), config, variant,
-                                           representative, sources))
-                except TemplateError:
-                    # a config the family cannot launch on that variant (a TMA map needs its
-                    # rows aligned): the header's check refuses those problems before a lookup
-                    continue
+                kernels.append(_kernel(family, configs[config], _kind(problem), config, variant, representative,
+                                       sources))
     flags = family.flags
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)
@@ -133,8 +133,9 @@ def export_dispatch(family: str | KernelFamily, *, out_dir: str | Path, db: str 
     fam = lookup.family(family)
     with database.repository(database.url(db), create=False) as repo:
         bests = database.call(lambda: repo.bests(fam.name, device_name=device))
+        limits_of = limits_by_study(database.call(repo.study_settings))
     chosen = table_bests(fam, bests, device)
-    text = render_header(fam, chosen)
+    text = render_header(fam, chosen, limits_of)
     out = Path(out_dir)
     path = out / f"{header_name(fam)}.h"
     try:
