@@ -21,26 +21,37 @@ from templates import get_family
 
 FAMILY = get_family("gemm")
 BASE = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
-# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS)
-TILES = ((128, 256, 8, 4, 40), (128, 128, 8, 4, 40), (256, 128, 8, 3, 40), (128, 128, 4, 4, 40),
-         (64, 128, 4, 4, 0), (64, 64, 4, 2, 24), (128, 64, 8, 3, 0), (128, 256, 8, 3, 0), (256, 128, 8, 4, 24),
-         (64, 256, 4, 4, 40))
-CHECKED = TILES[:7]
+# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K, CLUSTER_M)
+TILES = ((128, 256, 8, 4, 40, 0, 1, 1), (128, 128, 8, 4, 40, 0, 1, 1), (256, 128, 8, 3, 40, 0, 1, 1),
+         (128, 128, 4, 4, 40, 0, 1, 1), (64, 128, 4, 4, 0, 0, 1, 1), (64, 64, 4, 4, 0, 0, 4, 1), (128, 64, 8, 3, 0, 0, 1, 1),
+         (128, 256, 8, 4, 40, 1, 1, 1), (128, 128, 8, 4, 40, 1, 4, 1), (64, 128, 4, 4, 0, 0, 2, 1),
+         (64, 64, 4, 4, 0, 1, 8, 1), (128, 256, 8, 4, 40, 0, 1, 2), (128, 256, 8, 4, 40, 1, 1, 2),
+         (64, 128, 4, 4, 0, 0, 4, 2), (128, 128, 8, 4, 40, 1, 2, 2), (256, 128, 8, 4, 24, 0, 1, 2),
+         (64, 128, 4, 4, 0, 0, 4, 1), (64, 256, 4, 4, 40, 0, 4, 1), (128, 256, 8, 3, 0, 0, 1, 1),
+         (256, 128, 8, 4, 24, 0, 1, 1), (64, 128, 4, 4, 0, 0, 8, 1), (128, 256, 8, 4, 40, 1, 2, 1),
+         (128, 128, 8, 4, 40, 1, 1, 1), (64, 128, 4, 4, 0, 1, 4, 1), (128, 128, 8, 4, 40, 0, 1, 2),
+         (64, 256, 4, 4, 40, 0, 1, 2), (128, 256, 8, 4, 40, 0, 1, 2, 16))
+CHECKED = TILES[:16]
 # Odd problems (each layout keeps those whose stored rows are 16-byte aligned: the path needs it)
 ODD = ((8, 8, 8), (1, 264, 72), (129, 255, 64), (136, 264, 72), (1000, 1000, 1000), (4097, 1000, 64),
-       (1000, 4104, 520), (16, 4096, 14336))
+       (1000, 4104, 520), (16, 4096, 14336), (3000, 3000, 136))
 FLAGS = (("fp16", "none"), ("bf16", "bias_gelu"), ("fp16", "bias_relu"))
 TIMED = (("4096,4096,4096", "fp16", "nn"), ("8192,8192,8192", "fp16", "nn"), ("1024,14336,4096", "bf16", "nt"),
-         ("16,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("4096,4096,4096", "bf16", "nn"),
-         ("64,4096,14336", "bf16", "nt"), ("2048,2048,2048", "fp16", "nn"))
+         ("16,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("64,4096,14336", "bf16", "nt"),
+         ("1,4096,4096", "bf16", "nt"), ("128,4096,4096", "bf16", "nt"), ("32,8192,8192", "bf16", "nt"),
+         ("16,4096,4096", "bf16", "nt"), ("2048,2048,2048", "fp16", "nn"), ("4096,4096,4096", "bf16", "nn"),
+         ("8192,4096,4096", "bf16", "nt"))
 
 
-def config(bm: int, bn: int, warps: int, stages: int, regs: int, group: int = 8) -> dict:
-    return dict(BASE, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group)
+def config(bm: int, bn: int, warps: int, stages: int, regs: int, persistent: int = 0, split: int = 1,
+           cluster: int = 1, group: int = 8) -> dict:
+    return dict(BASE, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs,
+                PERSISTENT=persistent, SPLIT_K=split, CLUSTER_M=cluster, GROUP_M=group)
 
 
 def short(p: dict) -> str:
-    return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{NUM_WARPS} s{STAGES} r{PRODUCER_REGS} g{GROUP_M}".format(**p)
+    return ("{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{NUM_WARPS} s{STAGES} r{PRODUCER_REGS} g{GROUP_M} p{PERSISTENT} "
+            "k{SPLIT_K} c{CLUSTER_M}").format(**p)
 
 
 def plan(limits, quick: bool) -> tuple[list, list]:
@@ -48,10 +59,10 @@ def plan(limits, quick: bool) -> tuple[list, list]:
     checks = []
     for layout in ("nn", "nt", "tn", "tt"):
         for dtype, epilogue in FLAGS:
-            for shape in ODD[:5] if quick else ODD:
+            for shape in ODD[:5] + ODD[-1:] if quick else ODD:
                 problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
                 for tile in CHECKED:
-                    params = config(*tile, group=1 if shape[0] > 1000 else 8)
+                    params = config(*tile[:8], group=1 if shape[0] > 1000 else 8)
                     if FAMILY.check(params, problem, limits) is None:
                         checks.append((problem, params))
     timed = []

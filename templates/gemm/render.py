@@ -58,6 +58,7 @@ def source(params: Params, problem: Problem) -> str:
         activation=ACTIVATIONS[epilogue],
         ptx_type="f16" if problem.dtype == "fp16" else "bf16",
         consumers=_space.consumers(params),
+        blocks_per_sm=_blocks_per_sm(params, problem),
         consumer_regs=_space.consumer_registers(params) if _space.wgmma(params) else 0,
         ptx_regs=_ptx_regs,
         acc_operands=_acc_operands,
@@ -66,8 +67,8 @@ def source(params: Params, problem: Problem) -> str:
 
 
 def grid(params: Params, problem: Problem) -> tuple[int, int, int]:
-    m, n, _ = problem.shape
-    return (-(-m // params["BLOCK_M"]) * -(-n // params["BLOCK_N"]), 1, 1)
+    """A block a work unit (a persistent launch caps it at one a multiprocessor)."""
+    return (_space.units(params, problem), 1, 1)
 
 
 def launch(params: Params, problem: Problem) -> Launch:
@@ -78,24 +79,31 @@ def launch(params: Params, problem: Problem) -> Launch:
         buffers = buffers[2:]
     else:
         operands = ()
-    args = (operands + tuple(KernelArg("buffer", name) for name in buffers)
+    workspace = _space.workspace(params)
+    args = (operands + tuple(KernelArg("buffer", name) for name in buffers + tuple(w for w, _ in workspace))
             + tuple(KernelArg("i32", d) for d in (m, n, k)))
     return Launch(KERNEL_NAME, grid(params, problem), (_space.threads(params), 1, 1),
-                  _space.smem_bytes(params, problem.flag("layout")), args)
+                  _space.smem_bytes(params, problem.flag("layout")), args, workspace=workspace,
+                  blocks_per_sm_cap=_blocks_per_sm(params, problem) if params["PERSISTENT"] else 0)
 
 
 def tensor_maps(params: Params, problem: Problem) -> tuple[TensorMap, TensorMap]:
     """A's and B's maps as stored (innermost dimension first), 128-byte swizzled: a K-major
-    operand moves in boxes of 64 deep x its tile's rows, an M- or N-major one in 64 x 64 boxes
-    (the kernel issues BLOCK / 64 of them a stage). Past M, N or K the TMA reads zeros."""
+    operand moves in boxes of 64 deep x its tile's rows (B's in a cluster: half of them), an M- or
+    N-major one in 64 x 64 boxes (the kernel issues BLOCK / 64 of them a stage). Past M, N or K the
+    TMA reads zeros."""
     m, n, k = problem.shape
     layout = problem.flag("layout")
     a_rows, a_cols = _problem.a_shape(problem)
     b_rows, b_cols = _problem.b_shape(problem)
     a_box = (64, 64) if layout[0] == "t" else (64, params["BLOCK_M"])
-    b_box = (64, params["BLOCK_N"]) if layout[1] == "t" else (64, 64)
+    b_box = (64, params["BLOCK_N"] // params["CLUSTER_M"]) if layout[1] == "t" else (64, 64)  # a block's half
     return (TensorMap("a", 2, (a_cols, a_rows), (2 * a_cols,), a_box, swizzle=128),
             TensorMap("b", 2, (b_cols, b_rows), (2 * b_cols,), b_box, swizzle=128))
+
+
+def _blocks_per_sm(params: Params, problem: Problem) -> int:
+    return _space.blocks_per_sm(params, problem.flag("layout")) if _space.wgmma(params) else 1
 
 
 def _ptx_regs(first: int, count: int) -> str:

@@ -22,6 +22,13 @@ PARAMS: tuple[Param, ...] = (
           "NUM_WARPS / 4 consumer warpgroups issuing wgmma from shared memory"),
     Param("PRODUCER_REGS", (0, 40, 24), "wgmma: setmaxnreg gives the producer warpgroup this many registers "
           "and the consumers the rest (0: no setmaxnreg)"),
+    Param("PERSISTENT", (0, 1), "wgmma: 1: one block a multiprocessor loops over the output tiles, the "
+          "producer loading the next tile's stages under this one's epilogue; 0: a block a tile"),
+    Param("SPLIT_K", (1, 2, 4, 8), "wgmma: K in this many parts, each its own work unit, for problems of "
+          "fewer tiles than multiprocessors; the last part of a tile to finish sums the fp32 parts "
+          "(kept in a workspace) in a fixed order and stores C"),
+    Param("CLUSTER_M", (1, 2), "wgmma: 2: clusters of two blocks on vertically adjacent tiles, each copying "
+          "half of their shared B stage by TMA multicast to both (B read from L2 once for the two)"),
 )
 
 # Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
@@ -49,8 +56,52 @@ WGMMA_BLOCK_K = 64
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
-BARRIER_BYTES = 1024 + 64  # the 1024-byte alignment of the stages, and the stages' mbarriers
-HOPPER_PARAMS = ("PRODUCER_REGS",)
+HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M")
+# ptxas' reports (thirteenth session): with PERSISTENT or CLUSTER_M the producer warpgroup's loop
+# holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
+MIN_LOOPING_PRODUCER_REGS = 40
+SMEM_PER_SM = 233472  # sm_90: 228 KiB a multiprocessor, 1 KiB of it reserved for each block
+RESERVED_SMEM_PER_BLOCK = 1024
+# split-K: the workspace holds the fp32 parts of at most this many work units (tiles x SPLIT_K);
+# the parts are worth their traffic only where the tiles alone leave multiprocessors idle.
+MAX_SPLIT_UNITS = 512
+
+
+def barrier_bytes(params: Mapping[str, Any]) -> int:
+    """The 1024-byte alignment of the stages, their full and empty mbarriers, split-K's flag."""
+    return 1024 + 16 * params["STAGES"] + 16
+
+
+def blocks_per_sm(params: Mapping[str, Any], layout: str) -> int:
+    """wgmma: the blocks a multiprocessor is built to hold (``__launch_bounds__``' minimum, and a
+    persistent launch's blocks a multiprocessor): two where both fit in its shared memory and the
+    consumers' accumulators leave room in half the registers (one consumer warpgroup of at most 64
+    accumulators a thread, no setmaxnreg: 128 registers a thread), else one."""
+    fits = 2 * (smem_bytes(params, layout) + RESERVED_SMEM_PER_BLOCK) <= SMEM_PER_SM
+    light = consumers(params) == 1 and accumulators(params) <= 64 and not params["PRODUCER_REGS"]
+    return 2 if fits and light else 1
+
+
+def tiles(params: Mapping[str, Any], problem: Problem) -> int:
+    """Output tiles of C, the rows of tiles rounded up to whole clusters (a block whose tile lies
+    past M computes it for its half of B and stores nothing)."""
+    m, n, _ = problem.shape
+    cluster = params["CLUSTER_M"]
+    return -(-m // (params["BLOCK_M"] * cluster)) * cluster * -(-n // params["BLOCK_N"])
+
+
+def units(params: Mapping[str, Any], problem: Problem) -> int:
+    """Work units: the output tiles, each in SPLIT_K parts of K."""
+    return tiles(params, problem) * params["SPLIT_K"]
+
+
+def workspace(params: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """split-K's buffers (none without it): room for the fp32 parts of MAX_SPLIT_UNITS units, and a
+    counter a tile. Sized by the config alone, so one allocation serves every problem it accepts."""
+    if params["SPLIT_K"] == 1:
+        return ()
+    return (("partials", MAX_SPLIT_UNITS * params["BLOCK_M"] * params["BLOCK_N"] * 4),
+            ("counters", MAX_SPLIT_UNITS * 4))
 
 
 def wgmma(params: Mapping[str, Any]) -> bool:
@@ -121,7 +172,7 @@ def stage_bytes(params: Mapping[str, Any], layout: str) -> int:
 
 def smem_bytes(params: Mapping[str, Any], layout: str) -> int:
     if wgmma(params):
-        return params["STAGES"] * stage_bytes(params, layout) + BARRIER_BYTES
+        return params["STAGES"] * stage_bytes(params, layout) + barrier_bytes(params)
     return params["STAGES"] * stage_bytes(params, layout)
 
 
@@ -185,6 +236,25 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
         fits = max(SMALLEST_TILE[name], _power_of_two(dim))
         if params[name] > fits:
             return f"tile: {name}={params[name]} is wider than the problem needs ({fits})"
+    if params["PRODUCER_REGS"] and params["PRODUCER_REGS"] < MIN_LOOPING_PRODUCER_REGS and (
+            params["PERSISTENT"] or params["CLUSTER_M"] > 1):
+        return (f"registers: a producer looping over units or multicasting to a cluster spills in "
+                f"{params['PRODUCER_REGS']} registers (setmaxnreg >= {MIN_LOOPING_PRODUCER_REGS})")
+    resident = device.sm_count * blocks_per_sm(params, problem.flag("layout"))
+    if params["PERSISTENT"] and units(params, problem) <= resident:
+        return f"persistent: {units(params, problem)} work units, a block each of {resident} resident at once"
+    if params["CLUSTER_M"] > 1:
+        if problem.shape[0] <= params["BLOCK_M"]:
+            return f"cluster: M={problem.shape[0]} is one row of {params['BLOCK_M']}-row tiles, none to share B with"
+        if problem.flag("layout")[1] == "n" and params["BLOCK_N"] < 128:
+            return "cluster: B's N-major stage halves in 64-column boxes (BLOCK_N >= 128)"
+    if params["SPLIT_K"] > 1 and accumulators(params) > 64 and not params["PRODUCER_REGS"]:
+        return (f"registers: split-K's sum beside {accumulators(params)} accumulators a thread spills in "
+                f"{consumer_registers(params)} registers (setmaxnreg needed)")
+    if params["SPLIT_K"] > 1:
+        reason = _split_check(params, problem, device)
+        if reason:
+            return reason
     if accumulators(params) > MAX_ACCUMULATORS:
         return f"registers: {accumulators(params)} accumulators a consumer thread > {MAX_ACCUMULATORS}"
     smem = smem_bytes(params, problem.flag("layout"))
@@ -193,9 +263,21 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     return None
 
 
+def _split_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
+    k_tiles = -(-problem.shape[2] // WGMMA_BLOCK_K)
+    if units(params, problem) > MAX_SPLIT_UNITS:
+        return f"split-K: {units(params, problem)} work units > the workspace's {MAX_SPLIT_UNITS}"
+    if tiles(params, problem) >= device.sm_count:
+        return f"split-K: {tiles(params, problem)} tiles already fill {device.sm_count} multiprocessors"
+    if params["SPLIT_K"] > k_tiles:
+        return f"split-K: {params['SPLIT_K']} parts of {k_tiles} k tiles"
+    return None
+
+
 def candidates() -> Iterator[dict[str, Any]]:
     """The configs ``check`` may accept: on the mma.sync path the whole product of its parameters
-    (864 configs, PRODUCER_REGS at its first value); on the wgmma path 64-deep swizzled stages."""
+    (864 configs, the wgmma path's own at their first values); on the wgmma path 64-deep swizzled
+    stages."""
     names = [p.name for p in PARAMS]
     choices = {p.name: p.choices for p in PARAMS}
     sync = dict(choices, MMA=("sync",), **{n: choices[n][:1] for n in HOPPER_PARAMS})

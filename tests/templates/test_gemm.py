@@ -19,7 +19,8 @@ from templates.gemm import render, space
 
 FAMILY = get_family("gemm")
 ROOT = Path(__file__).resolve().parents[2]
-REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma"}
+REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma", "split-K",
+           "persistent", "cluster"}
 
 
 def _problem(shape="1000,17,4097", dtype="fp16", layout="nn", epilogue="none"):
@@ -82,7 +83,8 @@ def test_suite_problems_parse_and_cover_square_projection_and_skinny_shapes():
 # -- the space ----------------------------------------------------------------------------------
 def test_the_default_config_is_the_engineers_first_tile():
     assert FAMILY.default_params() == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, NUM_WARPS=8, STAGES=3,
-                                           SMEM_LAYOUT="swizzle", GROUP_M=8, MMA="sync", PRODUCER_REGS=0)
+                                           SMEM_LAYOUT="swizzle", GROUP_M=8, MMA="sync", PRODUCER_REGS=0,
+                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1)
     assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
 
 
