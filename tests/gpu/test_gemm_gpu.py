@@ -146,8 +146,14 @@ WGMMA_CASES = (
     ("4104,1000,520", "fp16", "tt", "none"),
     ("1000,4104,520", "bf16", "nn", "bias"),
 )
-# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS)
-WGMMA_TILES = ((128, 256, 8, 4, 40), (256, 128, 8, 3, 24), (128, 128, 4, 4, 40), (64, 128, 4, 2, 0), (64, 64, 4, 4, 0))
+# (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K,
+# CLUSTER_M): plain tiles, then K in parts (two blocks an SM, and persistent), persistent blocks,
+# clusters of two sharing B (with split-K and persistent too).
+WGMMA_TILES = ((128, 256, 8, 4, 40, 0, 1, 1), (256, 128, 8, 3, 24, 0, 1, 1), (128, 128, 4, 4, 40, 0, 1, 1),
+               (64, 128, 4, 2, 0, 0, 1, 1), (64, 64, 4, 4, 0, 0, 1, 1),
+               (64, 128, 4, 4, 0, 0, 4, 1), (64, 64, 4, 4, 0, 1, 8, 1), (128, 128, 8, 4, 40, 0, 2, 1),
+               (128, 256, 8, 4, 40, 1, 1, 1), (64, 128, 4, 4, 0, 1, 1, 1),
+               (128, 256, 8, 4, 40, 0, 1, 2), (128, 128, 8, 4, 40, 1, 1, 2), (64, 128, 4, 4, 0, 0, 4, 2))
 
 
 def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tmp_path_factory):
@@ -155,12 +161,15 @@ def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tm
     jobs = []
     for shape, dtype, layout, epilogue in WGMMA_CASES:
         problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-        for bm, bn, warps, stages, regs in WGMMA_TILES:
+        for bm, bn, warps, stages, regs, persistent, split, cluster in WGMMA_TILES:
             params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
-                          STAGES=stages, PRODUCER_REGS=regs, GROUP_M=1 if bm == 256 else 8)
+                          STAGES=stages, PRODUCER_REGS=regs, GROUP_M=1 if bm == 256 else 8, PERSISTENT=persistent,
+                          SPLIT_K=split, CLUSTER_M=cluster)
             if FAMILY.check(params, problem, limits) is None:
                 jobs.append((problem, params))
-    assert len(jobs) >= 20 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
+    assert len(jobs) >= 40 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
+    for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1)):
+        assert sum(params[name] > more for _, params in jobs) >= 4, name
     failures = []
     for problem, params, binary in _compiled(jobs, tmp_path_factory.mktemp("wgmma_cubins")):
         assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params

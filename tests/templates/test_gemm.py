@@ -426,3 +426,95 @@ def test_fragments_read_from_shared_memory_are_the_tiles_of_a_and_b(layout, smem
             if swz:
                 for phase in range(4):
                     assert len({(x * 2 // 16) % 8 for x in addresses[8 * phase:8 * phase + 8]}) == 8
+
+
+# -- split-K, persistent blocks, clusters (the wgmma path) --------------------------------------
+def _wgmma(**extra):
+    return {**FAMILY.default_params(), "MMA": "wgmma", "BLOCK_K": 64, "BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 4,
+            "STAGES": 4, **extra}
+
+
+def test_split_k_is_for_problems_whose_tiles_leave_multiprocessors_idle():
+    skinny = _problem("64,4096,14336", "bf16", "nt")
+    assert FAMILY.check(_wgmma(SPLIT_K=4), skinny, H100_LIMITS) is None  # 32 tiles, 128 units
+    square = _problem("4096,4096,4096")
+    assert FAMILY.check(_wgmma(SPLIT_K=2), square, H100_LIMITS).startswith("split-K: 4096 work units")
+    assert FAMILY.check(_wgmma(BLOCK_N=256, SPLIT_K=2, NUM_WARPS=8, BLOCK_M=128, PRODUCER_REGS=40),
+                        _problem("1152,4096,4096"), H100_LIMITS) == "split-K: 144 tiles already fill 132 multiprocessors"
+    assert FAMILY.check(_wgmma(SPLIT_K=8), _problem("64,4096,256"), H100_LIMITS) == "split-K: 8 parts of 4 k tiles"
+    # 128 accumulators a thread beside the sum: only with setmaxnreg's registers
+    wide = _wgmma(BLOCK_N=256, SPLIT_K=2)
+    assert FAMILY.check(wide, skinny, H100_LIMITS).startswith("registers: split-K's sum")
+    assert FAMILY.check(dict(wide, PRODUCER_REGS=40), skinny, H100_LIMITS) is None
+
+
+def test_a_split_k_launch_carries_its_workspace_and_a_block_a_unit():
+    problem = _problem("64,4096,14336", "bf16", "nt")
+    params = _wgmma(SPLIT_K=4)
+    launch = FAMILY.launch(params, problem)
+    assert launch.grid == (32 * 4, 1, 1) and launch.blocks_per_sm_cap == 0
+    assert dict(launch.workspace) == {"partials": space.MAX_SPLIT_UNITS * 64 * 128 * 4,
+                                      "counters": space.MAX_SPLIT_UNITS * 4}
+    names = [a.value for a in launch.args if a.kind == "buffer"]
+    assert names == ["c", "partials", "counters"]
+    source = FAMILY.render(params, problem)
+    assert "#define SPLIT_K 4" in source and "float* __restrict__ partials" in source
+    # two blocks an SM: one consumer warpgroup of 64 accumulators, no setmaxnreg, both fit
+    assert space.blocks_per_sm(params, "nt") == 2 and "#define BLOCKS_PER_SM 2" in source
+    assert space.blocks_per_sm(dict(params, PRODUCER_REGS=40), "nt") == 1
+    assert space.blocks_per_sm(_wgmma(BLOCK_M=128, NUM_WARPS=8), "nt") == 1  # two consumer warpgroups
+    plain = FAMILY.launch(_wgmma(), problem)
+    assert plain.workspace == () and [a.value for a in plain.args if a.kind == "buffer"] == ["c"]
+
+
+def test_persistent_blocks_are_capped_at_what_the_multiprocessors_hold():
+    problem = _problem("4096,4096,4096")
+    params = _wgmma(BLOCK_M=128, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1)
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    launch = FAMILY.launch(params, problem)
+    assert launch.grid == (32 * 16, 1, 1) and launch.blocks_per_sm_cap == 1
+    assert launch.grid_on(132) == (132, 1, 1)
+    assert FAMILY.check(params, _problem("1024,1024,4096"), H100_LIMITS).startswith("persistent: 32 work units")
+    # a producer that loops over units needs more than 24 registers
+    assert FAMILY.check(dict(params, PRODUCER_REGS=24), problem, H100_LIMITS).startswith("registers: a producer")
+
+
+def test_a_cluster_pairs_tile_rows_and_halves_bs_box():
+    params = _wgmma(BLOCK_M=128, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=40, CLUSTER_M=2)
+    odd = _problem("4104,1000,520", "fp16", "nt")  # 33 tile rows: rounded up to 34, a pair each
+    assert FAMILY.check(params, odd, H100_LIMITS) is None
+    assert space.tiles(params, odd) == 34 * 4 and FAMILY.launch(params, odd).grid == (136, 1, 1)
+    maps = {a.value.buffer: a.value for a in FAMILY.launch(params, odd).args if a.kind == "tensormap"}
+    assert maps["a"].box == (64, 128) and maps["b"].box == (64, 128)  # half of B's 256 rows a block
+    nn = _problem("4104,1000,520", "fp16", "nn")
+    assert {a.value.box for a in FAMILY.launch(params, nn).args if a.kind == "tensormap"} == {(64, 128), (64, 64)}
+    source = FAMILY.render(params, odd)
+    assert "__cluster_dims__(CLUSTER_M, 1, 1)" in source and "multicast::cluster" in source
+    assert "__cluster_dims__" not in FAMILY.render(dict(params, CLUSTER_M=1), odd).split("#define")[-1]
+    assert FAMILY.check(params, _problem("128,4096,4096"), H100_LIMITS).startswith("cluster: M=128")
+    assert FAMILY.check(dict(params, BLOCK_N=64), nn, H100_LIMITS).startswith("cluster: B's N-major")
+
+
+# -- the landscapes the family ships (H200, thirteenth session: every valid config, `--sampler grid`)
+@pytest.mark.parametrize("name,shape,dtype,layout,trials", [
+    ("gemm_64x4096x14336-bf16-nt_h200", "64,4096,14336", "bf16", "nt", 40),
+    ("gemm_2048x2048x2048-fp16-nn_h200", "2048,2048,2048", "fp16", "nn", 40),
+])
+def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path):
+    import json
+
+    import tuner
+
+    landscape = json.loads((ROOT / "templates" / "gemm" / "landscapes" / f"{name}.json").read_text())
+    problem = _problem(shape, dtype, layout)
+    assert landscape["family"] == "gemm" and landscape["problem"]["shape"] == list(problem.shape)
+    measured = [e for e in landscape["entries"] if e["measurement"]["ok"]]
+    # the whole valid space of the recorded template, measured
+    assert len(measured) == len(landscape["entries"]) >= 700
+    fastest = min(e["measurement"]["timing"]["median_ms"] for e in measured)
+    median = sorted(e["measurement"]["timing"]["median_ms"] for e in measured)[len(measured) // 2]
+    db = f"sqlite:///{tmp_path / 'replay.db'}"
+    result = tuner.tune("gemm", shape, dtype, {"layout": layout}, trials=trials, replay=name, db=db, seed=0)
+    assert result.status == "finished" and result.measured == trials and result.failed == 0
+    # the starting points and TPE: within 5% of the landscape's best, well under its median
+    assert result.best.median_ms <= 1.05 * fastest < median

@@ -55,3 +55,21 @@ def test_wgmma_variants_keep_out_of_local_memory(tile, tmp_path):
     assert ops["HGMMA"] > 0 and ops["HGMMA"] % per_stage == 0
     assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0
     assert (ops["USETMAXREG"] > 0) == (regs > 0)
+
+
+def test_split_k_counts_with_one_atomic_and_reads_the_parts_through_l2(tmp_path):
+    params = dict(WGMMA, BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, PRODUCER_REGS=0, SPLIT_K=4)
+    ops = opcodes(params, FAMILY.parse_problem("64,4096,14336", "bf16", {"layout": "nt"}), tmp_path)
+    assert ops["ATOMG.E.ADD.STRONG.GPU"] == 1  # the tile's counter
+    assert ops["LDG.E.128.STRONG.GPU"] > 0 and ops["STG.E.128"] > 0  # parts out and back as float4s
+    assert ops["LDL"] == ops["STL"] == 0
+
+
+def test_a_cluster_multicasts_b_and_plain_tiles_do_not(tmp_path):
+    problem = FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt"})
+    ops = opcodes(dict(WGMMA, CLUSTER_M=2, PERSISTENT=1), problem, tmp_path)
+    assert ops["UTMALDG.2D.MULTICAST"] > 0 and ops["UTMALDG.2D"] > 0  # B's half to both, A to its own
+    assert ops["UCGABAR_WAIT"] > 0  # the cluster's barriers at the start and the end
+    assert ops["LDL"] == ops["STL"] == 0
+    plain = opcodes(WGMMA, problem, tmp_path)
+    assert plain["UTMALDG.2D.MULTICAST"] == 0 and plain["ATOMG.E.ADD.STRONG.GPU"] == 0
