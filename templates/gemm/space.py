@@ -13,7 +13,8 @@ PARAMS: tuple[Param, ...] = (
     Param("BLOCK_N", (128, 64, 256), "columns of C per thread block"),
     Param("BLOCK_K", (32, 64), "depth of one K step (one pipeline stage of A and B)"),
     Param("NUM_WARPS", (8, 4), "warps per block: 2 x 2, or 2 x 4 (4 x 2 where BLOCK_M > BLOCK_N)"),
-    Param("STAGES", (3, 2, 4), "A and B tiles in flight through cp.async"),
+    Param("STAGES", (3, 2, 4, 6, 8), "A and B tiles in flight (cp.async; wgmma: TMA, where 6 and 8 keep "
+          "more bytes in flight for the memory-bound small-M problems)"),
     Param("SMEM_LAYOUT", ("swizzle", "pad8"), "XOR swizzle of 16-byte chunks, or 8 halves of row padding"),
     Param("GROUP_M", (8, 1, 4, 16), "output tiles in column-major groups of this many tile rows, so "
           "that a wave of blocks shares A's and B's tiles in L2 (1: row by row)"),
@@ -57,6 +58,7 @@ MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
 HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M")
+MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports (thirteenth session): with PERSISTENT or CLUSTER_M the producer warpgroup's loop
 # holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
 MIN_LOOPING_PRODUCER_REGS = 40
@@ -196,6 +198,8 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
     for name in HOPPER_PARAMS:
         if params[name] != _first(name):
             return f"path: {name} applies to MMA=wgmma only"
+    if params["STAGES"] > MAX_SYNC_STAGES:
+        return f"path: more than {MAX_SYNC_STAGES} stages on the wgmma path only"
     layout = problem.flag("layout")
     wm, wn = warp_tile(params)
     if params["BLOCK_M"] % warps_m(params) or params["BLOCK_N"] % warps_n(params) or wm % 16 or wn % 16:
@@ -280,7 +284,8 @@ def candidates() -> Iterator[dict[str, Any]]:
     stages."""
     names = [p.name for p in PARAMS]
     choices = {p.name: p.choices for p in PARAMS}
-    sync = dict(choices, MMA=("sync",), **{n: choices[n][:1] for n in HOPPER_PARAMS})
+    sync = dict(choices, MMA=("sync",), STAGES=tuple(n for n in choices["STAGES"] if n <= MAX_SYNC_STAGES),
+                **{n: choices[n][:1] for n in HOPPER_PARAMS})
     hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K,), SMEM_LAYOUT=("swizzle",))
     for space in (sync, hopper):
         for values in itertools.product(*(space[n] for n in names)):

@@ -20,19 +20,22 @@ POINTS: tuple[dict[str, Any], ...] = tuple(
 # The wgmma path first (sm_90a; the constraints drop it elsewhere, and where A's or B's rows are
 # not 16-byte aligned): two consumer warpgroups of 64 x 256 with four stages and setmaxnreg, the
 # fastest of docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed
-# (H200, twelfth session: 623-686 TFLOPS), then the next ones there, and one consumer warpgroup
-# of 64 rows for small M. Where the tiles leave multiprocessors idle (M <= 128), K in 4 or 2
-# parts came first in the thirteenth session (64x4096x14336: 47 us against 85 without), and the
-# constraints drop split-K elsewhere. A cluster of two sharing B last: on a par, not faster.
+# (H200, twelfth session: 623-686 TFLOPS). Then for small M or small problems one consumer
+# warpgroup of 64 rows with deep pipelines, K in parts where the tiles leave multiprocessors idle
+# (the constraints drop split-K elsewhere), each the fastest on one of the thirteenth session's
+# probes (H200): 16x14336x4096 (64x128, 8 stages: 43 us against 46 with 4), 128x4096x4096
+# (6 stages, K in 2: 23 against 26), 64x4096x14336 (64x64, 8 stages, K in 2: 45 against 47),
+# 1x4096x4096 (8 stages, K in 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the
+# next ones of the twelfth session, and a cluster of two sharing B last (on a par, not faster).
 WGMMA = dict(MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
 WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group,
          SPLIT_K=split, CLUSTER_M=cluster)
     for bm, bn, warps, stages, regs, group, split, cluster in (
-        (128, 256, 8, 4, 40, 8, 1, 1), (64, 64, 4, 4, 0, 8, 4, 1), (64, 128, 4, 4, 0, 8, 4, 1),
-        (64, 128, 4, 4, 0, 8, 2, 1), (128, 256, 8, 4, 40, 16, 1, 1), (256, 128, 8, 4, 24, 8, 1, 1),
-        (128, 128, 4, 4, 40, 8, 1, 1), (64, 128, 4, 4, 0, 8, 1, 1), (64, 256, 4, 4, 40, 8, 1, 1),
-        (128, 256, 8, 4, 40, 8, 1, 2),
+        (128, 256, 8, 4, 40, 8, 1, 1), (64, 128, 4, 8, 0, 8, 1, 1), (64, 128, 4, 6, 0, 8, 2, 1),
+        (64, 64, 4, 8, 0, 8, 2, 1), (64, 128, 4, 8, 0, 8, 4, 1), (64, 128, 4, 6, 0, 8, 1, 1),
+        (64, 64, 4, 4, 0, 8, 4, 1), (128, 256, 8, 4, 40, 16, 1, 1), (256, 128, 8, 4, 24, 8, 1, 1),
+        (128, 128, 4, 4, 40, 8, 1, 1), (64, 256, 4, 4, 40, 8, 1, 1), (128, 256, 8, 4, 40, 8, 1, 2),
     )
 )
 
