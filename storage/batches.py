@@ -2,14 +2,14 @@
 
 A coordinator feeding tens of GPUs claims and stores hundreds of trials a second; one
 transaction a trial (two round trips and a commit each, the study row locked) made the database
-a limit of its own. These do what ``Repository.claim_trial`` and ``record_trial`` do, for a list::
+a limit of its own. ``Repository.claim_trial`` and ``record_trial`` are these with a list of one::
 
     granted = repo.claim_trials(study.id, [params_a, params_b], owner="host:pid", limit=200)
     # [7, ClaimRefused("measured", ...)]: a number, or why that config's lease was refused
     stored = repo.record_trials(study.id, [(7, params_a, outcome)], owner="host:pid")
     # [TrialRecord(...)] or ClaimRefused("lost", ...) where the lease was taken over
 
-The rules are ``claim_trial``'s and ``record_trial``'s, in order along the list: a config
+The rules, in order along the list: a config
 measured or held by another live lease is refused, so is one past the study's ``limit``, and a
 config named twice in one list is granted once.
 """
@@ -56,7 +56,8 @@ class BatchedTrials:
         plain = [queries.plain_json("params", p) for p in params]
         keys = [config_key(p) for p in plain]
         out: list[int | ClaimRefused] = []
-        with self._session(f"cannot start trials of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
+        what = "a trial" if len(plain) == 1 else "trials"
+        with self._session(f"cannot start {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             queries.study(session, study_id, lock=True)
             measured = set(session.scalars(select(Trial.config_key).where(
                 Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
@@ -104,7 +105,8 @@ class BatchedTrials:
         lease of it was taken over, nothing is stored for it and its entry is ClaimRefused("lost")."""
         made = [trial_row(study_id, number, params, outcome) for number, params, outcome in results]
         out: list[TrialRecord | ClaimRefused] = []
-        with self._session(f"cannot record trials of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
+        what = f"trial {made[0].number}" if len(made) == 1 else "trials"
+        with self._session(f"cannot record {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             study = queries.study(session, study_id, lock=owner is not None)
             mine = set(session.scalars(delete(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.number.in_([t.number for t in made]),

@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
-from storage.batches import BatchedTrials, trial_row
+from storage.batches import BatchedTrials
 from storage.errors import ClaimRefused, StorageError
 from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
@@ -47,7 +47,6 @@ from storage.records import (
     StudySummary,
     TrialOutcome,
     TrialRecord,
-    config_key,
     params_key,
 )
 
@@ -239,23 +238,10 @@ class Repository(BatchedTrials):
         nothing is stored and :class:`ClaimRefused` (``why="lost"``) is raised: the config is
         measured by whoever holds it now, once.
         """
-        trial = trial_row(study_id, number, params, outcome)
-        with self._session(
-            f"cannot record trial {number} of study {study_id}", write=True
-        ) as session:
-            study = queries.study(session, study_id, lock=owner is not None)
-            done = session.execute(delete(RunningTrial).where(
-                RunningTrial.study_id == study_id, RunningTrial.number == number,
-                *([RunningTrial.owner == owner] if owner is not None else [])))
-            if owner is not None and not done.rowcount:
-                raise ClaimRefused("lost", f"trial {number} of study {study_id}: the lease of "
-                                           f"{owner} was taken over; its result is not stored")
-            session.add(trial)
-            study.updated_at = utcnow()
-            session.flush()
-            if trial.status == "ok":
-                queries.offer_best(session, study, trial)
-            return rows.trial_record(trial)
+        stored = self.record_trials(study_id, [(number, params, outcome)], owner=owner)[0]
+        if isinstance(stored, ClaimRefused):
+            raise stored
+        return stored
 
     def claim_trial(self, study_id: int, params: Mapping[str, Any], *, owner: str | None,
                     limit: int | None = None, ttl_s: float = LEASE_TTL_S) -> int:
@@ -269,34 +255,10 @@ class Repository(BatchedTrials):
         (``"full"``). A lease of the config left without an owner (a run that stopped), not
         renewed within ``ttl_s`` (a killed run) or ``owner``'s own (an earlier run of this
         process) is taken over, under a new number."""
-        plain = queries.plain_json("params", params)
-        key = config_key(plain)
-        with self._session(f"cannot start a trial of study {study_id}", write=True) as session:
-            queries.study(session, study_id, lock=True)
-            if session.scalar(select(Trial.id).where(Trial.study_id == study_id,
-                                                     Trial.config_key == key).limit(1)) is not None:
-                raise ClaimRefused("measured", f"config {key[:12]} of study {study_id} is measured")
-            held = session.scalars(select(RunningTrial).where(
-                RunningTrial.study_id == study_id, RunningTrial.config_key == key)).one_or_none()
-            if held is not None:
-                fresh = (utcnow() - held.heartbeat_at).total_seconds() < ttl_s
-                if held.owner not in (None, owner) and fresh:
-                    raise ClaimRefused("held", f"config {key[:12]} of study {study_id} is held by {held.owner}")
-                session.delete(held)  # a stopped or killed run's: taken over
-                session.flush()
-            if limit is not None:
-                count = sum(session.scalar(select(func.count()).select_from(model)
-                                           .where(model.study_id == study_id)) or 0
-                            for model in (Trial, RunningTrial))
-                if count >= limit:
-                    raise ClaimRefused("full", f"study {study_id} has its {limit} trials")
-            taken = [session.scalar(select(func.max(model.number)).where(model.study_id == study_id))
-                     for model in (Trial, RunningTrial)]
-            number = max((n for n in taken if n is not None), default=-1) + 1
-            now = utcnow()
-            session.add(RunningTrial(study_id=study_id, number=number, params=plain, config_key=key,
-                                     owner=owner, started_at=now, heartbeat_at=now))
-            return number
+        granted = self.claim_trials(study_id, [params], owner=owner, limit=limit, ttl_s=ttl_s)[0]
+        if isinstance(granted, ClaimRefused):
+            raise granted
+        return granted
 
     def renew_leases(self, study_id: int, owner: str) -> int:
         """Renew every lease ``owner`` holds in the study (its running trials): how many."""
