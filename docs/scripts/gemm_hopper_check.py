@@ -3,7 +3,8 @@ Triton peer in one process.
 
     python3 docs/scripts/gemm_hopper_check.py [--quick]
 
-First every sampled config of the path (tiles, consumer warpgroups, setmaxnreg, stages) is
+First every sampled config of the path (tiles, consumer warpgroups, setmaxnreg, stages, split-K,
+persistent blocks, clusters) is
 compiled on all cores and passes the workers' checks (outputs poisoned, two runs compared, the
 float64 reference on sampled rows) on odd problems of each layout, dtype and epilogue: each
 failure is printed, then ``checked N (config, problem) pairs: F failed``. Then, on each timed
