@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gpu_checks import failed_checks
 from templates import get_family
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
@@ -97,13 +98,7 @@ def tma_sample(bench, tmp_path_factory):
 
 def test_tma_path_configs_match_the_reference_on_every_tail(bench, tma_sample):
     """S = 1, 65, 1000 and 4097: tails of every tile size, a single row, the causal corner."""
-    failures = []
-    for problem, params, binary in tma_sample:
-        assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
-        result = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=13, min_reps=3,
-                               max_reps=5, target_ms=10)
-        if not result.ok:
-            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+    failures = failed_checks(bench, FAMILY, tma_sample, seed=13, target_ms=10)
     assert not failures, "\n".join(failures)
 
 

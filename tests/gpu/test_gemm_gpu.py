@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gpu_checks import failed_checks
 from templates import get_family
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
@@ -101,12 +102,8 @@ def test_every_group_order_and_smem_layout_matches_the_reference(bench, tmp_path
     base = dict(FAMILY.default_params(), BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4)
     jobs = [(problem, dict(base, GROUP_M=g, SMEM_LAYOUT=layout, STAGES=stages))
             for g in (1, 4, 8, 16) for layout in ("swizzle", "pad8") for stages in (2, 4)]
-    failures = []
-    for problem, params, binary in _compiled(jobs, tmp_path_factory.mktemp("group_cubins")):
-        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=5, min_reps=3,
-                               max_reps=5, target_ms=5)
-        if not result.ok:
-            failures.append(f"{params}: {result.failure} {result.reason}")
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("group_cubins")), seed=5,
+                             target_ms=5, no_spills=False)
     assert not failures, "\n".join(failures)
 
 
@@ -170,11 +167,6 @@ def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tm
     assert len(jobs) >= 40 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
     for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1)):
         assert sum(params[name] > more for _, params in jobs) >= 4, name
-    failures = []
-    for problem, params, binary in _compiled(jobs, tmp_path_factory.mktemp("wgmma_cubins")):
-        assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
-        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=3, min_reps=3,
-                               max_reps=5, target_ms=5)
-        if not result.ok:
-            failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("wgmma_cubins")), seed=3,
+                             target_ms=5)
     assert not failures, "\n".join(failures)
