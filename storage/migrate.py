@@ -56,11 +56,18 @@ def upgrade(engine: Engine) -> None:
     """Run every migration the database has not had yet (a no-op when it is up to date).
 
     One migrator at a time: SQLite takes its write lock at BEGIN IMMEDIATE, PostgreSQL an
-    advisory lock, so processes opening a new database together wait for each other.
+    advisory lock, so processes opening a new database together wait for each other. A database
+    already at our head is only read (no lock): opening it never waits on the writers of a
+    running study (a reader beside two busy coordinators waited out SQLite's 30 s busy timeout).
 
     Raises:
         RuntimeError: the database was written by a newer version (a revision we do not know).
     """
+    with engine.connect() as connection, connection.begin():
+        current = current_revision(connection)
+    refuse_newer(current)
+    if current == head_revision():
+        return
     with engine.connect().execution_options(sqlite_begin="BEGIN IMMEDIATE") as connection:
         sqlite = connection.dialect.name == "sqlite"
         if sqlite:  # SQLite's way to rebuild a table others refer to: foreign keys off, checked after
