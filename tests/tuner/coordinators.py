@@ -91,8 +91,18 @@ class Coordinator:
             other.process.send_signal(signal.SIGSTOP)
         try:
             deadline = time.monotonic() + timeout
+            stopped_at = time.monotonic()
             while not leases(db, owner) and time.monotonic() < deadline:
                 time.sleep(0.005)
+                if time.monotonic() - stopped_at > 2.0:
+                    # another stopped holding SQLite's write lock (then nobody can claim): let
+                    # them run a moment to finish that transaction, and stop them again
+                    for other in others:
+                        other.process.send_signal(signal.SIGCONT)
+                    time.sleep(0.05)
+                    for other in others:
+                        other.process.send_signal(signal.SIGSTOP)
+                    stopped_at = time.monotonic()
             self.process.kill()
             self.process.wait(30)
             return leases(db, owner)
