@@ -1,15 +1,18 @@
 """Two GPUs' timings as one set, and a study's throughput on one GPU and on two (issue 16 §1).
 
     PYTHONPATH=<checkout> python3 docs/scripts/multigpu_check.py [--trials 200]
-        [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--configs 10] [--rounds 3]
+        [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--configs 10] [--rounds 3] [--prime]
+        [--folder DIR] [--study-timeout S]
 
-On a machine with two GPUs, in one call (about two minutes for the defaults):
+On a machine with two GPUs, in one call (cold: 6 minutes a 200-trial study on an H100 pair,
+whose 32 cores compile 30-35 configs a minute; the GPUs wait on the compiler):
 
-1. the same cold study (a new database, an empty compile cache, seed 0) on one GPU
-   (``CUDA_VISIBLE_DEVICES=0``), then on two (``0,1``; PCI bus order, as nvidia-smi numbers
-   them), each a ``tuner tune --json`` process: trials per minute (measured trials over the
-   study's wall time, the final re-timing included), and the two-GPU figure over the one-GPU one
-   (target: 1.9x or more; the two-GPU study pays for its GPUs' timings of the incumbent);
+1. the same study (a new database, seed 0) on one GPU (``CUDA_VISIBLE_DEVICES=0``), then on two
+   (``0,1``; PCI bus order, as nvidia-smi numbers them), each a ``tuner tune --json`` process, each
+   on an empty compile cache, or with ``--prime`` both on the cache a first one-GPU study filled:
+   trials per minute (measured trials over the study's wall time, the final re-timing included),
+   and the two-GPU figure over the one-GPU one (target: 1.9x or more; the two-GPU study pays for
+   its GPUs' timings of the incumbent). Each study's log is ``tune.log`` in its folder;
 2. the two-GPU study's ``--configs`` fastest configs (by normalized median, distinct cubins),
    timed again on each GPU, the two GPUs at once, each in its own process (``GpuBench.measure``
    as a trial times them, ``--rounds`` rounds, the median): the other GPU's medians over the
@@ -35,20 +38,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def study(gpus: str, folder: Path, args: argparse.Namespace) -> tuple[str, dict]:
-    """A cold study on ``gpus`` (CUDA_VISIBLE_DEVICES) in its own process: (db, tune --json)."""
+def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tuple[str, dict]:
+    """A study with a new database on ``gpus`` (CUDA_VISIBLE_DEVICES) in its own process, compiling
+    into ``cache``: (db, tune --json)."""
     folder.mkdir(parents=True)
     db = f"sqlite:///{folder / 'tuner.db'}"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-           "TUNER_CACHE": str(folder / "cache")}
+           "TUNER_CACHE": str(cache)}
     env.pop("TUNER_DB", None)
     cmd = [sys.executable, "-m", "tuner", "tune", "attention", "--shape", args.shape, "--dtype",
            args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
            "--db", db, "--seed", "0", "--json"]
+    log = folder / "tune.log"  # the study's progress lines, as it runs
+    print(f"study on GPUs {gpus}: {' '.join(cmd[1:])} (log: {log})", flush=True)
     start = time.monotonic()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    with log.open("w") as err:
+        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=err, text=True, timeout=args.study_timeout)
     if done.returncode != 0:
-        sys.exit(f"tune on GPUs {gpus} failed ({done.returncode}): {done.stderr[-2000:]}")
+        sys.exit(f"tune on GPUs {gpus} failed ({done.returncode}): {log.read_text()[-2000:]}")
     lines = done.stdout.splitlines()  # the summary: from the line "{" on (Ray may print before it)
     result = json.loads("\n".join(lines[lines.index("{"):]))
     result["call_s"] = time.monotonic() - start
@@ -116,6 +124,12 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--configs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prime", action="store_true",
+                        help="time both studies on a compile cache a first one-GPU study filled "
+                        "(where compiling, not the GPUs, would set a cold study's pace)")
+    parser.add_argument("--study-timeout", type=float, default=600, help="seconds a study may take")
+    parser.add_argument("--folder", type=Path, help="where the studies' databases and logs go "
+                        "(default: a new temporary folder)")
     parser.add_argument("--time-configs", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.time_configs:
@@ -125,9 +139,17 @@ def main() -> None:
     import tuner
     from tuner.retime import candidates
 
-    folder = Path(tempfile.mkdtemp(prefix="multigpu-"))
-    _, one = study("0", folder / "one", args)
-    db, two = study("0,1", folder / "two", args)
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="multigpu-"))
+    cold = None
+    if args.prime:  # a first one-GPU study fills the compile cache both timed studies share
+        cache = folder / "cache"
+        _, cold = study("0", folder / "prime", cache, args)
+        _, one = study("0", folder / "one", cache, args)
+        db, two = study("0,1", folder / "two", cache, args)
+    else:
+        _, one = study("0", folder / "one", folder / "one" / "cache", args)
+        cache = folder / "two" / "cache"
+        db, two = study("0,1", folder / "two", cache, args)
     per_min = {n: 60 * r["measured"] / r["elapsed_s"] for n, r in ((1, one), (2, two))}
 
     trials = tuner.show(two["study"], db=db).trials
@@ -139,7 +161,7 @@ def main() -> None:
                    if t.gpu_uuid == other and t.gpu_ratio is not None][-1]
     picked = candidates(ok, args.configs)
     ref, oth = time_on_both(reference, other, [t.params for t in picked], folder,
-                            str(folder / "two" / "cache"), args)
+                            str(cache), args)
     now_ratio = ref["medians"][0] / oth["medians"][0]  # the incumbent: the study's best
 
     rows, raw, by_study, by_now = [], [], [], []
@@ -149,8 +171,12 @@ def main() -> None:
         by_now.append(b * now_ratio / a - 1)
         rows.append((t.number, a, b, raw[-1], by_study[-1], by_now[-1]))
 
-    print(f"cold {args.trials}-trial study, attention {args.shape} {args.dtype}"
+    state = "warm (cache primed)" if cold else "cold"
+    print(f"{state} {args.trials}-trial study, attention {args.shape} {args.dtype}"
           f"{' causal' if args.causal else ''}:")
+    if cold:
+        print(f"  priming study (1 GPU, cold): {60 * cold['measured'] / cold['elapsed_s']:.0f} "
+              f"trials/min")
     print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
           f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
     print(f"reference GPU {gpus[reference]} ({reference}), other GPU {gpus[other]} ({other})")
@@ -167,6 +193,7 @@ def main() -> None:
         "problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
         "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
         "speedup": round(per_min[2] / per_min[1], 3),
+        "primed": bool(cold),
         "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s")},
                     "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s")}},
         "reference": ref["gpu"], "other": oth["gpu"], "study_ratio": study_ratio,
