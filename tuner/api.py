@@ -266,7 +266,8 @@ def _run_study(
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
 
-    points = [c for c in space.configs() if valid(c)] if sampler == "grid" else None
+    # the sampler proposes these alone (a replay's space may lack some of the family's)
+    points = [c for c in fam.valid_configs(problem, pool.limits) if space.contains(c)]
 
     stored = len(database.call(lambda: repo.trials(record.id)))
     if only is not None:

@@ -191,4 +191,8 @@ def _open(url: str, record: Any) -> tuple[Any, optuna.Study, set[int]]:
 if __name__ == "__main__":  # the copy's process (DashboardCopy)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.WARNING)
-    print(serve(sys.stdin.buffer))
+    written = serve(sys.stdin.buffer)
+    try:
+        print(written, flush=True)
+    except BrokenPipeError:  # the coordinator was killed and no longer reads the count
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush

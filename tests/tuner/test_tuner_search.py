@@ -135,6 +135,47 @@ def test_tpe_told_the_constraints_proposes_few_invalid_configs():
     assert plain > 2 * told
 
 
+def test_tpe_given_the_valid_configs_of_a_sparse_space_proposes_only_new_valid_ones():
+    """A space past the scan limit where one config in 4,096 is valid (attention's is one in
+    5,000): given the valid configs, the start-up trials and TPE's proposals are all valid and
+    new, with the constant liar's trials in flight; without them most start-up trials miss."""
+    space = search.SearchSpace(tuple(Param(name, tuple(range(8))) for name in "ABCDEFG"))
+    assert space.size > search._ConstrainedTPESampler.SCAN_LIMIT
+
+    def valid(params):
+        return (params["A"] == params["B"] == params["C"] and params["D"] + params["E"] == 7
+                and params["F"] == params["G"])
+
+    points = [dict(A=a, B=a, C=a, D=d, E=7 - d, F=f, G=f) for a in range(8) for d in range(8)
+              for f in range(8)]
+    assert all(map(valid, points)) and len(points) * 4096 == space.size
+
+    def asks(sampler, count=40, in_flight=8):
+        study = optuna.create_study(sampler=sampler)
+        proposed, flight = [], []
+        for _ in range(count):
+            trial = study.ask(space.distributions)
+            params = space.decode(trial.params)
+            proposed.append(params)
+            if not valid(params):
+                study.tell(trial, float("inf"))
+                continue
+            flight.append((trial, params))
+            if len(flight) > in_flight:
+                done, p = flight.pop(0)
+                study.tell(done, 1.0 + abs(p["A"] - 5) + abs(p["F"] - 2) + 0.1 * p["G"])
+        return proposed
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        given = asks(search.make_sampler("tpe", space, seed=3, points=points, valid=valid))
+        blind = asks(search.make_sampler("tpe", space, seed=3, valid=valid), count=search.N_STARTUP_TRIALS)
+    assert all(valid(p) for p in given)
+    assert len({tuple(p.values()) for p in given}) == len(given)
+    assert sum(not valid(p) for p in blind) >= search.N_STARTUP_TRIALS - 1
+
+
 def test_a_parameter_with_one_choice_is_no_dimension_of_the_search():
     space = search.SearchSpace((Param("TILE", (64, 128)), Param("LOADS", ("cp.async",)), Param("K", (1, 2))))
     assert set(space.distributions) == {"TILE", "K"} and space.fixed == {"LOADS": "cp.async"}
