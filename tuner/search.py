@@ -138,7 +138,8 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
     A grid given ``points`` (the family's valid configs) walks those alone, in random order;
     without, it walks the whole product of the parameters' choices. TPE given ``valid`` (the
     family's constraints, on decoded params) prefers the candidates they accept; given
-    ``points`` too, it proposes valid configs alone, its random start-up trials among them."""
+    ``points`` too, it proposes valid configs alone, its random start-up trials among them.
+    ``random`` given ``points`` draws among them (uniformly, repeats included)."""
     if kind in ("tpe", "tpe-batch"):
         options = dict(seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS,
                        constant_liar=constant_liar)
@@ -147,6 +148,9 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
         sampler = _ConstrainedTPESampler(space, valid or (lambda params: True), points, **options)
         sampler.batch_proposals = kind == "tpe-batch"
         return sampler
+    if kind == "random" and points is not None:
+        return _ValidRandomSampler([space.encode(point) for point in points], space.distributions,
+                                   seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid" and points is not None:
@@ -302,6 +306,28 @@ class _PointsSampler(optuna.samplers.BaseSampler):
         if self._points and param_name in self._points[0]:
             return self._points[0][param_name]
         return param_distribution.choices[0]
+
+
+class _ValidRandomSampler(optuna.samplers.RandomSampler):
+    """Random search among a list of points (the family's valid configs), each drawn with equal
+    chance, repeats included. Optuna's RandomSampler draws from the whole product: in attention's
+    space one draw in 5,000 is valid, and a study stopped after 500 rejected asks in a row."""
+
+    def __init__(self, points: Sequence[Mapping[str, Any]], distributions: Mapping[str, Any],
+                 seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self._points = [dict(point) for point in points]
+        self._distributions = dict(distributions)
+        self._draw = random.Random(seed)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        return dict(self._distributions) if self._points else {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        return dict(self._draw.choice(self._points))
 
 
 def _point_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

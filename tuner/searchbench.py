@@ -52,6 +52,7 @@ class _Landscape:
     winner: dict[str, Any]
     limits: DeviceLimits
     space: search.SearchSpace  # the part of the family's space the landscape recorded
+    points: list[dict[str, Any]]  # the family's valid configs in that space (TPE proposes among them)
 
 
 @dataclass
@@ -118,8 +119,9 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
     best_key = min(values, key=values.get)
     winner = next(dict(p) for p, _ in recorded.entries if params_key(p) == best_key)
     space = search.SearchSpace(family.recorded_space([p for p, _ in recorded.entries]))
+    points = [c for c in family.valid_configs(recorded.problem, limits) if space.contains(c)]
     return _Landscape(Path(path).name, family, recorded.problem, values, len(values),
-                      values[best_key], winner, limits, space)
+                      values[best_key], winner, limits, space, points)
 
 
 class _Progress:
@@ -193,7 +195,7 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
 
     space, liar = land.space, not name.endswith("-noliar")
     valid_check = lambda p: land.family.check(p, land.problem, land.limits) is None  # noqa: E731
-    sampler = search.make_sampler("tpe", space, seed, valid=valid_check, constant_liar=liar)
+    sampler = search.make_sampler("tpe", space, seed, land.points, valid=valid_check, constant_liar=liar)
     study = optuna.create_study(direction="minimize", sampler=sampler)
     batcher = None
     if name.startswith("tpe-batch"):
@@ -237,8 +239,10 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
 
 
 def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
-    """The sampler a study would run (TPE told the family's constraints, as ``tune`` does)."""
-    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed,
+    """The sampler a study would run (TPE given the family's valid configs and constraints, as
+    ``tune`` does)."""
+    kind = "tpe" if name.startswith("tpe-") else name
+    return search.make_sampler(kind, space, seed, land.points if kind == "tpe" else None,
                                valid=lambda p: land.family.check(p, land.problem, land.limits) is None)
 
 

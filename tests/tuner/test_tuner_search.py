@@ -138,7 +138,8 @@ def test_tpe_told_the_constraints_proposes_few_invalid_configs():
 def test_tpe_given_the_valid_configs_of_a_sparse_space_proposes_only_new_valid_ones():
     """A space past the scan limit where one config in 4,096 is valid (attention's is one in
     5,000): given the valid configs, the start-up trials and TPE's proposals are all valid and
-    new, with the constant liar's trials in flight; without them most start-up trials miss."""
+    new, with the constant liar's trials in flight; without them most start-up trials miss.
+    Random search given them draws among them."""
     space = search.SearchSpace(tuple(Param(name, tuple(range(8))) for name in "ABCDEFG"))
     assert space.size > search._ConstrainedTPESampler.SCAN_LIMIT
 
@@ -174,6 +175,8 @@ def test_tpe_given_the_valid_configs_of_a_sparse_space_proposes_only_new_valid_o
     assert all(valid(p) for p in given)
     assert len({tuple(p.values()) for p in given}) == len(given)
     assert sum(not valid(p) for p in blind) >= search.N_STARTUP_TRIALS - 1
+    drawn = asks(search.make_sampler("random", space, seed=3, points=points), count=60)
+    assert all(valid(p) for p in drawn) and len({tuple(p.values()) for p in drawn}) > 50
 
 
 def test_a_parameter_with_one_choice_is_no_dimension_of_the_search():
