@@ -239,10 +239,9 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
 
 
 def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
-    """The sampler a study would run (TPE given the family's valid configs and constraints, as
-    ``tune`` does)."""
-    kind = "tpe" if name.startswith("tpe-") else name
-    return search.make_sampler(kind, space, seed, land.points if kind == "tpe" else None,
+    """The sampler a study would run (given the family's valid configs, TPE its constraints too,
+    as ``tune`` does)."""
+    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed, land.points,
                                valid=lambda p: land.family.check(p, land.problem, land.limits) is None)
 
 
