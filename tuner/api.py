@@ -266,8 +266,7 @@ def _run_study(
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
 
-    # the sampler proposes these alone (a replay's space may lack some of the family's)
-    points = [c for c in fam.valid_configs(problem, pool.limits) if space.contains(c)]
+    points = search.valid_in_space(fam, problem, pool.limits, space)
 
     stored = len(database.call(lambda: repo.trials(record.id)))
     if only is not None:

@@ -40,7 +40,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import LEASE_TTL_S
-from templates.family import Param, Problem
+from templates.family import DeviceLimits, KernelFamily, Param, Problem
 from tuner.errors import UsageError
 
 SAMPLERS = ("tpe", "random", "grid", "tpe-batch")
@@ -116,6 +116,13 @@ class SearchSpace:
     def decode(self, optuna_params: Mapping[str, Any]) -> dict[str, Any]:
         return {p.name: self.fixed[p.name] if p.name in self.fixed else self._from_optuna[p.name][optuna_params[p.name]]
                 for p in self.params}
+
+
+def valid_in_space(family: KernelFamily, problem: Problem, limits: DeviceLimits,
+                   space: SearchSpace) -> list[dict[str, Any]]:
+    """The family's valid configs for ``problem`` that ``space`` holds (a replayed landscape's
+    space may lack some): what the samplers propose among, listed once a study."""
+    return [c for c in family.valid_configs(problem, limits) if space.contains(c)]
 
 
 def _hashable(value: Any) -> Any:

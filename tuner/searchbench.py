@@ -52,7 +52,7 @@ class _Landscape:
     winner: dict[str, Any]
     limits: DeviceLimits
     space: search.SearchSpace  # the part of the family's space the landscape recorded
-    points: list[dict[str, Any]]  # the family's valid configs in that space (TPE proposes among them)
+    points: list[dict[str, Any]]  # the family's valid configs in that space (the samplers' choices)
 
 
 @dataclass
@@ -119,7 +119,7 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
     best_key = min(values, key=values.get)
     winner = next(dict(p) for p, _ in recorded.entries if params_key(p) == best_key)
     space = search.SearchSpace(family.recorded_space([p for p, _ in recorded.entries]))
-    points = [c for c in family.valid_configs(recorded.problem, limits) if space.contains(c)]
+    points = search.valid_in_space(family, recorded.problem, limits, space)
     return _Landscape(Path(path).name, family, recorded.problem, values, len(values),
                       values[best_key], winner, limits, space, points)
 
