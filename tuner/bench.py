@@ -5,14 +5,16 @@
     for row in rows:
         print(row.problem.key, row.median_ms, row.ratio("flash"))
 
-Each winner is re-compiled (cached) and re-timed here, not read back from the database, so its
-number and the peers' come from the same process, GPU and method.
+Each winner is re-compiled (cached), checked and re-timed here, not read back from the database,
+so its number and the peers' come from the same process, GPU and method: ours and the peers take
+turns in the same held batches (``workers.peers.time_peers``), so that the GPU's clocks, which
+drift under a long load, move them alike.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from templates import reference
@@ -130,7 +132,7 @@ def bench(
 
 def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str | None, seed: int,
                 peers: bool) -> list[BenchRow]:
-    from workers.peers import prepare_peers, time_peers
+    from workers.peers import prepare_peers
 
     if peers:
         prepare_peers(fam.name, wanted)
@@ -141,28 +143,22 @@ def _bench_rows(fam: KernelFamily, wanted: list[Problem], local: Any, *, db: str
             winner = database.call(lambda: repo.best(
                 fam.name, problem.shape, problem.dtype, dict(problem.flags),
                 device_name=device, template_hash=fam.template_hash))
-            row = _ours(fam, problem, winner, local, seed, device, cross_check=peers)
-            if peers:
-                found = time_peers(fam.name, problem, seed=seed)
-                row = BenchRow(**{**row.__dict__, "peers": {
-                    name: PeerTiming(name, p.median_ms,
-                                     fam.tflops(problem, p.median_ms) if p.median_ms else None,
-                                     p.error, p.note, p.check_ms, p.tune_seconds)
-                    for name, p in found.items()}})
+            row = _ours(fam, problem, winner, local, seed, device)
+            if peers and row.median_ms is not None:
+                row = _beside_peers(fam, problem, row, local, seed)
             logger.info("%s: %s", problem.key, format_row(row))
             rows.append(row)
     return rows
 
 
-def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: int, device: str, *,
-          cross_check: bool) -> BenchRow:
+def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: int, device: str) -> BenchRow:
+    """The winner re-compiled, checked and timed alone by the workers' method."""
     if winner is None:
         return BenchRow(problem, None, None, None, None, None, None, None,
                         note=f"not tuned on {device} with template {fam.template_hash}")
     params = dict(winner.params)
     launch = fam.launch(params, problem)
-    kernel = (reference(fam), problem, fam.render(params, problem), launch, fam.compile_options(params, problem))
-    result = local.measure(*kernel, seed=seed)
+    result = local.measure(*_kernel(fam, problem, params), seed=seed)
     registers = result.resources.registers if result.resources else winner.registers
     occupancy = blocks_per_sm(registers or 0, launch.block[0], launch.smem_bytes)
     if not result.ok:
@@ -170,8 +166,34 @@ def _ours(fam: KernelFamily, problem: Problem, winner: Any, local: Any, seed: in
                         occupancy, note=f"{result.failure}: {result.reason}")
     median = result.timing.median_ms
     return BenchRow(problem, params, median, fam.tflops(problem, median), result.error,
-                    registers, launch.smem_bytes, occupancy, note=result.detail,
-                    check_ms=local.do_bench(*kernel, seed=seed) if cross_check else None)
+                    registers, launch.smem_bytes, occupancy, note=result.detail)
+
+
+def _beside_peers(fam: KernelFamily, problem: Problem, row: BenchRow, local: Any, seed: int) -> BenchRow:
+    """The row with the peers, ours timed again in turns with them (``time_peers(ours=...)``: the
+    median that the ratios divide) and by the second method; as it was where the kernel no longer
+    loads beside torch."""
+    from workers.peers import OURS, time_peers
+
+    kernel = _kernel(fam, problem, row.params or {})
+    with local.launcher(*kernel, seed=seed) as run:
+        found = time_peers(fam.name, problem, seed=seed, ours=run)
+    ours = found.pop(OURS, None)
+    if ours is not None and ours.median_ms:
+        median, check_ms = ours.median_ms, ours.check_ms
+    else:
+        median, check_ms = row.median_ms, local.do_bench(*kernel, seed=seed)
+    return replace(row, median_ms=median, tflops=fam.tflops(problem, median), check_ms=check_ms,
+                   peers={name: PeerTiming(name, p.median_ms,
+                                           fam.tflops(problem, p.median_ms) if p.median_ms else None,
+                                           p.error, p.note, p.check_ms, p.tune_seconds)
+                          for name, p in found.items()})
+
+
+def _kernel(fam: KernelFamily, problem: Problem, params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(family, problem, source, launch, compile options): what LocalBench's methods take."""
+    return (reference(fam), problem, fam.render(params, problem), fam.launch(params, problem),
+            fam.compile_options(params, problem))
 
 
 def ratio_text(row: BenchRow, peer: str) -> str:

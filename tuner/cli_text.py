@@ -172,6 +172,6 @@ def bench_table(rows: Sequence[Any]) -> list[str]:
         cells += [str(row.registers or "-"), str(row.smem_bytes or "-"), str(row.blocks_per_sm or "-")]
         lines.append("| " + " | ".join(cells) + " |")
     if any(row.check_ms for row in rows):
-        lines.append("ratios: peer time / ours, held events / triton.testing.do_bench; "
+        lines.append("ratios: peer time / ours, held events (ours and the peers in turns) / triton.testing.do_bench; "
                      f"! where the two differ by more than {AGREEMENT:.0%}")
     return lines + notes

@@ -3,11 +3,14 @@
     from workers.local import LocalBench
     with LocalBench() as bench:
         measurement = bench.measure("attention", problem, source, launch, options)
+        with bench.launcher("attention", problem, source, launch, options) as run:
+            run()                               # queued on torch's current stream
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from templates.family import KernelFamily, Launch, Params, Problem
 from workers.compile import compile_cubin, default_cache_dir
@@ -53,22 +56,34 @@ class LocalBench:
         """The same kernel timed a second way: ``triton.testing.do_bench``'s median (its own L2
         clearing and events, on torch's current stream), on the inputs ``measure`` used. None
         where torch or Triton is missing, or the kernel does not pass its checks."""
+        from workers.peers import do_bench_ms
+
+        with self.launcher(family, problem, source, launch, options, seed=seed) as run:
+            return do_bench_ms(run) if run is not None else None
+
+    @contextmanager
+    def launcher(self, family: str | KernelFamily, problem: Problem, source: str, launch: Launch,
+                 options: Sequence[str], *, seed: int = 0) -> Iterator[Callable[[], None] | None]:
+        """A call that queues the kernel on torch's current stream, on the inputs ``measure``
+        used, once it has passed the workers' checks (for timing it beside torch calls); None
+        where torch is missing or the kernel fails its checks."""
         try:
             import torch
         except ImportError:
-            return None
+            yield None
+            return
         from templates import get_family
-        from workers.peers import do_bench_ms
         from workers.trial import verified
 
         try:
             trial = verified(self._bench, _compiled(source, launch, options), launch, get_family(family),
                              problem, seed=seed)
         except (CompileError, ValueError):
-            return None
+            yield None
+            return
         try:
             stream = stream_handle(torch.cuda.current_stream().cuda_stream)
-            return do_bench_ms(lambda: trial.launch_on(stream))
+            yield lambda: trial.launch_on(stream)
         finally:
             torch.cuda.synchronize()
             trial.release()

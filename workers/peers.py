@@ -3,6 +3,7 @@
     from workers.peers import time_peers
     results = time_peers("attention", problem, seed=0)   # {} when torch is not installed
     results["cudnn"].median_ms, results["cudnn"].check_ms, results["triton"].tune_seconds
+    results = time_peers("gemm", problem, ours=launch)    # ours timed in turns with them: results[OURS]
 
 A family names its peers (``KernelFamily.peers``: attention's are torch's SDPA backends and an
 FA2-style Triton kernel tuned by Triton's own autotuner). They run on the family's own inputs and
@@ -11,9 +12,11 @@ are validated by the family's own reference, so their error is the same metric a
 Timing (``HeldTimer``), as a trial times ours: warm-up, then batches of repetitions queued behind
 a hold of the stream (``workers.hold``): each repetition the workers' L2 flush (a memset of
 ``l2_flush_bytes``), a start event, the call, an end event; the GPU starts on a batch only once
-the host has queued all of it, so a call's host dispatch is never timed. The median of the
-repetitions. ``check_ms`` is a second method's median, ``triton.testing.do_bench`` (its own L2
-clearing, its own events), where Triton is installed.
+the host has queued all of it, so a call's host dispatch is never timed. The peers (and our
+kernel, given as ``ours``) take turns: each repetition times every one of them once, so that a
+drift of the GPU's clocks between them cannot make a ratio. The median of the repetitions.
+``check_ms`` is a second method's median, ``triton.testing.do_bench`` (its own L2 clearing, its
+own events), where Triton is installed.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -57,20 +60,32 @@ class HeldTimer:
 
     def time(self, run: Callable[[], Any], reps: int) -> tuple[list[float], int]:
         """Milliseconds of each of ``reps`` calls of ``run``, and the holds that timed out."""
+        samples, late = self.time_each({"run": run}, reps)
+        return samples["run"], late
+
+    def time_each(self, runs: Mapping[str, Callable[[], Any]], reps: int) -> tuple[dict[str, list[float]], int]:
+        """Milliseconds of ``reps`` calls of each of ``runs``, taken in turns: each repetition
+        calls every run once, in order, each behind its own flush and between its own events, in
+        the same held batches. A drift of the GPU's clocks or temperature then moves every run's
+        times alike, so their ratios hold (timed one after the other, ours and cuBLAS's medians of
+        4096^3 moved apart by up to 8% with the clocks, docs/BENCHMARKS.md, fifteenth session)."""
         cuda = self._torch.cuda
         late = self.hold.timeouts
-        pairs = []
-        for first in range(0, reps, HOLD_BATCH):
+        pairs: dict[str, list[tuple[Any, Any]]] = {name: [] for name in runs}
+        batch = max(1, HOLD_BATCH // len(runs))
+        for first in range(0, reps, batch):
             with self.hold:
-                for index in range(first, min(first + HOLD_BATCH, reps)):
-                    start, stop = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-                    self._flush(index)
-                    start.record()
-                    run()
-                    stop.record()
-                    pairs.append((start, stop))
+                for index in range(first, min(first + batch, reps)):
+                    for name, run in runs.items():
+                        start, stop = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+                        self._flush(index)
+                        start.record()
+                        run()
+                        stop.record()
+                        pairs[name].append((start, stop))
         cuda.synchronize()
-        return [start.elapsed_time(stop) for start, stop in pairs], self.hold.timeouts - late
+        times = {name: [start.elapsed_time(stop) for start, stop in p] for name, p in pairs.items()}
+        return times, self.hold.timeouts - late
 
 
 def do_bench_ms(run: Callable[[], Any]) -> float | None:
@@ -94,10 +109,15 @@ def prepare_peers(family_name: str, problems: list[Problem]) -> None:
                 time.perf_counter() - start)
 
 
+OURS = "ours"  # time_peers' entry for the kernel timed in turns with the peers
+
+
 def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int = 100,
-               cross_check: bool = True) -> dict[str, PeerResult]:
+               cross_check: bool = True, ours: Callable[[], Any] | None = None) -> dict[str, PeerResult]:
     """The family's peers (``KernelFamily.peers``) on ``problem``, each checked against the
-    family's reference and timed; empty when it has none or torch is missing."""
+    family's reference, then timed in turns (``HeldTimer.time_each``); empty when it has none or
+    torch is missing. ``ours``: a call that queues our kernel on torch's current stream (checked
+    already, by the workers), timed in the same turns and returned as the entry ``OURS``."""
     try:
         import torch
     except ImportError:
@@ -112,19 +132,32 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         return {}
     timer = held_timer(torch)
     try:
-        results = {}
+        results, runs = {}, {}
         for name, call in calls.items():
             if call.run is None:
                 results[name] = PeerResult(name, None, None, call.note)
                 continue
             try:
-                result = _time_one(torch, timer, name, call.run, family, problem, host, reps, cross_check)
+                error, wrong = _checked(torch, call.run, family, problem, host)
             except RuntimeError as exc:  # the peer does not support this problem
                 results[name] = PeerResult(name, None, None, str(exc).splitlines()[0][:120])
                 continue
-            note = "; ".join(filter(None, [result.note, call.note]))
-            results[name] = PeerResult(name, result.median_ms, result.error, note, result.check_ms,
-                                       call.tune_seconds)
+            if wrong:
+                results[name] = PeerResult(name, None, error, f"wrong: {wrong}")
+            else:
+                results[name] = PeerResult(name, None, error, call.note, None, call.tune_seconds)
+                runs[name] = call.run
+        if ours is not None:
+            runs = {OURS: ours, **runs}
+            results[OURS] = PeerResult(OURS, None, None)
+        for run in runs.values():
+            for _ in range(WARMUP_CALLS):
+                run()
+        samples, late = timer.time_each(runs, reps) if runs else ({}, 0)
+        for name, run in runs.items():
+            note = "; ".join(filter(None, [late_note(late) if late else "", results[name].note]))
+            results[name] = replace(results[name], median_ms=statistics.median(samples[name]), note=note,
+                                    check_ms=do_bench_ms(run) if cross_check else None)
         return results
     finally:
         torch.cuda.synchronize()
@@ -146,18 +179,25 @@ def held_timer(torch: Any) -> HeldTimer:
     return HeldTimer(torch, hold, flush_l2)
 
 
-def _time_one(torch: Any, timer: HeldTimer, name: str, run: Callable[[], Any], family: Any,
-              problem: Problem, host: dict[str, np.ndarray], reps: int, cross_check: bool) -> PeerResult:
-    """Check ``run``'s output against the family's reference, then time it both ways."""
+def _checked(torch: Any, run: Callable[[], Any], family: Any, problem: Problem,
+             host: dict[str, np.ndarray]) -> tuple[float | None, str]:
+    """``run``'s output against the family's reference: (its error, why it is wrong or "")."""
     out = run()
     torch.cuda.synchronize()
     spec = family.outputs(problem)[0]  # the raw elements, as the family's check reads ours
     bits = out.contiguous().view(torch.uint8).cpu().numpy().view(spec.dtype).reshape(spec.shape)
     check = check_outputs(family, problem, host, {spec.name: bits})
-    if not check.ok:
-        return PeerResult(name, None, check.error, f"wrong: {check.reason}")
+    return check.error, "" if check.ok else check.reason
+
+
+def _time_one(torch: Any, timer: HeldTimer, name: str, run: Callable[[], Any], family: Any,
+              problem: Problem, host: dict[str, np.ndarray], reps: int, cross_check: bool) -> PeerResult:
+    """Check ``run``'s output against the family's reference, then time it alone, both ways."""
+    error, wrong = _checked(torch, run, family, problem, host)
+    if wrong:
+        return PeerResult(name, None, error, f"wrong: {wrong}")
     for _ in range(WARMUP_CALLS):
         run()
     samples, late = timer.time(run, reps)
     check_ms = do_bench_ms(run) if cross_check else None
-    return PeerResult(name, statistics.median(samples), check.error, late_note(late) if late else "", check_ms)
+    return PeerResult(name, statistics.median(samples), error, late_note(late) if late else "", check_ms)

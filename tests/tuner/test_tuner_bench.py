@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import pytest
 
@@ -12,7 +13,8 @@ from tuner.bench import BenchRow, PeerTiming, _bench_rows, blocks_per_sm
 from tuner.cli_text import bench_table
 from tuner_doubles import PROBLEM, latency_ms, run_cli
 from workers.driver import gpu_count
-from workers.peers import time_peers
+import workers.peers
+from workers.peers import OURS, PeerResult, time_peers
 from workers.results import Measurement, Resources, Timing
 
 
@@ -23,7 +25,7 @@ class _LocalDouble:
 
     def __init__(self, device_name):
         self.device = type("Device", (), {"name": device_name})()
-        self.asked = []
+        self.asked, self.launched = [], []
 
     def measure(self, family, problem, source, launch, options, *, seed=0):
         params = dict(line.split()[1:] for line in source.splitlines() if line.startswith("#define"))
@@ -34,6 +36,11 @@ class _LocalDouble:
 
     def do_bench(self, family, problem, source, launch, options, *, seed=0):
         return 1.5  # the second method's median, whatever the kernel
+
+    @contextmanager
+    def launcher(self, family, problem, source, launch, options, *, seed=0):
+        self.launched.append(source)
+        yield lambda: None
 
 
 def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
@@ -51,6 +58,25 @@ def test_bench_re_times_the_stored_winner_of_each_problem(toy, db, tuned):
     assert local.asked[0][2] == toy.render(winner.params, problem)
     assert rows[1].params is None and "not tuned on NVIDIA H100" in rows[1].note
     assert len(local.asked) == 1
+
+
+def test_ours_is_timed_in_turns_with_the_peers_and_its_ratio_divides_those_times(toy, db, tuned, monkeypatch):
+    asked = []
+
+    def peers_with_ours(family, problem, *, seed=0, ours=None, **_):
+        asked.append(ours)
+        return {OURS: PeerResult(OURS, 0.5, None, check_ms=0.55),
+                "cublas": PeerResult("cublas", 0.45, 1e-4, check_ms=0.44)}
+
+    monkeypatch.setattr(workers.peers, "time_peers", peers_with_ours)
+    local = _LocalDouble("NVIDIA H100 80GB HBM3")
+    problem = toy.parse_problem(*PROBLEM)
+    row = _bench_rows(toy, [problem], local, db=db, seed=0, peers=True)[0]
+    assert callable(asked[0]) and local.launched == [local.asked[0][2]]  # the winner, loaded beside torch
+    assert row.median_ms == 0.5 and row.check_ms == 0.55  # the turns' median, not the time alone
+    assert row.tflops == pytest.approx(toy.flops(problem) / 0.5 / 1e9)
+    assert row.ratio("cublas") == pytest.approx(0.9) and row.check_ratio("cublas") == pytest.approx(0.8)
+    assert OURS not in row.peers
 
 
 def test_rows_of_another_gpu_are_not_benched(toy, db, tuned):

@@ -76,6 +76,34 @@ def test_peer_calls_are_queued_whole_behind_a_hold_then_read():
     assert log[last_release + 1] == "sync" and set(log[last_release + 2:]) == {"read"}  # read after
 
 
+def test_runs_timed_in_turns_alternate_inside_each_held_batch_and_keep_their_own_times():
+    log: list[str] = []
+    ticks = itertools.count()
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.at = None
+
+        def record(self) -> None:
+            self.at = next(ticks)
+            log.append("event")
+
+        def elapsed_time(self, other: "Event") -> float:
+            return float(other.at - self.at)
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: log.append("sync")))
+    timer = HeldTimer(torch, RecordingHold(log), lambda index: log.append(f"flush {index}"))
+    reps = HOLD_BATCH  # two runs: HOLD_BATCH // 2 repetitions of both a batch
+    samples, late = timer.time_each({"ours": lambda: log.append("ours"), "peer": lambda: log.append("peer")}, reps)
+    assert late == 0 and set(samples) == {"ours", "peer"}
+    assert len(samples["ours"]) == len(samples["peer"]) == reps
+    assert set(samples["ours"]) == set(samples["peer"]) == {1.0}  # each its own pair of events
+    queued = batches(log)
+    assert [len(b) for b in queued] == [8 * (HOLD_BATCH // 2)] * 2
+    one = [[f"flush {i}", "event", "ours", "event", f"flush {i}", "event", "peer", "event"] for i in range(reps)]
+    assert queued[0] + queued[1] == list(itertools.chain(*one))
+
+
 def test_a_peer_timed_while_its_hold_timed_out_says_so():
     torch = SimpleNamespace(cuda=SimpleNamespace(
         Event=lambda enable_timing: SimpleNamespace(record=lambda: None, elapsed_time=lambda other: 1.0),

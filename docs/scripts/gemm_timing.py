@@ -1,0 +1,187 @@
+"""One GEMM config of ours and cuBLAS on the same problem, timed several ways in one process on one
+GPU, to see where `tuner bench`'s held ratio and `triton.testing.do_bench`'s part:
+
+    python3 docs/scripts/gemm_timing.py 4096,4096,4096 fp16 nn '{"BLOCK_M": 128, ...}' [--rounds 2]
+    python3 docs/scripts/gemm_timing.py 4096,4096,4096 fp16 nn '[{...}, {...}]'     # configs in turns
+
+Ways, each the median of REPS repetitions with the L2 flushed before each (but "no flush"):
+- ``trial``: the workers' timing of ours (``Trial._repeat``: the bench's stream, its flush, holds);
+- ``held``: ``workers.peers.HeldTimer`` on torch's stream, ours (``Trial.launch_on``) and cuBLAS;
+- ``alternate``: the same holds, ours and cuBLAS one after the other in every batch (no drift of
+  clocks between the two sets);
+- ``do_bench``: ``triton.testing.do_bench``, each;
+- ``no flush``: held, without the flush.
+The SM clock and power are read (NVML) while each way runs. Rounds repeat the whole sequence,
+the second in reverse order, so that an order effect shows.
+
+Given a list of configs: all of them and cuBLAS in turns (``HeldTimer.time_each``), REPS
+repetitions each, then ``do_bench`` of each; a line a config, the fastest first.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from templates import get_family
+from templates.gemm.peers import operands
+from workers.hold import stream_handle
+from workers.gpu import GpuBench
+from workers.peers import do_bench_ms, held_timer
+from workers.trial import verified_trial
+
+REPS = 200
+FAMILY = get_family("gemm")
+
+
+def alternate(timer, runs, reps):
+    """Each of ``runs`` timed in turn, every repetition, behind the same holds: medians in ms."""
+    cuda = torch.cuda
+    pairs = {name: [] for name in runs}
+    batch = 16
+    for first in range(0, reps, batch):
+        with timer.hold:
+            for index in range(first, min(first + batch, reps)):
+                for name, run in runs.items():
+                    start, stop = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+                    timer._flush(index)
+                    start.record()
+                    run()
+                    stop.record()
+                    pairs[name].append((start, stop))
+    cuda.synchronize()
+    return {name: statistics.median(a.elapsed_time(b) for a, b in p) for name, p in pairs.items()}
+
+
+def main(shape: str, dtype: str, layout: str, params: dict, rounds: int) -> None:
+    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+    params = dict(FAMILY.default_params(), **params)
+    bench = GpuBench(0)
+    trial = verified_trial(bench, FAMILY, problem, params)
+    a, b, _ = operands(problem, FAMILY.inputs(problem, 0))
+    tstream = stream_handle(torch.cuda.current_stream().cuda_stream)
+    ours = lambda: trial.launch_on(tstream)  # noqa: E731
+    cublas = lambda: torch.matmul(a, b)  # noqa: E731
+    timer = held_timer(torch)
+    m, n, k = problem.shape
+    flops = 2.0 * m * n * k
+
+    def sampled(fn):
+        """fn's value, and the median SM clock and power NVML read every 2 ms while it ran."""
+        samples, done = [], threading.Event()
+
+        def poll():
+            while not done.is_set():
+                c = bench.clocks_now()
+                if c:
+                    samples.append((c.get("sm_mhz", 0), c.get("power_w", 0.0)))
+                time.sleep(0.002)
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        try:
+            value = fn()
+            torch.cuda.synchronize()
+        finally:
+            done.set()
+            thread.join()
+        if not samples:
+            return value, "no clocks"
+        return value, (f"{statistics.median(s[0] for s in samples):.0f} MHz "
+                       f"{statistics.median(s[1] for s in samples):.0f} W, {len(samples)} reads")
+
+    for _ in range(200):  # a steady GPU: about a second of cuBLAS
+        cublas()
+    torch.cuda.synchronize()
+    rows = []
+
+    def way(name, fn):
+        value, clk = sampled(fn)
+        rows.append((name, value, clk))
+
+    steps = [
+        ("trial ours", lambda: (trial.warm_up(25.0), statistics.median(trial._repeat(REPS, True, 0)))[1]),
+        ("held ours", lambda: statistics.median(timer.time(ours, REPS)[0])),
+        ("held cublas", lambda: statistics.median(timer.time(cublas, REPS)[0])),
+        ("alternate", lambda: alternate(timer, {"ours": ours, "cublas": cublas}, REPS)),
+        ("do_bench ours", lambda: do_bench_ms(ours)),
+        ("do_bench cublas", lambda: do_bench_ms(cublas)),
+        ("no flush ours", lambda: _noflush(timer, ours)),
+        ("no flush cublas", lambda: _noflush(timer, cublas)),
+    ]
+    for r in range(rounds):
+        for name, fn in (steps if r % 2 == 0 else steps[::-1]):
+            way(f"r{r} {name}", fn)
+    print(f"\n{problem.key} {json.dumps({k: v for k, v in params.items()})}")
+    for name, value, clk in rows:
+        if isinstance(value, dict):
+            text = ", ".join(f"{k} {1e3 * v:.1f} us ({flops / v / 1e9:.0f} TFLOPS)" for k, v in value.items())
+            text += f", cublas/ours {value['cublas'] / value['ours']:.3f}"
+        else:
+            text = f"{1e3 * value:.1f} us ({flops / value / 1e9:.0f} TFLOPS)"
+        print(f"  {name:22s} {text}   [{clk}]")
+    torch.cuda.synchronize()
+    trial.release()
+    timer.hold.close()
+
+
+def _noflush(timer, run):
+    saved = timer._flush
+    timer._flush = lambda index: None
+    try:
+        return statistics.median(timer.time(run, REPS)[0])
+    finally:
+        timer._flush = saved
+
+
+def sweep(shape: str, dtype: str, layout: str, configs: list[dict]) -> None:
+    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+    bench = GpuBench(0)
+    a, b, _ = operands(problem, FAMILY.inputs(problem, 0))
+    tstream = stream_handle(torch.cuda.current_stream().cuda_stream)
+    runs, trials, failed = {"cublas": lambda: torch.matmul(a, b)}, [], []
+    for i, config in enumerate(configs):
+        params = dict(FAMILY.default_params(), **config)
+        try:
+            trial = verified_trial(bench, FAMILY, problem, params)
+        except ValueError as exc:
+            failed.append(f"{config}: {str(exc)[-200:]}")
+            continue
+        trials.append(trial)
+        runs[json.dumps(config, sort_keys=True)] = (lambda t: lambda: t.launch_on(tstream))(trial)
+    timer = held_timer(torch)
+    for run in runs.values():
+        for _ in range(10):
+            run()
+    samples, late = timer.time_each(runs, REPS)
+    medians = {name: statistics.median(v) for name, v in samples.items()}
+    second = {name: do_bench_ms(run) for name, run in runs.items()}
+    m, n, k = problem.shape
+    flops = 2.0 * m * n * k
+    print(f"\n{problem.key}: {len(runs) - 1} configs and cuBLAS in turns, {REPS} repetitions, {late} late holds")
+    for name in sorted(medians, key=medians.get):
+        print(f"  {1e3 * medians[name]:7.1f} us {flops / medians[name] / 1e9:5.0f} TFLOPS  "
+              f"cublas/this {medians['cublas'] / medians[name]:.3f} (do_bench {second['cublas'] / second[name]:.3f})  {name}")
+    for line in failed:
+        print("  failed:", line)
+    torch.cuda.synchronize()
+    for trial in trials:
+        trial.release()
+    timer.hold.close()
+
+
+if __name__ == "__main__":
+    args = [x for x in sys.argv[1:] if not x.startswith("--")]
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
+    if "--rounds" in sys.argv:
+        args.remove(str(rounds))
+    given = json.loads(args[3])
+    if isinstance(given, list):
+        sweep(args[0], args[1], args[2], given)
+    else:
+        main(args[0], args[1], args[2], given, rounds)
