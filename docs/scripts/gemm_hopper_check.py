@@ -1,7 +1,7 @@
 """The gemm family's wgmma path on a GPU: checked on odd problems, then timed beside cuBLAS and the
 Triton peer in one process.
 
-    python3 docs/scripts/gemm_hopper_check.py [--quick]
+    python3 docs/scripts/gemm_hopper_check.py [--quick] [--c-store tma] [--checks-only]
 
 First every sampled config of the path (tiles, consumer warpgroups, setmaxnreg, stages, split-K,
 persistent blocks, clusters) is
@@ -10,7 +10,8 @@ float64 reference on sampled rows) on odd problems of each layout, dtype and epi
 failure is printed, then ``checked N (config, problem) pairs: F failed``. Then, on each timed
 problem, the candidate configs by the workers' held timing, the fastest again by
 ``triton.testing.do_bench``, and the family's peers (cuBLAS through torch.matmul, the autotuned
-Triton matmul) both ways. A table last.
+Triton matmul) both ways. A table last. ``--c-store tma``: every config with C stored by TMA
+(``C_STORE``); ``--checks-only``: no timings.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 from templates import get_family
 
 FAMILY = get_family("gemm")
-BASE = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
+C_STORE = sys.argv[sys.argv.index("--c-store") + 1] if "--c-store" in sys.argv else "direct"
+BASE = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8, C_STORE=C_STORE)
 # (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K, CLUSTER_M)
 TILES = ((128, 256, 8, 4, 40, 0, 1, 1), (128, 128, 8, 4, 40, 0, 1, 1), (256, 128, 8, 3, 40, 0, 1, 1),
          (128, 128, 4, 4, 40, 0, 1, 1), (64, 128, 4, 4, 0, 0, 1, 1), (64, 64, 4, 4, 0, 0, 4, 1), (128, 64, 8, 3, 0, 0, 1, 1),
@@ -55,7 +57,7 @@ def short(p: dict) -> str:
             "k{SPLIT_K} c{CLUSTER_M}").format(**p)
 
 
-def plan(limits, quick: bool) -> tuple[list, list]:
+def plan(limits, quick: bool, timings: bool = True) -> tuple[list, list]:
     """(the (problem, config) pairs to check, the (problem, candidate configs) to time)."""
     checks = []
     for layout in ("nn", "nt", "tn", "tt"):
@@ -67,21 +69,21 @@ def plan(limits, quick: bool) -> tuple[list, list]:
                     if FAMILY.check(params, problem, limits) is None:
                         checks.append((problem, params))
     timed = []
-    for shape, dtype, layout in TIMED[:5] if quick else TIMED:
+    for shape, dtype, layout in (TIMED[:5] if quick else TIMED) if timings else ():
         problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
         timed.append((problem, [p for p in [config(*t) for t in TILES] + [config(*TILES[0], group=16)]
                                 if FAMILY.check(p, problem, limits) is None]))
     return checks, timed
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, timings: bool) -> None:
     from templates.family import H100_LIMITS  # the H100's and the H200's limits are the same
     from workers.compile import compile_all
     from workers.local import LocalBench
     from workers.results import CompileRequest
     from workers.peers import time_peers
 
-    checks, timed = plan(H100_LIMITS, quick)
+    checks, timed = plan(H100_LIMITS, quick, timings)
     print(f"{len(checks)} checks, {sum(len(c) for _, c in timed)} timings planned", flush=True)
     jobs = [CompileRequest(FAMILY.render(p, q), "gemm", FAMILY.compile_options(p, q))
             for q, p in checks + [(q, p) for q, ps in timed for p in ps]]
@@ -135,4 +137,4 @@ def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv[1:])
+    main("--quick" in sys.argv[1:], "--checks-only" not in sys.argv[1:])

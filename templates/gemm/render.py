@@ -74,9 +74,9 @@ def grid(params: Params, problem: Problem) -> tuple[int, int, int]:
 def launch(params: Params, problem: Problem) -> Launch:
     m, n, k = problem.shape
     buffers = ("a", "b", "bias", "c") if _problem.has_bias(problem) else ("a", "b", "c")
-    if _space.wgmma(params):  # A and B by TMA: tensor maps in their place
+    if _space.wgmma(params):  # A and B (and C, where stored by TMA) by TMA: tensor maps in their place
         operands = tuple(KernelArg("tensormap", m_) for m_ in tensor_maps(params, problem))
-        buffers = buffers[2:]
+        buffers = tuple(b for b in buffers[2:] if not (b == "c" and params["C_STORE"] == "tma"))
     else:
         operands = ()
     workspace = _space.workspace(params)
@@ -87,19 +87,23 @@ def launch(params: Params, problem: Problem) -> Launch:
                   blocks_per_sm_cap=_blocks_per_sm(params, problem) if params["PERSISTENT"] else 0)
 
 
-def tensor_maps(params: Params, problem: Problem) -> tuple[TensorMap, TensorMap]:
+def tensor_maps(params: Params, problem: Problem) -> tuple[TensorMap, ...]:
     """A's and B's maps as stored (innermost dimension first), 128-byte swizzled: a K-major
     operand moves in boxes of 64 deep x its tile's rows (B's in a cluster: half of them), an M- or
     N-major one in 64 x 64 boxes (the kernel issues BLOCK / 64 of them a stage). Past M, N or K the
-    TMA reads zeros."""
+    TMA reads zeros. With C_STORE=tma also C's, in the 64 x 64 boxes of the epilogue (clipped at M
+    and N)."""
     m, n, k = problem.shape
     layout = problem.flag("layout")
     a_rows, a_cols = _problem.a_shape(problem)
     b_rows, b_cols = _problem.b_shape(problem)
     a_box = (64, 64) if layout[0] == "t" else (64, params["BLOCK_M"])
     b_box = (64, params["BLOCK_N"] // params["CLUSTER_M"]) if layout[1] == "t" else (64, 64)  # a block's half
-    return (TensorMap("a", 2, (a_cols, a_rows), (2 * a_cols,), a_box, swizzle=128),
+    maps = (TensorMap("a", 2, (a_cols, a_rows), (2 * a_cols,), a_box, swizzle=128),
             TensorMap("b", 2, (b_cols, b_rows), (2 * b_cols,), b_box, swizzle=128))
+    if params["C_STORE"] == "tma":
+        maps += (TensorMap("c", 2, (n, m), (2 * n,), (64, 64), swizzle=128),)
+    return maps
 
 
 def _blocks_per_sm(params: Params, problem: Problem) -> int:

@@ -30,6 +30,9 @@ PARAMS: tuple[Param, ...] = (
           "(kept in a workspace) in a fixed order and stores C"),
     Param("CLUSTER_M", (1, 2), "wgmma: 2: clusters of two blocks on vertically adjacent tiles, each copying "
           "half of their shared B stage by TMA multicast to both (B read from L2 once for the two)"),
+    Param("C_STORE", ("direct", "tma"), "wgmma: how the epilogue stores C: from registers to global memory, or "
+          "by stmatrix into two 64 x 64 staging boxes a consumer warpgroup, each stored by TMA while the "
+          "next is filled (where N % 8 == 0: C's rows on 16-byte boundaries)"),
 )
 
 # Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
@@ -57,7 +60,7 @@ WGMMA_BLOCK_K = 64
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
-HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M")
+HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports (thirteenth session): with PERSISTENT or CLUSTER_M the producer warpgroup's loop
 # holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
@@ -67,6 +70,14 @@ RESERVED_SMEM_PER_BLOCK = 1024
 # split-K: the workspace holds the fp32 parts of at most this many work units (tiles x SPLIT_K);
 # the parts are worth their traffic only where the tiles alone leave multiprocessors idle.
 MAX_SPLIT_UNITS = 512
+
+
+C_BOX_BYTES = 64 * 64 * ELEMENT_BYTES  # C_STORE=tma: one staging box of C
+
+
+def c_staging_bytes(params: Mapping[str, Any]) -> int:
+    """C_STORE=tma: two staging boxes a consumer warpgroup; else none."""
+    return 2 * consumers(params) * C_BOX_BYTES if params.get("C_STORE") == "tma" else 0
 
 
 def barrier_bytes(params: Mapping[str, Any]) -> int:
@@ -174,7 +185,7 @@ def stage_bytes(params: Mapping[str, Any], layout: str) -> int:
 
 def smem_bytes(params: Mapping[str, Any], layout: str) -> int:
     if wgmma(params):
-        return params["STAGES"] * stage_bytes(params, layout) + barrier_bytes(params)
+        return params["STAGES"] * stage_bytes(params, layout) + c_staging_bytes(params) + barrier_bytes(params)
     return params["STAGES"] * stage_bytes(params, layout)
 
 
@@ -252,6 +263,8 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
             return f"cluster: M={problem.shape[0]} is one row of {params['BLOCK_M']}-row tiles, none to share B with"
         if problem.flag("layout")[1] == "n" and params["BLOCK_N"] < 128:
             return "cluster: B's N-major stage halves in 64-column boxes (BLOCK_N >= 128)"
+    if params["C_STORE"] == "tma" and problem.shape[1] % 8:
+        return f"tma: C's rows must start on 16-byte boundaries for C_STORE=tma (N={problem.shape[1]} is not a multiple of 8)"
     if params["SPLIT_K"] > 1 and accumulators(params) > 64 and not params["PRODUCER_REGS"]:
         return (f"registers: split-K's sum beside {accumulators(params)} accumulators a thread spills in "
                 f"{consumer_registers(params)} registers (setmaxnreg needed)")

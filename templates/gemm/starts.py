@@ -18,16 +18,26 @@ POINTS: tuple[dict[str, Any], ...] = tuple(
 
 
 # The wgmma path first (sm_90a; the constraints drop it elsewhere, and where A's or B's rows are
-# not 16-byte aligned): two consumer warpgroups of 64 x 256 with four stages and setmaxnreg, the
-# fastest of docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed
-# (H200, twelfth session: 623-686 TFLOPS). Then for small M or small problems one consumer
-# warpgroup of 64 rows with deep pipelines, K in parts where the tiles leave multiprocessors idle
-# (the constraints drop split-K elsewhere), each the fastest on one of the thirteenth session's
-# probes (H200): 16x14336x4096 (64x128, 8 stages: 43 us against 46 with 4), 128x4096x4096
-# (6 stages, K in 2: 23 against 26), 64x4096x14336 (64x64, 8 stages, K in 2: 45 against 47),
-# 1x4096x4096 (8 stages, K in 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the
-# next ones of the twelfth session, and a cluster of two sharing B last (on a par, not faster).
+# not 16-byte aligned). First C by TMA stores (where N % 8 == 0): two consumer warpgroups of
+# 64 x 256 rows, persistent, four stages, in tile groups of 16 and of 8, then a block a tile, then
+# 256 x 128 persistent: on an H100 (fifteenth session, timed in turns with cuBLAS,
+# docs/scripts/gemm_timing.py) 0.99-1.00x cuBLAS on 4096^3 fp16 and 4096x12288x4096 bf16 nt, and
+# 1.00x on 2048^3 (a block a tile), where the same tiles storing C from registers made 0.92-0.95x.
+# Then those tiles storing C from registers (any N), with setmaxnreg: the fastest of
+# docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed (H200, twelfth
+# session: 623-686 TFLOPS). Then for small M or small problems one consumer warpgroup of 64 rows
+# with deep pipelines, K in parts where the tiles leave multiprocessors idle (the constraints drop
+# split-K elsewhere), each the fastest on one of the thirteenth session's probes (H200):
+# 16x14336x4096 (64x128, 8 stages: 43 us against 46 with 4), 128x4096x4096 (6 stages, K in 2: 23
+# against 26), 64x4096x14336 (64x64, 8 stages, K in 2: 45 against 47), 1x4096x4096 (8 stages, K in
+# 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the next ones of the twelfth
+# session, and a cluster of two sharing B last (on a par, not faster).
 WGMMA = dict(MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
+TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=4, PRODUCER_REGS=40, GROUP_M=group, SPLIT_K=1,
+         CLUSTER_M=1, PERSISTENT=persistent, C_STORE="tma")
+    for bm, bn, group, persistent in ((128, 256, 16, 1), (128, 256, 8, 1), (128, 256, 8, 0), (256, 128, 8, 1))
+)
 WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group,
          SPLIT_K=split, CLUSTER_M=cluster)
@@ -42,4 +52,4 @@ WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
 
 def starting_points() -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept)."""
-    return [dict(p) for p in WGMMA_POINTS] + [dict(p) for p in POINTS]
+    return [dict(p) for p in TMA_C_POINTS + WGMMA_POINTS + POINTS]

@@ -15,7 +15,7 @@ import pytest
 from templates import families, get_family
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem, TemplateError, check_outputs
 from templates.gemm import problem as gemm
-from templates.gemm import render, space
+from templates.gemm import render, space, starts
 
 FAMILY = get_family("gemm")
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_suite_problems_parse_and_cover_square_projection_and_skinny_shapes():
 def test_the_default_config_is_the_engineers_first_tile():
     assert FAMILY.default_params() == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, NUM_WARPS=8, STAGES=3,
                                            SMEM_LAYOUT="swizzle", GROUP_M=8, MMA="sync", PRODUCER_REGS=0,
-                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1)
+                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1, C_STORE="direct")
     assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
 
 
@@ -155,11 +155,33 @@ def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
         assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
         if min(problem.shape) >= 128:  # two consumer warpgroups of 64 x 256 (H200, twelfth session)
             assert (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["NUM_WARPS"]) == (128, 256, 8)
+            assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, fifteenth session)
             assert FAMILY.default_params() in points
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(_problem("4096,4096,4096"), older))
     unaligned = FAMILY.starting_points(_problem("4096,4096,4097"), H100_LIMITS)  # K odd: rows unaligned
     assert unaligned and all(p["MMA"] == "sync" for p in unaligned)
+
+
+def test_c_by_tma_stages_boxes_in_shared_memory_and_needs_16_byte_rows_of_c():
+    params = dict(FAMILY.default_params(), **starts.TMA_C_POINTS[0])
+    problem = _problem("4096,4096,4096", "bf16", "nt")
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    launch = FAMILY.launch(params, problem)
+    maps = [a.value for a in launch.args if a.kind == "tensormap"]
+    assert [m.buffer for m in maps] == ["a", "b", "c"]  # C's map in place of its pointer
+    assert "c" not in [a.value for a in launch.args if a.kind == "buffer"]
+    assert maps[2].dims == (4096, 4096) and maps[2].box == (64, 64) and maps[2].swizzle == 128
+    direct = dict(params, C_STORE="direct")
+    assert launch.smem_bytes - FAMILY.launch(direct, problem).smem_bytes == 2 * 2 * 64 * 64 * 2  # two boxes a warpgroup
+    source = FAMILY.render(params, problem)
+    assert "#define C_TMA 1" in source and "const __grid_constant__ TmaMap tm_c" in source
+    assert "#define C_TMA 0" in FAMILY.render(direct, problem)
+    odd_n = _problem("4096,4100,4096", "bf16", "nt")
+    assert FAMILY.check(params, odd_n, H100_LIMITS).startswith("tma: C's rows")
+    assert FAMILY.check(direct, odd_n, H100_LIMITS) is None
+    assert all(p["C_STORE"] == "direct" for p in FAMILY.starting_points(odd_n, H100_LIMITS))
+    assert FAMILY.check(dict(FAMILY.default_params(), C_STORE="tma"), problem, H100_LIMITS).startswith("path:")
 
 
 # -- source and launch --------------------------------------------------------------------------
