@@ -41,21 +41,8 @@ FAMILY = get_family("gemm")
 
 def alternate(timer, runs, reps):
     """Each of ``runs`` timed in turn, every repetition, behind the same holds: medians in ms."""
-    cuda = torch.cuda
-    pairs = {name: [] for name in runs}
-    batch = 16
-    for first in range(0, reps, batch):
-        with timer.hold:
-            for index in range(first, min(first + batch, reps)):
-                for name, run in runs.items():
-                    start, stop = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-                    timer._flush(index)
-                    start.record()
-                    run()
-                    stop.record()
-                    pairs[name].append((start, stop))
-    cuda.synchronize()
-    return {name: statistics.median(a.elapsed_time(b) for a, b in p) for name, p in pairs.items()}
+    samples, _ = timer.time_each(runs, reps)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def main(shape: str, dtype: str, layout: str, params: dict, rounds: int) -> None:
