@@ -29,7 +29,7 @@ from storage.models import (
     Trial,
     utcnow,
 )
-from storage.records import StudySummary
+from storage.records import StudySummary, TrialRecord
 
 Row = TypeVar("Row", bound=Base)
 DEVICE_KEYS = ("name", "sm_count", "compute_capability", "driver_version", "cuda_version")
@@ -116,8 +116,8 @@ def study(session: Session, study_id: int, *, lock: bool = False) -> Study:
     return found
 
 
-def offer_best(session: Session, study: Study, trial: Trial) -> None:
-    """Make ``trial`` (ok and flushed) the best of its study's (template version, problem,
+def offer_best(session: Session, study: Study, trial: Trial | TrialRecord) -> None:
+    """Make ``trial`` (ok and stored: a flushed row or the record of one) the best of its study's (template version, problem,
     device) when there is none yet or it is strictly faster than the stored one: by its
     normalized median where several GPUs measured the study (then stored as the best's
     median, the reference GPU's time), else by its median."""
