@@ -12,7 +12,9 @@ no warm start, no re-timing; ``--trials`` trials or ``--time-limit`` seconds, wh
 ``batched``: TPE's asks, leases and results in batches (``batch=True``); ``after``: that and
 TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, with
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
-GPUs). ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
+GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
+first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
+tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed.
 """
 
@@ -88,15 +90,16 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool)
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | asks/s | ms an ask "
-            "| DB writes/s | DB ms a trial | sim late ms | load |")
-    lines = [head, "|---" * 14 + "|"]
+    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | busy steady | asks/s "
+            "| ms an ask | DB writes/s | DB ms a trial | CPU ms a trial | sim late ms | load |")
+    lines = [head, "|---" * 16 + "|"]
     for r in rows:
         lines.append(
             f"| {r['db']} | {r['mode']} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
             f"{r['trials_per_s']:.0f} | {100 * r['busy_min']:.0f}% | {100 * r['busy_mean']:.0f}% | "
-            f"{r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | {r['db_writes_per_s']:.0f} | "
-            f"{r['db_ms_per_trial']:.2f} | {r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
+            f"{100 * r['busy_steady_mean']:.0f}% | {r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | "
+            f"{r['db_writes_per_s']:.0f} | {r['db_ms_per_trial']:.2f} | {r['cpu_ms_per_trial']:.2f} | "
+            f"{r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
     return "\n".join(lines)
 
 
@@ -171,7 +174,8 @@ def main() -> int:
                         row["db"] = db_kind
                         rows.append(row)
                         print(f"{db_kind} {mode} {gpus}: {row['measured']} trials, {row['trials_per_s']:.0f}/s, "
-                              f"busy mean {100 * row['busy_mean']:.0f}%", flush=True)
+                              f"busy mean {100 * row['busy_mean']:.0f}%, steady {100 * row['busy_steady_mean']:.0f}%",
+                              flush=True)
     finally:
         stop_ray()
     print(table(rows))
