@@ -120,12 +120,12 @@ class BatchedTrials:
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
             kept = [t for t in made if owner is None or t["number"] in mine]
             study.updated_at = now
-            table = Trial.__table__
-            ids = iter(session.scalars(  # one statement for every row (no unit of work), ids in order
-                insert(table).returning(table.c.id, sort_by_parameter_order=True), kept).all() if kept else ())
             records = {}
-            for values in kept:
-                records[values["number"]] = rows.trial_record_of(next(ids), values)
+            if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
+                session.execute(insert(Trial.__table__), kept)
+                ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
+                    Trial.study_id == study_id, Trial.number.in_([t["number"] for t in kept])))}
+                records = {t["number"]: rows.trial_record_of(ids[t["number"]], t) for t in kept}
             for trial in made:
                 if trial["number"] not in records:
                     out.append(ClaimRefused("lost", f"trial {trial['number']} of study {study_id}: the lease of "

@@ -40,9 +40,17 @@ def known(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
+_SCALARS = (str, int, bool, type(None))  # exact types JSON keeps as they are
+
+
 def plain_json(what: str, value: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` as it will read back from the database (tuples become lists), or StorageError
-    when it is not JSON (NaN, Infinity, numpy scalars): refused alike by every backend."""
+    when it is not JSON (NaN, Infinity, numpy scalars): refused alike by every backend. A flat
+    mapping of strings to plain scalars (a config, a GPU's clocks) is copied without the JSON
+    round trip, which would return it unchanged."""
+    if all(type(k) is str and (type(v) in _SCALARS or (type(v) is float and math.isfinite(v)))
+           for k, v in value.items()):
+        return dict(value)
     try:
         return json.loads(json.dumps(dict(value), allow_nan=False))
     except (TypeError, ValueError) as error:
