@@ -147,7 +147,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
     parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
-    parser.add_argument("--png", type=Path, default=ROOT / "docs/img/scale_sim.png")
+    parser.add_argument("--png", type=lambda s: Path(s) if s else None, default=ROOT / "docs/img/scale_sim.png",
+                        help="where the PNG goes (\"\": none)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--profile", type=int, metavar="GPUS", help="cProfile the after run on GPUS")
     args = parser.parse_args()
