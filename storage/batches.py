@@ -61,7 +61,7 @@ class BatchedTrials:
         out: list[int | ClaimRefused] = []
         what = "a trial" if len(plain) == 1 else "trials"
         with self._session(f"cannot start {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
-            queries.study(session, study_id, lock=True)
+            queries.lock_study(session, study_id)
             measured = set(session.scalars(select(Trial.config_key).where(
                 Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
@@ -114,12 +114,11 @@ class BatchedTrials:
         out: list[TrialRecord | ClaimRefused] = []
         what = f"trial {made[0]['number']}" if len(made) == 1 else "trials"
         with self._session(f"cannot record {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
-            study = queries.study(session, study_id, lock=owner is not None)
+            study = queries.touch_study(session, study_id, now)  # the row held from here on
             mine = set(session.scalars(delete(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.number.in_([t["number"] for t in made]),
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
             kept = [t for t in made if owner is None or t["number"] in mine]
-            study.updated_at = now
             records = {}
             if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
                 session.execute(insert(Trial.__table__), kept)
