@@ -120,10 +120,13 @@ class SearchSpace:
 
 
 def valid_in_space(family: KernelFamily, problem: Problem, limits: DeviceLimits,
-                   space: SearchSpace) -> list[dict[str, Any]]:
+                   space: SearchSpace, *, listed: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The family's valid configs for ``problem`` that ``space`` holds (a replayed landscape's
-    space may lack some): what the samplers propose among, listed once a study."""
-    return [c for c in family.valid_configs(problem, limits) if space.contains(c)]
+    space may lack some): what the samplers propose among, listed once a study. ``listed``: the
+    family's valid configs where the caller has them already (not listed again)."""
+    if listed is None:
+        listed = family.valid_configs(problem, limits)
+    return [c for c in listed if space.contains(c)]
 
 
 _SCALARS = (int, str, bool, float, type(None))
