@@ -89,6 +89,12 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool)
     return row
 
 
+def _steady(row: dict) -> str:
+    """The steady state's busy share; a dash where there was none (a GPU that ran its last trial
+    before the last GPU ran its first: few trials a GPU)."""
+    return f"{100 * row['busy_steady_mean']:.0f}%" if row.get("steady_s") else "-"
+
+
 def table(rows: list[dict]) -> str:
     head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | busy steady | asks/s "
             "| ms an ask | DB writes/s | DB ms a trial | CPU ms a trial | sim late ms | load |")
@@ -97,7 +103,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['db']} | {r['mode']} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
             f"{r['trials_per_s']:.0f} | {100 * r['busy_min']:.0f}% | {100 * r['busy_mean']:.0f}% | "
-            f"{100 * r['busy_steady_mean']:.0f}% | {r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | "
+            f"{_steady(r)} | {r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | "
             f"{r['db_writes_per_s']:.0f} | {r['db_ms_per_trial']:.2f} | {r['cpu_ms_per_trial']:.2f} | "
             f"{r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
     return "\n".join(lines)
@@ -175,7 +181,7 @@ def main() -> int:
                         row["db"] = db_kind
                         rows.append(row)
                         print(f"{db_kind} {mode} {gpus}: {row['measured']} trials, {row['trials_per_s']:.0f}/s, "
-                              f"busy mean {100 * row['busy_mean']:.0f}%, steady {100 * row['busy_steady_mean']:.0f}%",
+                              f"busy mean {100 * row['busy_mean']:.0f}%, steady {_steady(row)}",
                               flush=True)
     finally:
         stop_ray()
