@@ -17,8 +17,8 @@ config named twice in one list is granted once.
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
@@ -119,7 +119,7 @@ class BatchedTrials:
                 RunningTrial.study_id == study_id, RunningTrial.number.in_([t["number"] for t in made]),
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
             kept = [t for t in made if owner is None or t["number"] in mine]
-            records = {}
+            records: dict[int, TrialRecord] = {}
             if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
                 session.execute(insert(Trial.__table__), kept)
                 ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
