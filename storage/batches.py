@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select
 
 from storage import queries, rows
 from storage.errors import ClaimRefused, StorageError
@@ -28,9 +29,10 @@ from storage.models import RunningTrial, Trial, utcnow
 from storage.records import LEASE_TTL_S, TRIAL_STATUSES, TrialOutcome, TrialRecord, config_key
 
 
-def trial_row(study_id: int, number: int, params: Mapping[str, Any], outcome: TrialOutcome) -> Trial:
-    """A measured trial's row (not added to a session); StorageError for a malformed outcome.
-    NaN floats become None (unknown)."""
+def trial_values(study_id: int, number: int, params: Mapping[str, Any], outcome: TrialOutcome,
+                 created_at: datetime) -> dict[str, Any]:
+    """A measured trial's row as the column values of one insert (no ORM object); StorageError
+    for a malformed outcome. NaN floats become None (unknown)."""
     status, median_ms = outcome.status, outcome.median_ms
     if status not in TRIAL_STATUSES:
         raise StorageError(f"unknown trial status {status!r} (one of {', '.join(TRIAL_STATUSES)})")
@@ -42,8 +44,9 @@ def trial_row(study_id: int, number: int, params: Mapping[str, Any], outcome: Tr
     values = {name: getattr(outcome, name) for name in rows.TRIAL_FIELDS}
     values.update({name: queries.known(value) for name, value in values.items() if isinstance(value, float)})
     plain = queries.plain_json("params", params)
-    return Trial(study_id=study_id, number=number, params=plain, config_key=config_key(plain),
-                 status=status, replayed=bool(outcome.replayed), gpu_state=gpu_state, **values)
+    return {"study_id": study_id, "number": number, "params": plain, "config_key": config_key(plain),
+            "status": status, "replayed": bool(outcome.replayed), "gpu_state": gpu_state,
+            "created_at": created_at, **values}
 
 
 class BatchedTrials:
@@ -58,7 +61,7 @@ class BatchedTrials:
         out: list[int | ClaimRefused] = []
         what = "a trial" if len(plain) == 1 else "trials"
         with self._session(f"cannot start {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
-            queries.study(session, study_id, lock=True)
+            queries.lock_study(session, study_id)
             measured = set(session.scalars(select(Trial.config_key).where(
                 Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
@@ -71,6 +74,7 @@ class BatchedTrials:
             number = max((n for n in (counts[1], counts[3]) if n is not None), default=-1) + 1
             now = utcnow()
             granted: set[str] = set()
+            leases: list[dict[str, Any]] = []  # inserted at the end, in one statement (no unit of work)
             for config, key in zip(plain, keys):
                 if key in measured:
                     out.append(ClaimRefused("measured", f"config {key[:12]} of study {study_id} is measured"))
@@ -90,12 +94,14 @@ class BatchedTrials:
                 if limit is not None and count >= limit:
                     out.append(ClaimRefused("full", f"study {study_id} has its {limit} trials"))
                     continue
-                session.add(RunningTrial(study_id=study_id, number=number, params=config, config_key=key,
-                                         owner=owner, started_at=now, heartbeat_at=now))
+                leases.append({"study_id": study_id, "number": number, "params": config, "config_key": key,
+                               "owner": owner, "started_at": now, "heartbeat_at": now})
                 granted.add(key)
                 out.append(number)
                 number += 1
                 count += 1
+            if leases:
+                session.execute(insert(RunningTrial.__table__), leases)
         return out
 
     def record_trials(self, study_id: int, results: Sequence[tuple[int, Mapping[str, Any], TrialOutcome]],
@@ -103,28 +109,29 @@ class BatchedTrials:
         """``record_trial`` for each (number, params, outcome), in one transaction: each trial
         stored in place of its running one, the fastest offered as the best; where ``owner``'s
         lease of it was taken over, nothing is stored for it and its entry is ClaimRefused("lost")."""
-        made = [trial_row(study_id, number, params, outcome) for number, params, outcome in results]
+        now = utcnow()
+        made = [trial_values(study_id, number, params, outcome, now) for number, params, outcome in results]
         out: list[TrialRecord | ClaimRefused] = []
-        what = f"trial {made[0].number}" if len(made) == 1 else "trials"
+        what = f"trial {made[0]['number']}" if len(made) == 1 else "trials"
         with self._session(f"cannot record {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
-            study = queries.study(session, study_id, lock=owner is not None)
+            study = queries.touch_study(session, study_id, now)  # the row held from here on
             mine = set(session.scalars(delete(RunningTrial).where(
-                RunningTrial.study_id == study_id, RunningTrial.number.in_([t.number for t in made]),
+                RunningTrial.study_id == study_id, RunningTrial.number.in_([t["number"] for t in made]),
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
-            if owner is None:
-                mine = None
-            kept = []
+            kept = [t for t in made if owner is None or t["number"] in mine]
+            records: dict[int, TrialRecord] = {}
+            if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
+                session.execute(insert(Trial.__table__), kept)
+                ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
+                    Trial.study_id == study_id, Trial.number.in_([t["number"] for t in kept])))}
+                records = {t["number"]: rows.trial_record_of(ids[t["number"]], t) for t in kept}
             for trial in made:
-                if mine is not None and trial.number not in mine:
-                    out.append(ClaimRefused("lost", f"trial {trial.number} of study {study_id}: the lease of "
+                if trial["number"] not in records:
+                    out.append(ClaimRefused("lost", f"trial {trial['number']} of study {study_id}: the lease of "
                                                     f"{owner} was taken over; its result is not stored"))
-                    continue
-                session.add(trial)
-                kept.append(trial)
-                out.append(trial)  # type: ignore[arg-type]  # made a record below
-            study.updated_at = utcnow()
-            session.flush()
-            ok = [trial for trial in kept if trial.status == "ok"]
+                else:
+                    out.append(records[trial["number"]])
+            ok = [r for r in records.values() if r.status == "ok"]
             if ok:  # the fastest alone: offering each in turn ends the same (ties: the first)
                 queries.offer_best(session, study, min(ok, key=lambda t: t.median_ms))
-            return [o if isinstance(o, ClaimRefused) else rows.trial_record(o) for o in out]
+            return out

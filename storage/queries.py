@@ -7,11 +7,12 @@ built from them); :mod:`storage.repository` owns the transaction around them.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Select, case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,7 +30,7 @@ from storage.models import (
     Trial,
     utcnow,
 )
-from storage.records import StudySummary
+from storage.records import StudySummary, TrialRecord
 
 Row = TypeVar("Row", bound=Base)
 DEVICE_KEYS = ("name", "sm_count", "compute_capability", "driver_version", "cuda_version")
@@ -40,9 +41,17 @@ def known(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
+_SCALARS = (str, int, bool, type(None))  # exact types JSON keeps as they are
+
+
 def plain_json(what: str, value: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` as it will read back from the database (tuples become lists), or StorageError
-    when it is not JSON (NaN, Infinity, numpy scalars): refused alike by every backend."""
+    when it is not JSON (NaN, Infinity, numpy scalars): refused alike by every backend. A flat
+    mapping of strings to plain scalars (a config, a GPU's clocks) is copied without the JSON
+    round trip, which would return it unchanged."""
+    if all(type(k) is str and (type(v) in _SCALARS or (type(v) is float and math.isfinite(v)))
+           for k, v in value.items()):
+        return dict(value)
     try:
         return json.loads(json.dumps(dict(value), allow_nan=False))
     except (TypeError, ValueError) as error:
@@ -116,11 +125,32 @@ def study(session: Session, study_id: int, *, lock: bool = False) -> Study:
     return found
 
 
-def offer_best(session: Session, study: Study, trial: Trial) -> None:
-    """Make ``trial`` (ok and flushed) the best of its study's (template version, problem,
-    device) when there is none yet or it is strictly faster than the stored one: by its
-    normalized median where several GPUs measured the study (then stored as the best's
-    median, the reference GPU's time), else by its median."""
+def lock_study(session: Session, study_id: int) -> None:
+    """Hold the study row (FOR UPDATE on PostgreSQL) until the transaction ends, without loading
+    it; StorageError when there is no such study."""
+    if session.execute(select(Study.id).where(Study.id == study_id).with_for_update()).first() is None:
+        raise StorageError(f"no study with id {study_id}")
+
+
+def touch_study(session: Session, study_id: int, when: datetime) -> Any:
+    """Mark the study updated at ``when``, which holds its row until the transaction ends (an
+    UPDATE locks it as FOR UPDATE does against the other writers of a study), in one statement;
+    its (template_version_id, problem_id, device_id), what :func:`offer_best` needs of it.
+    StorageError when there is no such study."""
+    table = Study.__table__
+    found = session.execute(update(table).where(table.c.id == study_id).values(updated_at=when).returning(
+        table.c.template_version_id, table.c.problem_id, table.c.device_id)).first()
+    if found is None:
+        raise StorageError(f"no study with id {study_id}")
+    return found
+
+
+def offer_best(session: Session, study: Study | Any, trial: Trial | TrialRecord) -> None:
+    """Make ``trial`` (ok and stored: a flushed row or the record of one) the best of its
+    study's (template version, problem, device) when there is none yet or it is strictly faster
+    than the stored one: by its normalized median where several GPUs measured the study (then
+    stored as the best's median, the reference GPU's time), else by its median. ``study``: its
+    row, or anything with its three ids (:func:`touch_study`'s answer)."""
     assert trial.status == "ok" and trial.median_ms is not None
     ranked = trial.normalized_ms if trial.normalized_ms is not None else trial.median_ms
     tflops = trial.tflops
@@ -144,7 +174,7 @@ def retime_best(session: Session, study: Study, winner: Retime, retimed: set[int
         _set(best, values)
 
 
-def _best_row(session: Session, study: Study, values: Mapping[str, Any]) -> Best | None:
+def _best_row(session: Session, study: Study | Any, values: Mapping[str, Any]) -> Best | None:
     """The locked best row of the study's key; None when there was none and ``values`` became it."""
     key = {
         "template_version_id": study.template_version_id,

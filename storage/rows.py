@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from storage.models import (
@@ -79,6 +80,16 @@ def trial_record(trial: Trial) -> TrialRecord:
         created_at=trial.created_at,
         **values,
     )
+
+
+def trial_record_of(trial_id: int, values: Mapping[str, Any]) -> TrialRecord:
+    """The record of a trial inserted from ``values`` (``storage.batches.trial_values``) under
+    ``trial_id``, without reading it back."""
+    fields = {name: values[name] for name in TRIAL_FIELDS}
+    return TrialRecord(id=trial_id, study_id=values["study_id"], number=values["number"],
+                       params=dict(values["params"]), status=values["status"], replayed=values["replayed"],
+                       gpu_state=None if values["gpu_state"] is None else dict(values["gpu_state"]),
+                       created_at=values["created_at"], **fields)
 
 
 def running_record(running: RunningTrial) -> RunningRecord:

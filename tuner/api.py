@@ -266,7 +266,8 @@ def _run_study(
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
 
-    points = search.valid_in_space(fam, problem, pool.limits, space)
+    listed = fam.valid_configs(problem, pool.limits)  # once a study: the coordinator takes them too
+    points = search.valid_in_space(fam, problem, pool.limits, space, listed=listed)
 
     stored = len(database.call(lambda: repo.trials(record.id)))
     if only is not None:
@@ -288,7 +289,7 @@ def _run_study(
         fam, problem, pool=pool, repository=meter.repository(repo), record=record, space=space,
         sampler=search.make_sampler(sampler, space, seed, points, valid, constant_liar=constant_liar),
         first=first, trials=trials, time_budget=time_budget, meter=meter,
-        stored=copy.put if copy else None, **loop_options,
+        stored=copy.put if copy else None, valid=listed, **loop_options,
     )
     meter.start()
     try:

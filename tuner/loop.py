@@ -162,6 +162,7 @@ class Coordinator:
         meter: Any = None,
         batch: bool = True,
         stored: Callable[[Any], None] | None = None,
+        valid: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.meter = meter  # tuner.meter.Meter: asks and tells timed
@@ -195,7 +196,9 @@ class Coordinator:
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
         self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
-        self._valid: list[dict[str, Any]] = []  # the family's valid configs (made by _resume)
+        # the family's valid configs: given (the caller listed them already), else listed by _resume
+        self._given_valid = None if valid is None else list(valid)
+        self._valid: list[dict[str, Any]] = []
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
@@ -604,7 +607,8 @@ class Coordinator:
     def _resume(self) -> None:
         """Load what the study measured before into the sampler; settle running trials a killed
         or interrupted run left; queue the ``first`` configs not measured yet."""
-        self._valid = self.family.valid_configs(self.problem, self.pool.limits)
+        self._valid = self._given_valid if self._given_valid is not None else \
+            self.family.valid_configs(self.problem, self.pool.limits)
         valid = {params_key(c) for c in self._valid}
         self._n_valid = len(valid)
         synced = self._mirror.sync(force=True)

@@ -42,6 +42,8 @@ class ThroughputReport:
     db_writes_per_s: float
     db_ms_per_trial: float  # every Repository call's time, per measured trial
     busy: tuple[float, ...] = ()  # each simulated GPU's busy share of the wall
+    busy_steady: tuple[float, ...] = ()  # each one's share of the steady state (workers.simulate.steady_window)
+    steady_s: float = 0.0  # that window's length
     simulator_cpu_s: float = 0.0
     simulator_late_ms: float = 0.0  # mean overrun of a simulated GPU's sleep (machine too busy)
     cpu_s: float = 0.0  # the coordinator process's CPU time (its threads: Ray's driver, the database's client)
@@ -67,6 +69,10 @@ class ThroughputReport:
         return statistics.fmean(self.busy) if self.busy else 0.0
 
     @property
+    def busy_steady_mean(self) -> float:
+        return statistics.fmean(self.busy_steady) if self.busy_steady else 0.0
+
+    @property
     def busy_median(self) -> float:
         return statistics.median(self.busy) if self.busy else 0.0
 
@@ -80,7 +86,9 @@ class ThroughputReport:
             "db_ms_per_trial": round(self.db_ms_per_trial, 3),
             "db_calls": {k: [n, round(s, 4)] for k, (n, s) in sorted(self.db_calls.items())},
             "busy_min": round(self.busy_min, 4), "busy_mean": round(self.busy_mean, 4),
-            "busy_median": round(self.busy_median, 4), "simulator_cpu_s": round(self.simulator_cpu_s, 2),
+            "busy_median": round(self.busy_median, 4),
+            "busy_steady_mean": round(self.busy_steady_mean, 4), "steady_s": round(self.steady_s, 4),
+            "simulator_cpu_s": round(self.simulator_cpu_s, 2),
             "simulator_late_ms": round(self.simulator_late_ms, 3),
             "cpu_s": round(self.cpu_s, 3), "cpu_ms_per_trial": round(self.cpu_ms_per_trial, 3),
             "gpu_ms_per_trial": round(1e3 * self.gpu_s_per_trial, 3),
@@ -125,7 +133,7 @@ class Meter:
     def report(self, *, measured: int, gpus: int = 0,
                intervals: Sequence[tuple[int, float, float]] = (), simulator_cpu_s: float = 0.0,
                lateness: Sequence[float] = ()) -> ThroughputReport:
-        from workers.simulate import busy_shares  # plain Python: no Ray, no CUDA
+        from workers.simulate import busy_shares, steady_window  # plain Python: no Ray, no CUDA
 
         start = self.started if self.started is not None else 0.0
         end = self.stopped if self.stopped is not None else self.clock()
@@ -133,13 +141,16 @@ class Meter:
         writes = int(sum(n for name, (n, _) in self.db.items() if name in WRITES))
         db_s = sum(s for _, s in self.db.values())
         busy = tuple(busy_shares(list(intervals), gpus, start, end)) if gpus and intervals else ()
+        steady = steady_window(list(intervals), gpus) if gpus and intervals else None
+        busy_steady = tuple(busy_shares(list(intervals), gpus, *steady)) if steady else ()
         return ThroughputReport(
             wall_s=wall, gpus=gpus, measured=measured, trials_per_s=measured / wall,
             asks=self.asks, asks_per_s=self.asks / wall, ask_ms=1e3 * self.ask_s / max(self.asks, 1),
             tells=self.tells, tell_ms=1e3 * self.tell_s / max(self.tells, 1),
             db_calls={k: (int(n), s) for k, (n, s) in self.db.items()}, db_writes=writes,
             db_writes_per_s=writes / wall, db_ms_per_trial=1e3 * db_s / max(measured, 1),
-            busy=busy, simulator_cpu_s=simulator_cpu_s,
+            busy=busy, busy_steady=busy_steady, steady_s=steady[1] - steady[0] if steady else 0.0,
+            simulator_cpu_s=simulator_cpu_s,
             simulator_late_ms=1e3 * statistics.fmean(lateness) if lateness else 0.0,
             cpu_s=(self.cpu_stopped if self.cpu_stopped is not None else time.process_time()) - self.cpu_started,
             gpu_s_per_trial=sum(b - a for _, a, b in intervals) / max(len(intervals), 1),

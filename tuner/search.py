@@ -25,6 +25,7 @@ the failing region (``tests/tuner/test_search.py`` measures the difference).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -119,15 +120,30 @@ class SearchSpace:
 
 
 def valid_in_space(family: KernelFamily, problem: Problem, limits: DeviceLimits,
-                   space: SearchSpace) -> list[dict[str, Any]]:
+                   space: SearchSpace, *, listed: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The family's valid configs for ``problem`` that ``space`` holds (a replayed landscape's
-    space may lack some): what the samplers propose among, listed once a study."""
-    return [c for c in family.valid_configs(problem, limits) if space.contains(c)]
+    space may lack some): what the samplers propose among, listed once a study. ``listed``: the
+    family's valid configs where the caller has them already (not listed again)."""
+    if listed is None:
+        listed = family.valid_configs(problem, limits)
+    return [c for c in listed if space.contains(c)]
+
+
+_SCALARS = (int, str, bool, float, type(None))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 1, 1.0 and True keep their own keys
+def _scalar_key(value: Any) -> str:
+    """A plain scalar choice's JSON text, computed once."""
+    return json.dumps(value)
 
 
 def _hashable(value: Any) -> Any:
     """A choice's key: its JSON text, so that a tuple choice read back from the database as a
-    list is the same choice; a value JSON cannot hold, by its type and repr."""
+    list is the same choice; a value JSON cannot hold, by its type and repr. A plain scalar's
+    key is computed once (:func:`_scalar_key`)."""
+    if type(value) in _SCALARS:
+        return _scalar_key(value)
     try:
         return json.dumps(value)
     except (TypeError, ValueError):
@@ -399,3 +415,4 @@ def resume_seed(seed: int | None, stored: int) -> int | None:
     """A resumed study (``stored`` trials) should not replay its first random proposals: shift
     the seed."""
     return None if seed is None else seed + stored
+

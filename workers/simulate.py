@@ -150,3 +150,19 @@ def busy_shares(intervals: list[tuple[int, float, float]], gpus: int, start: flo
         if overlap > 0 and gpu < gpus:
             busy[gpu] += overlap
     return [b / span for b in busy]
+
+
+def steady_window(intervals: list[tuple[int, float, float]], gpus: int) -> tuple[float, float] | None:
+    """The study's steady state: from the moment the last of the ``gpus`` started its first
+    trial to the moment the first of them ended its last one (every GPU in play, the ramp-up
+    and the tail left out); None when there is no such window (a GPU never measured, or the
+    ramp-up overlaps the tail)."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for gpu, a, b in intervals:
+        first[gpu] = min(first.get(gpu, a), a)
+        last[gpu] = max(last.get(gpu, b), b)
+    if len(first) < gpus:
+        return None
+    start, end = max(first.values()), min(last.values())
+    return (start, end) if end > start else None

@@ -12,7 +12,9 @@ no warm start, no re-timing; ``--trials`` trials or ``--time-limit`` seconds, wh
 ``batched``: TPE's asks, leases and results in batches (``batch=True``); ``after``: that and
 TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, with
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
-GPUs). ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
+GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
+first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
+tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed.
 """
 
@@ -87,16 +89,23 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool)
     return row
 
 
+def _steady(row: dict) -> str:
+    """The steady state's busy share; a dash where there was none (a GPU that ran its last trial
+    before the last GPU ran its first: few trials a GPU)."""
+    return f"{100 * row['busy_steady_mean']:.0f}%" if row.get("steady_s") else "-"
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | asks/s | ms an ask "
-            "| DB writes/s | DB ms a trial | sim late ms | load |")
-    lines = [head, "|---" * 14 + "|"]
+    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | busy steady | asks/s "
+            "| ms an ask | DB writes/s | DB ms a trial | CPU ms a trial | sim late ms | load |")
+    lines = [head, "|---" * 16 + "|"]
     for r in rows:
         lines.append(
             f"| {r['db']} | {r['mode']} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
             f"{r['trials_per_s']:.0f} | {100 * r['busy_min']:.0f}% | {100 * r['busy_mean']:.0f}% | "
-            f"{r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | {r['db_writes_per_s']:.0f} | "
-            f"{r['db_ms_per_trial']:.2f} | {r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
+            f"{_steady(r)} | {r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | "
+            f"{r['db_writes_per_s']:.0f} | {r['db_ms_per_trial']:.2f} | {r['cpu_ms_per_trial']:.2f} | "
+            f"{r['simulator_late_ms']:.1f} | {r['load_before']:.1f} |")
     return "\n".join(lines)
 
 
@@ -144,7 +153,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
     parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
-    parser.add_argument("--png", type=Path, default=ROOT / "docs/img/scale_sim.png")
+    parser.add_argument("--png", type=lambda s: Path(s) if s else None, default=ROOT / "docs/img/scale_sim.png",
+                        help="where the PNG goes (\"\": none)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--profile", type=int, metavar="GPUS", help="cProfile the after run on GPUS")
     args = parser.parse_args()
@@ -171,7 +181,8 @@ def main() -> int:
                         row["db"] = db_kind
                         rows.append(row)
                         print(f"{db_kind} {mode} {gpus}: {row['measured']} trials, {row['trials_per_s']:.0f}/s, "
-                              f"busy mean {100 * row['busy_mean']:.0f}%", flush=True)
+                              f"busy mean {100 * row['busy_mean']:.0f}%, steady {_steady(row)}",
+                              flush=True)
     finally:
         stop_ray()
     print(table(rows))

@@ -90,3 +90,31 @@ def test_coordinators_claiming_together_get_each_config_once_and_stop_at_the_cou
         running = repo.running(study.id)
     assert len(numbers) == len(set(numbers)) == len(running) == 30
     assert len({config_key(r.params) for r in running}) == 30
+
+
+def test_a_batch_stores_every_trial_once_and_returns_what_reads_back(repo, study_args):
+    """``claim_trials`` and ``record_trials`` insert a batch's rows in one statement each: every
+    trial is stored once, under its number, and the records they return are those read back
+    (ids, values, NaN as None, tuples as lists); a lost lease in the middle stores nothing."""
+    study = repo.open_study("s", **study_args())
+    configs = [{"a": i, "b": "x", "t": (1, 2) if i == 3 else True} for i in range(6)]
+    numbers = repo.claim_trials(study.id, configs, owner="h:1")
+    assert numbers == list(range(6)) and len(repo.running(study.id)) == 6
+    repo.drop_trial(study.id, numbers[2])  # its lease lost
+    state = {"name": "g", "sm_clock_mhz": 1980, "temp_c": 41.5}
+    outcomes = [TrialOutcome(status="ok", median_ms=1.0 + n, iqr_ms=float("nan"), registers=96, gpu_state=state,
+                             gpu_uuid="GPU-0", gpu_index=0) if n != 4 else
+                TrialOutcome(status="failed", failure="wrong", reason="NaN output") for n in numbers]
+    stored = repo.record_trials(study.id, list(zip(numbers, configs, outcomes)), owner="h:1")
+    assert isinstance(stored[2], ClaimRefused) and stored[2].why == "lost"
+    kept = [s for s in stored if not isinstance(s, ClaimRefused)]
+    assert sorted(kept, key=lambda t: t.number) == repo.trials(study.id)
+    read = {t.number: t for t in repo.trials(study.id)}
+    assert sorted(read) == [0, 1, 3, 4, 5] and len({t.id for t in read.values()}) == 5
+    assert read[3].params == {"a": 3, "b": "x", "t": [1, 2]} and read[0].params == {"a": 0, "b": "x", "t": True}
+    assert read[0].iqr_ms is None and read[0].gpu_state == state and read[4].failure == "wrong"
+    assert repo.running(study.id) == []
+    assert repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True}).median_ms == 1.0
+    again = repo.claim_trials(study.id, configs, owner="h:2")  # measured, or (2) free again
+    assert [g if isinstance(g, int) else g.why for g in again] == [
+        "measured", "measured", 6, "measured", "measured", "measured"]

@@ -18,7 +18,8 @@ from tuner.batchtpe import BatchProposer
 from tuner.cli import main
 from tuner_doubles import PROBLEM, latency_ms, valid_configs
 from workers.results import Measurement, Timing
-from workers.simulate import EARLY_REPS, FLUSH_S, TRIAL_OVERHEAD_S, WARMUP_S, busy_shares, gpu_time, host_counts
+from workers.simulate import (EARLY_REPS, FLUSH_S, TRIAL_OVERHEAD_S, WARMUP_S, busy_shares, gpu_time, host_counts,
+                              steady_window)
 
 LANDSCAPE = "tests/data/attention_4x8x512x64-fp16-causal_h200.json"
 SIMULATED = ("attention", "4,8,512,64", "fp16", {"causal": True})
@@ -141,6 +142,9 @@ def test_a_trials_gpu_time_follows_the_workers_timing():
     assert gpu_time(Measurement.failed("wrong", "NaN"))[0] == TRIAL_OVERHEAD_S
     assert host_counts(128) == [64, 64] and host_counts(8) == [8] and sum(host_counts(100)) == 100
     assert busy_shares([(0, 1.0, 2.0), (1, 0.0, 5.0), (0, 2.5, 3.0)], 2, 1.0, 3.0) == [0.75, 1.0]
+    # the steady state: from the last GPU's first start (1.0) to the first GPU's last end (3.0)
+    assert steady_window([(0, 1.0, 2.0), (1, 0.0, 5.0), (0, 2.5, 3.0)], 2) == (1.0, 3.0)
+    assert steady_window([(0, 1.0, 2.0)], 2) is None  # a GPU never measured: no steady state
 
 
 def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, tmp_path):
