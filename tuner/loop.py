@@ -667,11 +667,12 @@ class Coordinator:
 
     def _release_held(self, *, force: bool = False) -> None:
         """Finish the held results whose GPU has a ratio now; all of them when ``force``d (the
-        loop stops) or when the pool has nothing else in flight (no round is coming back for
-        them: they keep their raw median, with no ratio)."""
+        loop stops) or when the pool has nothing else in flight, not even a timing of the
+        incumbent (no round is coming back for them: they keep their raw median, with no ratio)."""
         if not self._held:
             return
-        idle = force or not getattr(self.pool, "pending", lambda: 1)()
+        busy = getattr(self.pool, "pending", lambda: 1)() or getattr(self.pool, "calibrating", lambda: False)()
+        idle = force or not busy
         for ticket, m in list(self._held.items()):
             if idle or self._scale is None or self._scale.ratio(m.gpu.get("uuid")) is not None:
                 del self._held[ticket]

@@ -420,6 +420,13 @@ class WorkerPool:
         """Tickets submitted and not yet returned by ``poll``."""
         return len(self._known) - self._returned
 
+    def calibrating(self) -> bool:
+        """Whether a timing of the incumbent is on its way (compiling, or sent to a GPU): a
+        result held for its GPU's first ratio may wait for it."""
+        compiling = list(self._compiling.values()) + list(self._compile_queue)
+        return any(item.calibration for item in compiling) or any(
+            item.calibration for slot in self._slots for item, _ in slot.sent)
+
     def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         """Finished tickets; waits up to ``timeout`` seconds for the first one."""
         end = time.monotonic() + max(timeout, 0.0)

@@ -205,6 +205,39 @@ def test_a_result_waits_for_its_gpus_first_ratio_and_is_stored_normalized(toy, d
     assert slow and all(t.gpu_ratio is None and t.normalized_ms == t.median_ms for t in slow)
 
 
+class LateRounds(TwoGpuPool):
+    """The rounds' timings come back ``late`` polls after they were timed, on their way meanwhile
+    (``calibrating``), as a real pool's incumbent on a busy GPU."""
+
+    def __init__(self, *, late: int, **options) -> None:
+        super().__init__(**options)
+        self.late, self._on_their_way = late, []
+
+    def poll(self, timeout):
+        results = super().poll(timeout)
+        self._on_their_way = [[n - 1, c] for n, c in self._on_their_way] + [[self.late, c] for c in self._calibrations]
+        self._calibrations = []
+        return results
+
+    def calibrations(self):
+        out = [c for n, c in self._on_their_way if n <= 0]
+        self._on_their_way = [[n, c] for n, c in self._on_their_way if n > 0]
+        return out
+
+    def calibrating(self) -> bool:  # a round due on a GPU (sent to it, in a real pool) or timed, not back
+        return bool(self._on_their_way) or any(self.schedule.due(done) is not None for done in self.calibrated)
+
+
+def test_a_held_result_waits_for_its_gpus_round_while_the_round_is_on_its_way(toy, db, pools):
+    """Nothing else in flight, but GPU 1's first round not back yet: its results wait for it (a
+    two-GPU study stored a trial of GPU 1 with no ratio, one run in seven, before)."""
+    pool = LateRounds(late=4, per_poll=8)
+    result, repo, study, trials = _tune(db, pools, pool, trials=6)
+    ok = [t for t in trials if t.ok]
+    assert result.status == "finished" and {t.gpu_index for t in ok} == {0, 1}
+    assert all(t.gpu_ratio is not None for t in ok)
+
+
 def test_a_study_whose_first_results_come_from_the_other_gpu_starts_its_rounds_from_them(toy, db, pools):
     """Every config on GPU 1 until GPU 0 has measured nothing: the incumbent comes from a held
     result, the rounds start, and GPU 1's results are normalized."""
