@@ -7,9 +7,9 @@ built from them); :mod:`storage.repository` owns the transaction around them.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, case, func, select, update

@@ -415,4 +415,3 @@ def resume_seed(seed: int | None, stored: int) -> int | None:
     """A resumed study (``stored`` trials) should not replay its first random proposals: shift
     the seed."""
     return None if seed is None else seed + stored
-
