@@ -197,12 +197,13 @@ def _kernel(fam: KernelFamily, problem: Problem, params: Mapping[str, Any]) -> t
 
 
 def ratio_text(row: BenchRow, peer: str) -> str:
-    """``1.23x`` (and the second method's ``/1.21x``, with `` !`` where they disagree), or ``-``."""
+    """``1.234x`` (and the second method's ``/1.21x``, with `` !`` where they disagree), or ``-``.
+    The held ratio has three decimals: near parity, 0.995 and 1.004 are not both "1.00x"."""
     ratio = row.ratio(peer)
     if ratio is None:
         return "-"
     second = row.check_ratio(peer)
-    text = f"{ratio:.2f}x" + (f"/{second:.2f}x" if second is not None else "")
+    text = f"{ratio:.3f}x" + (f"/{second:.2f}x" if second is not None else "")
     return text + (" !" if row.disagrees(peer) else "")
 
 

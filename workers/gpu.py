@@ -39,12 +39,15 @@ from workers.trial import Trial
 logger = logging.getLogger(__name__)
 
 
+# How much the flush reads, in L2 sizes. A memset of 1x was within 0.6% of 4x (an H200,
+# docs/scripts/flush_size.py); the read: docs/BENCHMARKS.md, sixteenth session.
+FLUSH_FACTOR = 1.0
+
+
 def l2_flush_bytes(l2_size: int) -> int:
-    """Bytes to write before a timed repetition so that it starts with a cold L2: the L2's
-    size, as nvbench does. Measured on an H200 (docs/scripts/flush_size.py): medians after a
-    memset of 1x the L2 are within 0.6% of those after 4x (0.5x is short for microsecond
-    kernels), and it costs about half the GPU time of the 2x the workers used before."""
-    return max(l2_size, 1 << 20)
+    """Bytes the flush reads before a timed repetition so that it starts with a cold L2 of clean
+    lines (``workers.hold``): FLUSH_FACTOR times the L2's size, in whole 16-byte words."""
+    return max(int(FLUSH_FACTOR * l2_size), 1 << 20) // 16 * 16
 
 
 # Errors after which the context is unusable: the process must go.
@@ -109,6 +112,7 @@ class GpuBench:
         l2 = self._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
         self._flush_bytes = l2_flush_bytes(l2)
         self._flush_buf = check_call("cuMemAlloc", driver.cuMemAlloc(self._flush_bytes))
+        check_call("cuMemsetD32", driver.cuMemsetD32(self._flush_buf, 0, self._flush_bytes // 4))
         self.last_event: Any = None  # the latest event a live trial recorded after a launch
         self._spare_events: list[Any] = []  # events released trials gave back
         self._info: DeviceInfo | None = None
@@ -158,10 +162,9 @@ class GpuBench:
             self.last_event = None
         self._spare_events.extend(events)
 
-    def flush_l2(self, fill: int) -> None:
-        """Queue, on the bench's stream, a write of the L2's size (each word ``fill``)."""
-        check_call("cuMemsetD32Async", driver_api().cuMemsetD32Async(
-            self._flush_buf, fill, self._flush_bytes // 4, self.stream))
+    def flush_l2(self) -> None:
+        """Queue, on the bench's stream, the L2 flush (a read of ``l2_flush_bytes``: ``workers.hold``)."""
+        self.hold.flush(self._flush_buf, self._flush_bytes)
 
     # -- the device ---------------------------------------------------------------------------
     def _attribute(self, name: str) -> int:

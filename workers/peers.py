@@ -171,13 +171,12 @@ def held_timer(torch: Any) -> HeldTimer:
     """A HeldTimer on torch's current stream, with the workers' flush (close ``timer.hold`` after)."""
     d = driver_api()
     stream = torch.cuda.current_stream()
-    flush = torch.empty(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),
+    flush = torch.zeros(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),
                         dtype=torch.int8, device="cuda")
     hold = StreamHold(stream.cuda_stream, torch.cuda.get_device_capability())
 
-    def flush_l2(index: int) -> None:  # the workers' flush: the buffer's words set to the index
-        check_call("cuMemsetD32Async", d.cuMemsetD32Async(
-            flush.data_ptr(), index, flush.numel() // 4, hold.stream))
+    def flush_l2(index: int) -> None:  # the workers' flush: a read of the buffer
+        hold.flush(flush.data_ptr(), flush.numel())
 
     return HeldTimer(torch, hold, flush_l2)
 

@@ -85,7 +85,6 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
     order = racing()
     count = round_count(rounds, max_seconds, sum(estimates.get(i, 0.0) for i in order)) if order else 0
     pairs: dict[int, list] = {i: [] for i in order}
-    launches = 0
     per_hold = max(1, HOLD_BATCH // max(1, len(order)))  # rounds queued behind one hold
     late = bench.hold.timeouts if order else 0
     for first in range(0, count, per_hold):
@@ -95,8 +94,7 @@ def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily,
             with trials[racing()[0]].held():  # any live trial's events serve for the hold's mark
                 for _ in range(first, min(count, first + per_hold)):
                     for i in order:
-                        step(i, lambda trial, i=i, n=launches: pairs[i].append(trial.timed_launch(n, flush_l2)))
-                        launches += 1
+                        step(i, lambda trial, i=i: pairs[i].append(trial.timed_launch(flush_l2)))
         except LaunchError as exc:  # the hold itself could not be queued
             settle_rest(bench.classify(exc, "timing"))
     if racing() and not bench.dead:

@@ -290,8 +290,7 @@ class Trial:
         late = self.bench.hold.timeouts
         for first in range(offset, offset + count, HOLD_BATCH):
             with self.held():
-                pairs += [self.timed_launch(i, flush_l2)
-                          for i in range(first, min(first + HOLD_BATCH, offset + count))]
+                pairs += [self.timed_launch(flush_l2) for _ in range(first, min(first + HOLD_BATCH, offset + count))]
         self.stage = "timing"
         self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench.stream))
         self.late_batches += self.bench.hold.timeouts - late
@@ -308,16 +307,15 @@ class Trial:
             self.bench.last_event = mark
             yield
 
-    def timed_launch(self, index: int, flush_l2: bool) -> tuple[Any, Any]:
-        """Queue one timed repetition: the L2 flushed first (the flush buffer is filled with
-        ``index``), then the kernel between two events; returns the events (read them after a
+    def timed_launch(self, flush_l2: bool) -> tuple[Any, Any]:
+        """Queue one timed repetition: the L2 flushed first (``GpuBench.flush_l2``), then the kernel between two events; returns the events (read them after a
         synchronize, with :meth:`elapsed`). The GPU's time from the stream's previous timed or
         warm-up launch to this one's start is the flush's (and any wait for this launch): it
         needs no events of its own, :meth:`elapsed` counts it in ``flush_ms``."""
         before = self.bench.last_event
         if flush_l2:
             self.stage = "flush"
-            self.bench.flush_l2(index)
+            self.bench.flush_l2()
         pair = self._timed_run("first")
         if flush_l2 and before is not None:
             self._flushes.append((before, pair[0]))

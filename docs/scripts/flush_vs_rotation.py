@@ -45,7 +45,7 @@ def run_block(trial, copies, flush):
     pairs = []
     for i in range(REPS):
         if flush:
-            trial.bench.flush_l2(i)
+            trial.bench.flush_l2()
         pairs.append(trial._timed_run("first" if flush else f"copy{i % copies}"))
     check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(trial.bench.stream))
     return trial.elapsed(pairs)

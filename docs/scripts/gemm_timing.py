@@ -14,8 +14,13 @@ Ways, each the median of REPS repetitions with the L2 flushed before each (but "
 The SM clock and power are read (NVML) while each way runs. Rounds repeat the whole sequence,
 the second in reverse order, so that an order effect shows.
 
-Given a list of configs: all of them and cuBLAS in turns (``HeldTimer.time_each``), REPS
-repetitions each, then ``do_bench`` of each; a line a config, the fastest first.
+Given a list of configs (JSON, or a ``.json`` file's path): all of them and cuBLAS in turns
+(``HeldTimer.time_each``), REPS repetitions each, then ``do_bench`` of each; a line a config, the
+fastest first. ``--flush read,memset`` times the turns once a flush: ``read`` is the workers' (the L2's size
+read: clean lines), ``memset`` writes the L2's size instead (the workers' flush until
+2026-11-27: it leaves the L2 full of dirty lines that the timed kernel's reads must write back),
+``read2`` reads twice the L2's size. A config the family's constraints refuse is not run. ``--names`` prints the
+kernels cuBLAS launched (its tile, cluster and schedule are in their names).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 
 from templates import get_family
 from templates.gemm.peers import operands
+from workers.driver import check_call, driver_api
 from workers.hold import stream_handle
 from workers.gpu import GpuBench
 from workers.peers import do_bench_ms, held_timer
@@ -126,7 +132,29 @@ def _noflush(timer, run):
         timer._flush = saved
 
 
-def sweep(shape: str, dtype: str, layout: str, configs: list[dict]) -> None:
+def other_flush(timer, flush):
+    """``memset``: a write of the L2's size (each word the repetition's index); ``read2``: a read of
+    twice its size; on the timer's stream."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    buffer = torch.zeros(2 * l2, dtype=torch.int8, device="cuda")
+    if flush == "read2":
+        return lambda index: timer.hold.flush(buffer.data_ptr(), buffer.numel())
+    d = driver_api()
+    return lambda index: check_call("cuMemsetD32Async", d.cuMemsetD32Async(
+        buffer.data_ptr(), index, l2 // 4, timer.hold.stream))
+
+
+def kernel_names(run) -> list[str]:
+    """The CUDA kernels one call of ``run`` launches."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+
+
+def sweep(shape: str, dtype: str, layout: str, configs: list[dict], flushes=("memset",),
+          names: bool = False) -> None:
     problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
     bench = GpuBench(0)
     a, b, _ = operands(problem, FAMILY.inputs(problem, 0))
@@ -134,6 +162,9 @@ def sweep(shape: str, dtype: str, layout: str, configs: list[dict]) -> None:
     runs, trials, failed = {"cublas": lambda: torch.matmul(a, b)}, [], []
     for i, config in enumerate(configs):
         params = dict(FAMILY.default_params(), **config)
+        if (why := FAMILY.check(params, problem, bench.device_info().limits)) is not None:
+            failed.append(f"{config}: {why}")
+            continue
         try:
             trial = verified_trial(bench, FAMILY, problem, params)
         except ValueError as exc:
@@ -142,18 +173,24 @@ def sweep(shape: str, dtype: str, layout: str, configs: list[dict]) -> None:
         trials.append(trial)
         runs[json.dumps(config, sort_keys=True)] = (lambda t: lambda: t.launch_on(tstream))(trial)
     timer = held_timer(torch)
+    workers = timer._flush
     for run in runs.values():
         for _ in range(10):
             run()
-    samples, late = timer.time_each(runs, REPS)
-    medians = {name: statistics.median(v) for name, v in samples.items()}
-    second = {name: do_bench_ms(run) for name, run in runs.items()}
     m, n, k = problem.shape
     flops = 2.0 * m * n * k
-    print(f"\n{problem.key}: {len(runs) - 1} configs and cuBLAS in turns, {REPS} repetitions, {late} late holds")
-    for name in sorted(medians, key=medians.get):
-        print(f"  {1e3 * medians[name]:7.1f} us {flops / medians[name] / 1e9:5.0f} TFLOPS  "
-              f"cublas/this {medians['cublas'] / medians[name]:.3f} (do_bench {second['cublas'] / second[name]:.3f})  {name}")
+    if names:
+        print(f"\n{problem.key}: cuBLAS launches {kernel_names(runs['cublas'])}")
+    second = {name: do_bench_ms(run) for name, run in runs.items()}
+    for flush in flushes:
+        timer._flush = workers if flush == "read" else other_flush(timer, flush)
+        samples, late = timer.time_each(runs, REPS)
+        medians = {name: statistics.median(v) for name, v in samples.items()}
+        print(f"\n{problem.key}: {len(runs) - 1} configs and cuBLAS in turns, flush {flush}, {REPS} "
+              f"repetitions, {late} late holds")
+        for name in sorted(medians, key=medians.get):
+            print(f"  {1e3 * medians[name]:7.1f} us {flops / medians[name] / 1e9:5.0f} TFLOPS  "
+                  f"cublas/this {medians['cublas'] / medians[name]:.3f} (do_bench {second['cublas'] / second[name]:.3f})  {name}")
     for line in failed:
         print("  failed:", line)
     torch.cuda.synchronize()
@@ -167,8 +204,11 @@ if __name__ == "__main__":
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
     if "--rounds" in sys.argv:
         args.remove(str(rounds))
-    given = json.loads(args[3])
+    given = json.load(open(args[3])) if args[3].endswith(".json") else json.loads(args[3])
+    flushes = sys.argv[sys.argv.index("--flush") + 1].split(",") if "--flush" in sys.argv else ["read"]
+    if "--flush" in sys.argv:
+        args.remove(sys.argv[sys.argv.index("--flush") + 1])
     if isinstance(given, list):
-        sweep(args[0], args[1], args[2], given)
+        sweep(args[0], args[1], args[2], given, flushes, "--names" in sys.argv)
     else:
         main(args[0], args[1], args[2], given, rounds)

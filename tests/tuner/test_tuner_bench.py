@@ -135,8 +135,8 @@ def test_ratios_by_both_methods_and_their_disagreement_are_shown():
     lines = bench_table([row])
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert cells[head.index("vs flash")] == "2.00x/2.05x"
-    assert cells[head.index("vs cudnn")] == "1.00x/1.30x !"
+    assert cells[head.index("vs flash")] == "2.000x/2.05x"
+    assert cells[head.index("vs cudnn")] == "1.000x/1.30x !"
     assert cells[head.index("vs efficient")] == "-" and cells[head.index("efficient TFLOPS")] == "-"
     assert "1x8x512x64-fp16 efficient: - (No available kernel. Aborting execution.)" in lines
     assert "1x8x512x64-fp16 triton: autotuned to BLOCK_M=64, 12.3 s of autotuning" in lines

@@ -14,7 +14,7 @@ import pytest
 import workers.trial
 from templates.family import KernelArg, Launch, TemplateError
 from workers.device_checks import pack_params
-from workers.hold import HOLD_BATCH, KERNEL, compile_hold
+from workers.hold import FLUSH_KERNEL, HOLD_BATCH, KERNEL, compile_hold
 from workers.peers import HeldTimer
 from workers.trial import Trial
 
@@ -125,7 +125,7 @@ def trial(monkeypatch):
     )
     monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
     bench = SimpleNamespace(stream="stream", hold=RecordingHold(log), last_event=None,
-                            event=lambda: object(), flush_l2=lambda index: log.append(f"flush {index}"))
+                            event=lambda: object(), flush_l2=lambda: log.append("flush"))
     launch = Launch("k", (1, 1, 1), (32, 1, 1), 0, ())
     trial = Trial(bench, None, launch)
     trial.functions, trial._params = ["function"], {"first": [(pack_params([]), [])]}
@@ -139,8 +139,7 @@ def test_a_trials_repetitions_are_queued_behind_holds_and_read_after(trial):
     queued = batches(log)
     # each batch: an event marking the hold's end, then per repetition flush, event, launch, event
     assert [b[0] for b in queued] == ["event", "event"]
-    assert queued[0][1:] == list(itertools.chain(*([f"flush {i}", "event", "launch", "event"]
-                                                   for i in range(HOLD_BATCH))))
+    assert queued[0][1:] == ["flush", "event", "launch", "event"] * HOLD_BATCH
     assert len(queued[1]) == 1 + 4 * 3
     assert log[log.index("sync") - 1] == "release" and "read" not in log[:log.index("sync")]
     # every flush is counted from the event before it, the first of a batch from the hold's mark
@@ -155,9 +154,9 @@ def test_a_trial_counts_holds_that_timed_out(trial):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_the_hold_kernel_compiles(tmp_path):
+def test_the_hold_and_flush_kernels_compile(tmp_path):
     binary = compile_hold((9, 0), cache_dir=tmp_path)
-    assert KERNEL.encode() in binary.cubin
+    assert KERNEL.encode() in binary.cubin and FLUSH_KERNEL.encode() in binary.cubin
     assert binary.resources is not None and binary.resources.stack_bytes == 0
 
 

@@ -40,14 +40,14 @@ class FakeTrial:
     def warm_up(self, warmup_ms):
         return self.ms
 
-    def timed_launch(self, index, flush_l2):
+    def timed_launch(self, flush_l2):
         self.stage = "launch"
         self.launches += 1
         if self.launches == 3 and self.fail in ("launch", "crash"):
             error = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" if self.fail == "launch" else "CUDA_ERROR_ILLEGAL_ADDRESS"
             raise LaunchError("cuLaunchKernel", error)
         self.log.append(self.name)
-        return index, self.name
+        return self.launches, self.name
 
     @contextmanager
     def held(self):
