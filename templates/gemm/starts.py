@@ -38,6 +38,18 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
          CLUSTER_M=1, PERSISTENT=persistent, C_STORE="tma")
     for bm, bn, group, persistent in ((128, 256, 16, 1), (128, 256, 8, 1), (128, 256, 8, 0), (256, 128, 8, 1))
 )
+# For small M (the 128-row tiles above are refused there), the same store of C by TMA from one
+# consumer warpgroup of 64 rows: the fastest of every valid config of its kind (4-8 stages,
+# K in parts or not, 64-256 columns), timed in turns with cuBLAS after the clean flush (H100,
+# sixteenth session, docs/BENCHMARKS.md): 64 x 128, 6 stages, K in 2 on 16x4096x4096 (0.986x) and
+# 1x4096x4096 (0.978x); 8 stages on 32x8192x8192 (0.975x); 6 stages on 16x14336x4096 (0.967x);
+# 64 x 64, 8 stages, setmaxnreg 40 on 128x4096x4096 (1.020x, where a 14-trial study had found
+# 0.885x). Then 8 stages in K of 2.
+SMALL_M_TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(WGMMA, BLOCK_M=64, BLOCK_N=bn, NUM_WARPS=4, STAGES=stages, PRODUCER_REGS=regs, SPLIT_K=split,
+         CLUSTER_M=1, PERSISTENT=0, C_STORE="tma")
+    for bn, stages, regs, split in ((128, 6, 0, 2), (128, 8, 0, 1), (128, 6, 0, 1), (64, 8, 40, 1), (128, 8, 0, 2))
+)
 WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group,
          SPLIT_K=split, CLUSTER_M=cluster)
@@ -52,4 +64,4 @@ WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
 
 def starting_points() -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept)."""
-    return [dict(p) for p in TMA_C_POINTS + WGMMA_POINTS + POINTS]
+    return [dict(p) for p in TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS + POINTS]
