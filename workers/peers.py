@@ -10,7 +10,7 @@ FA2-style Triton kernel tuned by Triton's own autotuner). They run on the family
 are validated by the family's own reference, so their error is the same metric as ours.
 
 Timing (``HeldTimer``), as a trial times ours: warm-up, then batches of repetitions queued behind
-a hold of the stream (``workers.hold``): each repetition the workers' L2 flush (a memset of
+a hold of the stream (``workers.hold``): each repetition the workers' L2 flush (a read of
 ``l2_flush_bytes``), a start event, the call, an end event; the GPU starts on a batch only once
 the host has queued all of it, so a call's host dispatch is never timed. The peers (and our
 kernel, given as ``ours``) take turns: each repetition times every one of them once, so that a
@@ -31,7 +31,6 @@ import numpy as np
 
 from templates import get_family
 from templates.family import Problem, check_outputs
-from workers.driver import check_call, driver_api
 from workers.gpu import l2_flush_bytes
 from workers.hold import HOLD_BATCH, StreamHold
 from workers.trial import late_note
@@ -169,7 +168,6 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
 
 def held_timer(torch: Any) -> HeldTimer:
     """A HeldTimer on torch's current stream, with the workers' flush (close ``timer.hold`` after)."""
-    d = driver_api()
     stream = torch.cuda.current_stream()
     flush = torch.zeros(l2_flush_bytes(torch.cuda.get_device_properties(0).L2_cache_size),
                         dtype=torch.int8, device="cuda")

@@ -308,8 +308,9 @@ class Trial:
             yield
 
     def timed_launch(self, flush_l2: bool) -> tuple[Any, Any]:
-        """Queue one timed repetition: the L2 flushed first (``GpuBench.flush_l2``), then the kernel between two events; returns the events (read them after a
-        synchronize, with :meth:`elapsed`). The GPU's time from the stream's previous timed or
+        """Queue one timed repetition: the L2 flushed first (``GpuBench.flush_l2``), then the
+        kernel between two events; returns the events (read them after a synchronize, with
+        :meth:`elapsed`). The GPU's time from the stream's previous timed or
         warm-up launch to this one's start is the flush's (and any wait for this launch): it
         needs no events of its own, :meth:`elapsed` counts it in ``flush_ms``."""
         before = self.bench.last_event
