@@ -18,7 +18,10 @@ cold 200-trial study took 51 s on one GPU and 27 s on two):
    as a trial times them, ``--rounds`` rounds, the median): the other GPU's medians over the
    reference's (the GPU whose trials carry ratio 1, where the re-timing ran) as measured, then
    normalized by the ratio the study ended with (what its last trials were scaled by), and by the
-   ratio of the incumbent (the study's best) timed beside them (target: within 1%).
+   ratio of the incumbent (the study's best) timed beside them (target: within 1%). Then the same
+   configs timed in turns on each GPU (``GpuBench.retime``: A B C ... A B C ..., ``--turns``
+   rounds, as the final re-timing), each normalized by the incumbent's median of the same turns:
+   a GPU's drift of clocks during the timings then moves every config alike.
 
 It prints a short table, then one JSON line (``MULTIGPU {...}``) with every number.
 """
@@ -91,9 +94,13 @@ def time_configs(spec_path: str) -> None:
                     sys.exit(f"config {i} failed on {info.uuid}: {m.failure}: {m.reason}")
                 medians[i].append(m.timing.median_ms)
         after = bench.clocks_now()
+        turns = bench.retime(kernels, "attention", problem, rounds=spec["turns"], max_seconds=60)
+        if not all(m.ok for m in turns.measurements):
+            sys.exit(f"the configs in turns failed on {info.uuid}: {[m.reason for m in turns.measurements]}")
     finally:
         bench.close()
     print(json.dumps({"gpu": info.identity, "medians": [statistics.median(x) for x in medians],
+                      "turns": [m.timing.median_ms for m in turns.measurements], "turn_rounds": turns.rounds,
                       "clocks": {"before": before, "after": after}}))
 
 
@@ -102,7 +109,8 @@ def time_on_both(reference: str, other: str, configs: list[dict], folder: Path, 
     """The configs timed on each GPU (by uuid), both at once, each in its own process."""
     spec = folder / "configs.json"
     spec.write_text(json.dumps({"shape": args.shape, "dtype": args.dtype, "causal": args.causal,
-                                "configs": configs, "rounds": args.rounds, "cache": cache}))
+                                "configs": configs, "rounds": args.rounds, "turns": args.turns,
+                                "cache": cache}))
     procs = [subprocess.Popen([sys.executable, str(HERE), "--time-configs", str(spec)],
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "TUNER_CACHE": cache},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -124,6 +132,7 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--configs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=100, help="rounds of the configs timed in turns")
     parser.add_argument("--prime", action="store_true",
                         help="time both studies on a compile cache a first one-GPU study filled "
                         "(where compiling, not the GPUs, would set a cold study's pace)")
@@ -160,12 +169,14 @@ def main() -> None:
                             str(cache), args)
     now_ratio = ref["medians"][0] / oth["medians"][0]  # the incumbent: the study's best
 
-    rows, raw, by_study, by_now = [], [], [], []
-    for t, a, b in zip(picked, ref["medians"], oth["medians"]):
+    turns_ratio = ref["turns"][0] / oth["turns"][0]  # the incumbent, in the same turns as the others
+    rows, raw, by_study, by_now, by_turns = [], [], [], [], []
+    for t, a, b, ta, tb in zip(picked, ref["medians"], oth["medians"], ref["turns"], oth["turns"]):
         raw.append(b / a - 1)
         by_study.append(b * study_ratio / a - 1)
         by_now.append(b * now_ratio / a - 1)
-        rows.append((t.number, a, b, raw[-1], by_study[-1], by_now[-1]))
+        by_turns.append(tb * turns_ratio / ta - 1)
+        rows.append((t.number, a, b, raw[-1], by_study[-1], by_now[-1], by_turns[-1]))
 
     state = "warm (cache primed)" if cold else "cold"
     print(f"{state} {args.trials}-trial study, attention {args.shape} {args.dtype}"
@@ -178,13 +189,16 @@ def main() -> None:
     print(f"reference GPU {gpus[reference]} ({reference}), other GPU {gpus[other]} ({other})")
     print(f"  other's ratio to the reference: study's last {study_ratio:.4f}, "
           f"incumbent timed now {now_ratio:.4f}")
-    print(f"  {'trial':>6} {'ref ms':>9} {'other ms':>9} {'raw':>8} {'norm.study':>11} {'norm.now':>9}")
-    for number, a, b, d_raw, d_study, d_now in rows:
+    print(f"  {'trial':>6} {'ref ms':>9} {'other ms':>9} {'raw':>8} {'norm.study':>11} {'norm.now':>9} "
+          f"{'in turns':>9}")
+    for number, a, b, d_raw, d_study, d_now, d_turns in rows:
         print(f"  #{number:<5} {a:9.4f} {b:9.4f} {100 * d_raw:+7.2f}% {100 * d_study:+10.2f}% "
-              f"{100 * d_now:+8.2f}%")
-    worst = {k: max(abs(d) for d in v) for k, v in (("raw", raw), ("study", by_study), ("now", by_now))}
+              f"{100 * d_now:+8.2f}% {100 * d_turns:+8.2f}%")
+    worst = {k: max(abs(d) for d in v)
+             for k, v in (("raw", raw), ("study", by_study), ("now", by_now), ("turns", by_turns))}
     print(f"  max |difference|: raw {100 * worst['raw']:.2f}%, normalized by the study's ratio "
-          f"{100 * worst['study']:.2f}%, by the ratio now {100 * worst['now']:.2f}% (target < 1%)")
+          f"{100 * worst['study']:.2f}%, by the ratio now {100 * worst['now']:.2f}%, in turns "
+          f"{100 * worst['turns']:.2f}% (target < 1%)")
     print("MULTIGPU " + json.dumps({
         "problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
         "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
@@ -193,9 +207,11 @@ def main() -> None:
         "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s")},
                     "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s")}},
         "reference": ref["gpu"], "other": oth["gpu"], "study_ratio": study_ratio,
-        "now_ratio": now_ratio, "configs": [dict(zip(("trial", "ref_ms", "other_ms", "raw",
-                                                      "normalized_study", "normalized_now"), r))
-                                            for r in rows],
+        "now_ratio": now_ratio, "turns_ratio": turns_ratio,
+        "turn_rounds": [ref["turn_rounds"], oth["turn_rounds"]],
+        "configs": [dict(zip(("trial", "ref_ms", "other_ms", "raw", "normalized_study", "normalized_now",
+                              "normalized_in_turns"), r)) for r in rows],
+        "turns": {"reference": ref["turns"], "other": oth["turns"]},
         "clocks": {"reference": ref["clocks"], "other": oth["clocks"]}}))
 
 
