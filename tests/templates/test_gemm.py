@@ -517,10 +517,10 @@ def test_a_cluster_pairs_tile_rows_and_halves_bs_box():
     assert FAMILY.check(dict(params, BLOCK_N=64), nn, H100_LIMITS).startswith("cluster: B's N-major")
 
 
-# -- the landscapes the family ships (H200, thirteenth session: every valid config, `--sampler grid`)
+# -- the landscapes the family ships (H100, sixteenth session: every valid config, `--sampler grid`)
 @pytest.mark.parametrize("name,shape,dtype,layout,trials", [
-    ("gemm_64x4096x14336-bf16-nt_h200", "64,4096,14336", "bf16", "nt", 40),
-    ("gemm_2048x2048x2048-fp16-nn_h200", "2048,2048,2048", "fp16", "nn", 40),
+    ("gemm_64x4096x14336-bf16-nt_h100", "64,4096,14336", "bf16", "nt", 40),
+    ("gemm_2048x2048x2048-fp16-nn_h100", "2048,2048,2048", "fp16", "nn", 40),
 ])
 def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path):
     import json
