@@ -1,11 +1,15 @@
 """The timing method on a real GPU: a held stream runs nothing until released, a hold the host
-never releases ends by itself, and on a ~10 us kernel the held events agree with
-``triton.testing.do_bench``, for ours and for a peer: no more than 5% above it (a held
-repetition times no host work), and no more than 15% below. do_bench's flush (a zeroing of
-256 MB) leaves the L2 full of dirty lines, and it times their write-back; the workers' flush
-reads the L2's size and leaves clean lines (``workers.hold``). On an H100 (2026-11-27) ours
-timed 9.41 us held and 10.50 us by do_bench; with a flush by memset, as do_bench's, the two had
-agreed within 5%.
+never releases ends by itself, and on a ~10 us kernel the held events are no more than 5%
+above ``triton.testing.do_bench`` (a held repetition times no host work), for ours and for a
+peer. Below do_bench is expected: do_bench's flush (a zeroing of 256 MB) leaves the L2 full of
+dirty lines and it times their write-back, where the workers' flush reads the L2's size and
+leaves clean lines (``workers.hold``); and on microsecond peers whose host dispatch is about as
+long as that zeroing, do_bench's median holds host time. On an H100 (2026-11-27) ours timed
+9.41 us held and 10.50 us by do_bench (with a flush by memset, as do_bench's, the two had agreed
+within 5%); SDPA flash timed 15.84 and 15.58 us held and 22.30 and 32.58 us by do_bench in two
+runs of four (the fifteenth session saw 16 against 29-33 us). From below, a peer's held median
+is checked against ``triton.testing.do_bench_cudagraph`` (a CUDA graph: no host time, and a hot
+L2, which a cold repetition cannot beat); ours against 0.6 of do_bench.
 
 Run on the GPU machine: ``pytest -m gpu``. Skipped where no GPU is visible.
 """
@@ -63,8 +67,9 @@ def test_a_hold_never_released_times_out(bench):
 
 
 def _agree(held: float, second: float) -> bool:
-    """``held`` within 5% above and 15% below ``second`` (do_bench's, which times a write-back)."""
-    return 0.85 < held / second < 1.05
+    """``held`` at most 5% above ``second`` (do_bench's, which times a write-back and at times
+    host work) and not below 0.6 of it."""
+    return 0.6 < held / second < 1.05
 
 
 def test_held_events_and_do_bench_agree_on_a_10us_kernel_of_ours(bench):
@@ -81,13 +86,17 @@ def test_held_events_and_do_bench_agree_on_a_10us_kernel_of_ours(bench):
     assert _agree(held.timing.median_ms, second), (held.timing.median_ms, second)
 
 
-def test_held_events_and_do_bench_agree_on_a_10us_peer():
+def test_held_events_of_a_10us_peer_lie_between_a_hot_cuda_graph_and_do_bench():
     pytest.importorskip("triton")
+    from triton.testing import do_bench_cudagraph
+
     from workers.peers import time_peers
 
     found = time_peers("attention", PROBLEM)
+    calls = FAMILY.peers(PROBLEM, FAMILY.inputs(PROBLEM, 0))
     for name in ("flash", "cudnn"):
         peer = found[name]
         assert peer.median_ms is not None and peer.median_ms < 0.030 and peer.check_ms is not None, peer
-        assert _agree(peer.median_ms, peer.check_ms), peer
+        hot = do_bench_cudagraph(calls[name].run, return_mode="median")
+        assert 0.95 * hot < peer.median_ms < 1.05 * peer.check_ms, (peer, hot)
 
