@@ -157,6 +157,9 @@ def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
             assert (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["NUM_WARPS"]) == (128, 256, 8)
             assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, fifteenth session)
             assert FAMILY.default_params() in points
+        if problem.shape[0] <= 64 and problem.shape[1] % 8 == 0:  # small M (H100, sixteenth session)
+            lead = [(p["BLOCK_M"], p["C_STORE"]) for p in points[:len(starts.SMALL_M_TMA_C_POINTS)]]
+            assert lead == [(64, "tma")] * len(starts.SMALL_M_TMA_C_POINTS), lead
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(_problem("4096,4096,4096"), older))
     unaligned = FAMILY.starting_points(_problem("4096,4096,4097"), H100_LIMITS)  # K odd: rows unaligned
