@@ -91,20 +91,21 @@ TMA_WINNERS = [
 
 GEMM = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "NUM_WARPS": 8, "STAGES": 3, "SMEM_LAYOUT": "swizzle",
         "GROUP_M": 8, "MMA": "sync", "PRODUCER_REGS": 0, "PERSISTENT": 0, "SPLIT_K": 1,
-        "CLUSTER_M": 1, "C_STORE": "direct"}
+        "CLUSTER_M": 1, "C_STORE": "direct", "SWAP_AB": 0}
 
 
 def gemm_db(db: str) -> dict[str, dict[str, Any]]:
     """Three bf16 "nt" problems: 128x4096x4096 won by the wgmma path's 128x256 tile with K in two
     parts and C stored by TMA (tensor maps, C's too, and split-K's workspace in its launch; refused where A's or B's rows are
-    unaligned, or where M and N make more work units than the workspace holds), 16x4096x4096 by a 64-row mma.sync
-    tile, 1024x1024x1024 by a 128x64 tile with 4 stages; and one fp16 "nn" + bias_relu problem.
+    unaligned, or where M and N make more work units than the workspace holds), 16x4096x4096 by the wgmma path
+    with A's 16 rows as the MMA's N (SWAP_AB: refused past M = 256), 1024x1024x1024 by a 128x64 tile with 4 stages; and one fp16 "nn" + bias_relu problem.
     Returns each key's winner."""
     family = get_family("gemm")
     wins = [
         ((128, 4096, 4096), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_N=256, BLOCK_K=64, STAGES=4, MMA="wgmma",
                                                            PRODUCER_REGS=40, SPLIT_K=2, C_STORE="tma")),
-        ((16, 4096, 4096), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4)),
+        ((16, 4096, 4096), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, NUM_WARPS=4,
+                                                          STAGES=12, MMA="wgmma", SWAP_AB=1)),
         ((1024, 1024, 1024), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_N=64, STAGES=4, GROUP_M=4)),
         ((512, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"}, dict(GEMM, BLOCK_K=64, STAGES=2)),
     ]

@@ -1,7 +1,7 @@
 """The gemm family's wgmma path on a GPU: checked on odd problems, then timed beside cuBLAS and the
 Triton peer in one process.
 
-    python3 docs/scripts/gemm_hopper_check.py [--quick] [--c-store tma] [--checks-only]
+    python3 docs/scripts/gemm_hopper_check.py [--quick] [--c-store tma] [--checks-only] [--swap] [--wide]
 
 First every sampled config of the path (tiles, consumer warpgroups, setmaxnreg, stages, split-K,
 persistent blocks, clusters) is
@@ -11,7 +11,8 @@ failure is printed, then ``checked N (config, problem) pairs: F failed``. Then, 
 problem, the candidate configs by the workers' held timing, the fastest again by
 ``triton.testing.do_bench``, and the family's peers (cuBLAS through torch.matmul, the autotuned
 Triton matmul) both ways. A table last. ``--c-store tma``: every config with C stored by TMA
-(``C_STORE``); ``--checks-only``: no timings.
+(``C_STORE``); ``--checks-only``: no timings; ``--swap``: the checks of SWAP_AB's tiles instead (A's rows
+as the MMA's N) on small-M odd problems; ``--wide``: the checks of the 192- and 224-column tiles instead.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ CHECKED = TILES[:16]
 ODD = ((8, 8, 8), (1, 264, 72), (129, 255, 64), (136, 264, 72), (1000, 1000, 1000), (4097, 1000, 64),
        (1000, 4104, 520), (16, 4096, 14336), (3000, 3000, 136))
 FLAGS = (("fp16", "none"), ("bf16", "bias_gelu"), ("fp16", "bias_relu"))
+# SWAP_AB (M <= 256, A row-major): (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K)
+SWAP_TILES = ((16, 128, 4, 12, 0, 0, 1), (16, 64, 4, 8, 0, 0, 4), (32, 128, 4, 8, 0, 0, 2), (64, 128, 4, 6, 0, 0, 1),
+              (16, 256, 8, 6, 40, 0, 2), (32, 256, 8, 4, 40, 1, 1), (64, 256, 8, 4, 40, 0, 1), (16, 64, 4, 8, 40, 1, 8),
+              (16, 128, 8, 8, 0, 0, 8), (16, 64, 4, 4, 0, 0, 1), (32, 64, 4, 12, 0, 0, 1), (128, 64, 4, 8, 0, 0, 2),
+              (128, 128, 4, 6, 0, 0, 1), (32, 64, 4, 16, 0, 0, 1))
+SWAP_ODD = ((1, 264, 72), (8, 8, 8), (17, 1000, 1000), (33, 4104, 520), (64, 1000, 4104), (129, 255, 64),
+            (250, 136, 3000), (16, 4096, 14336), (2, 8, 4096))
 TIMED = (("4096,4096,4096", "fp16", "nn"), ("8192,8192,8192", "fp16", "nn"), ("1024,14336,4096", "bf16", "nt"),
          ("16,14336,4096", "bf16", "nt"), ("4096,4096,14336", "bf16", "nt"), ("64,4096,14336", "bf16", "nt"),
          ("1,4096,4096", "bf16", "nt"), ("128,4096,4096", "bf16", "nt"), ("32,8192,8192", "bf16", "nt"),
@@ -57,8 +65,49 @@ def short(p: dict) -> str:
             "k{SPLIT_K} c{CLUSTER_M}").format(**p)
 
 
+def swap_checks(limits) -> list:
+    """SWAP_AB's (problem, config) pairs: every tile on each small-M odd problem, layout, dtype and
+    epilogue that it accepts."""
+    checks = []
+    for layout in ("nn", "nt"):
+        for dtype, epilogue in FLAGS:
+            for shape in SWAP_ODD:
+                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+                for bm, bn, warps, stages, regs, persistent, split in SWAP_TILES:
+                    params = dict(config(bm, bn, warps, stages, regs, persistent, split), SWAP_AB=1, C_STORE="direct")
+                    if FAMILY.check(params, problem, limits) is None:
+                        checks.append((problem, params))
+    return checks
+
+
+# 192 and 224 columns: (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K, CLUSTER_M)
+WIDE_TILES = ((128, 224, 8, 4, 40, 0, 1, 1), (128, 192, 8, 4, 40, 1, 1, 1), (128, 224, 8, 4, 40, 1, 1, 2),
+              (128, 192, 8, 4, 40, 0, 2, 1), (64, 224, 4, 4, 40, 0, 1, 1), (64, 192, 4, 6, 0, 0, 4, 1),
+              (128, 224, 8, 3, 0, 1, 2, 1), (128, 192, 8, 4, 40, 0, 1, 2))
+
+
+def wide_checks(limits) -> list:
+    """The 192- and 224-column tiles' (problem, config) pairs, C from registers and (192) by TMA, on
+    every odd problem, layout, dtype and epilogue that accepts them."""
+    checks = []
+    for layout in ("nn", "nt", "tn", "tt"):
+        for dtype, epilogue in FLAGS:
+            for shape in ODD:
+                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+                for tile in WIDE_TILES:
+                    for c_store in ("direct", "tma"):
+                        params = dict(config(*tile, group=1 if shape[0] > 1000 else 8), C_STORE=c_store)
+                        if FAMILY.check(params, problem, limits) is None:
+                            checks.append((problem, params))
+    return checks
+
+
 def plan(limits, quick: bool, timings: bool = True) -> tuple[list, list]:
     """(the (problem, config) pairs to check, the (problem, candidate configs) to time)."""
+    if "--swap" in sys.argv[1:]:
+        return swap_checks(limits), []
+    if "--wide" in sys.argv[1:]:
+        return wide_checks(limits), []
     checks = []
     for layout in ("nn", "nt", "tn", "tt"):
         for dtype, epilogue in FLAGS:

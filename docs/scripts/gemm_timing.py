@@ -17,7 +17,7 @@ the second in reverse order, so that an order effect shows.
 Given a list of configs (JSON, or a ``.json`` file's path): all of them and cuBLAS in turns
 (``HeldTimer.time_each``), REPS repetitions each, then ``do_bench`` of each; a line a config, the
 fastest first; ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every valid wgmma config of the
-problem that matches (a value or a list of values a parameter). The configs compile on every
+problem that matches (a value or a list of values a parameter; a list of such patterns: any of them). The configs compile on every
 core first. ``--flush read,memset`` times the turns once a flush: ``read`` is the workers' (the L2's size
 read: clean lines), ``memset`` writes the L2's size instead (the workers' flush until
 2026-11-27: it leaves the L2 full of dirty lines that the timed kernel's reads must write back),
@@ -167,23 +167,25 @@ def _compile(args) -> None:
         pass
 
 
-def matching(problem, wanted: dict) -> list[dict]:
-    """Every valid wgmma config of ``problem`` (on an H100's limits) whose parameters match ``wanted``."""
+def matching(problem, wanted: list[dict]) -> list[dict]:
+    """Every valid wgmma config of ``problem`` (on an H100's limits) whose parameters match one of
+    ``wanted``."""
     from templates.family import H100_LIMITS
 
-    def fits(config):
-        return all(config[k] in (v if isinstance(v, list) else [v]) for k, v in wanted.items())
-    return [c for c in FAMILY.valid_configs(problem, H100_LIMITS) if c["MMA"] == "wgmma" and fits(c)]
+    def fits(config, want):
+        return all(config[k] in (v if isinstance(v, list) else [v]) for k, v in want.items())
+    return [c for c in FAMILY.valid_configs(problem, H100_LIMITS)
+            if c["MMA"] == "wgmma" and any(fits(c, want) for want in wanted)]
 
 
 def sweep(shape: str, dtype: str, layout: str, configs: list[dict], flushes=("read",),
-          names: bool = False) -> None:
+          names: bool = False, wanted: list[dict] | None = None) -> None:
     import multiprocessing
     import os
 
     problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
-    if isinstance(configs, dict):
-        configs = matching(problem, configs)
+    if wanted is not None:
+        configs = matching(problem, wanted)
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         pool.map(_compile, [(problem, dict(FAMILY.default_params(), **c)) for c in configs])
     bench = GpuBench(0)
@@ -234,12 +236,14 @@ if __name__ == "__main__":
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
     if "--rounds" in sys.argv:
         args.remove(str(rounds))
+    pattern = json.loads(args[3][4:]) if args[3].startswith("all:") else None
     given = (json.load(open(args[3])) if args[3].endswith(".json")
-             else json.loads(args[3][4:]) if args[3].startswith("all:") else json.loads(args[3]))
+             else [] if pattern is not None else json.loads(args[3]))
     flushes = sys.argv[sys.argv.index("--flush") + 1].split(",") if "--flush" in sys.argv else ["read"]
     if "--flush" in sys.argv:
         args.remove(sys.argv[sys.argv.index("--flush") + 1])
-    if isinstance(given, list) or args[3].startswith("all:"):
-        sweep(args[0], args[1], args[2], given, flushes, "--names" in sys.argv)
+    if isinstance(given, list):
+        sweep(args[0], args[1], args[2], given, flushes, "--names" in sys.argv,
+              None if pattern is None else pattern if isinstance(pattern, list) else [pattern])
     else:
         main(args[0], args[1], args[2], given, rounds)

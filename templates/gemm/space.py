@@ -9,11 +9,12 @@ from templates.family import DeviceLimits, Param, Problem
 from templates.gemm.problem import alignment
 
 PARAMS: tuple[Param, ...] = (
-    Param("BLOCK_M", (128, 64, 256), "rows of C per thread block"),
-    Param("BLOCK_N", (128, 64, 256), "columns of C per thread block"),
+    Param("BLOCK_M", (128, 64, 256, 32, 16), "rows of C per thread block (16 and 32 with SWAP_AB only)"),
+    Param("BLOCK_N", (128, 64, 256, 192, 224), "columns of C per thread block (192 and 224 on the wgmma path "
+          "only, so that the tiles of a problem fill the last wave of blocks: 224 with B K-major, C from registers)"),
     Param("BLOCK_K", (32, 64), "depth of one K step (one pipeline stage of A and B)"),
     Param("NUM_WARPS", (8, 4), "warps per block: 2 x 2, or 2 x 4 (4 x 2 where BLOCK_M > BLOCK_N)"),
-    Param("STAGES", (3, 2, 4, 6, 8), "A and B tiles in flight (cp.async; wgmma: TMA, where 6 and 8 keep "
+    Param("STAGES", (3, 2, 4, 6, 8, 12, 16), "A and B tiles in flight (cp.async; wgmma: TMA, where 6-16 keep "
           "more bytes in flight for the memory-bound small-M problems)"),
     Param("SMEM_LAYOUT", ("swizzle", "pad8"), "XOR swizzle of 16-byte chunks, or 8 halves of row padding"),
     Param("GROUP_M", (8, 1, 4, 16), "output tiles in column-major groups of this many tile rows, so "
@@ -33,6 +34,9 @@ PARAMS: tuple[Param, ...] = (
     Param("C_STORE", ("direct", "tma"), "wgmma: how the epilogue stores C: from registers to global memory, or "
           "by stmatrix into two 64 x 64 staging boxes a consumer warpgroup, each stored by TMA while the "
           "next is filled (where N % 8 == 0: C's rows on 16-byte boundaries)"),
+    Param("SWAP_AB", (0, 1), "wgmma, small M: 1: the MMA computes C's tile transposed, B's BLOCK_N rows on its "
+          "64-row side and A's BLOCK_M (16-128) rows as its N, so that a few rows of A are not padded to 64 "
+          "(A row-major; C stored from registers)"),
 )
 
 # Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
@@ -51,6 +55,13 @@ ELEMENT_BYTES = 2
 # A tile wider than this many times the problem's own (its power of two) is never worth a trial:
 # e.g. 256 rows for M = 16.
 SMALLEST_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+# SWAP_AB: A's rows are the MMA's N (a multiple of 8, here 16 to 128), for M up to SWAP_MAX_M (above it
+# the 64-row side of the MMA is filled by M anyway).
+SWAP_BLOCK_M = (16, 32, 64, 128)
+SWAP_MAX_M = 256
+# Tile widths that are not whole 64-column boxes of an N-major B or of C's staging (224: B K-major
+# only, C from registers); none of them on the mma.sync path.
+WIDE_ODD_BLOCK_N = (192, 224)
 
 
 # The wgmma path: one 128-byte swizzle atom of 16-bit elements deep, each consumer warpgroup's
@@ -60,7 +71,7 @@ WGMMA_BLOCK_K = 64
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
-HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE")
+HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports (thirteenth session): with PERSISTENT or CLUSTER_M the producer warpgroup's loop
 # holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
@@ -126,9 +137,18 @@ def consumers(params: Mapping[str, Any]) -> int:
     return params["NUM_WARPS"] // 4
 
 
+def mma_tile(params: Mapping[str, Any]) -> tuple[int, int]:
+    """wgmma: the block's tile as the MMA sees it, (its 64-row side, its N): (BLOCK_M, BLOCK_N), or
+    with SWAP_AB (BLOCK_N, BLOCK_M)."""
+    if params.get("SWAP_AB"):
+        return params["BLOCK_N"], params["BLOCK_M"]
+    return params["BLOCK_M"], params["BLOCK_N"]
+
+
 def accumulators(params: Mapping[str, Any]) -> int:
-    """wgmma: fp32 accumulator registers a consumer thread holds (its warpgroup's rows x BLOCK_N / 128)."""
-    return params["BLOCK_M"] // consumers(params) * params["BLOCK_N"] // 128
+    """wgmma: fp32 accumulator registers a consumer thread holds (its warpgroup's rows x N / 128)."""
+    rows, cols = mma_tile(params)
+    return rows // consumers(params) * cols // 128
 
 
 def launch_registers(params: Mapping[str, Any]) -> int:
@@ -211,6 +231,10 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
             return f"path: {name} applies to MMA=wgmma only"
     if params["STAGES"] > MAX_SYNC_STAGES:
         return f"path: more than {MAX_SYNC_STAGES} stages on the wgmma path only"
+    if params["BLOCK_M"] < SMALLEST_TILE["BLOCK_M"]:
+        return f"path: BLOCK_M={params['BLOCK_M']} with SWAP_AB on the wgmma path only"
+    if params["BLOCK_N"] in WIDE_ODD_BLOCK_N:
+        return f"path: BLOCK_N={params['BLOCK_N']} on the wgmma path only"
     layout = problem.flag("layout")
     wm, wn = warp_tile(params)
     if params["BLOCK_M"] % warps_m(params) or params["BLOCK_N"] % warps_n(params) or wm % 16 or wn % 16:
@@ -244,11 +268,18 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     aligned = alignment(problem)
     if not (aligned["a_aligned"] and aligned["b_aligned"]):
         return "tma: A's and B's rows must start on 16-byte boundaries (leading dimensions a multiple of 8)"
-    rows = params["BLOCK_M"] // consumers(params)
+    reason = _swap_check(params, problem)
+    if reason:
+        return reason
+    if params["BLOCK_N"] % 64 and (problem.flag("layout")[1] == "n" or params["C_STORE"] == "tma"):
+        return (f"tma: BLOCK_N={params['BLOCK_N']} is not whole 64-column boxes: B K-major (layout ?t) and C "
+                f"from registers (C_STORE=direct)")
+    rows = mma_tile(params)[0] // consumers(params)
     if rows not in (64, 128):
         return f"wgmma: {rows} rows a consumer warpgroup (64 or 128)"
     for name, dim in (("BLOCK_M", problem.shape[0]), ("BLOCK_N", problem.shape[1])):
-        fits = max(SMALLEST_TILE[name], _power_of_two(dim))
+        smallest = SWAP_BLOCK_M[0] if name == "BLOCK_M" and params["SWAP_AB"] else SMALLEST_TILE[name]
+        fits = max(smallest, _power_of_two(dim))
         if params[name] > fits:
             return f"tile: {name}={params[name]} is wider than the problem needs ({fits})"
     if params["PRODUCER_REGS"] and params["PRODUCER_REGS"] < MIN_LOOPING_PRODUCER_REGS and (
@@ -277,6 +308,23 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     smem = smem_bytes(params, problem.flag("layout"))
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    return None
+
+
+def _swap_check(params: Mapping[str, Any], problem: Problem) -> str | None:
+    """SWAP_AB's own rules; without it, BLOCK_M of 64 or more."""
+    if not params["SWAP_AB"]:
+        if params["BLOCK_M"] < SMALLEST_TILE["BLOCK_M"]:
+            return f"tile: BLOCK_M={params['BLOCK_M']} only with SWAP_AB (A's rows as the MMA's N)"
+        return None
+    if params["BLOCK_M"] not in SWAP_BLOCK_M:
+        return f"swap: BLOCK_M={params['BLOCK_M']} with SWAP_AB (A's rows as the MMA's N: {list(SWAP_BLOCK_M)})"
+    if problem.shape[0] > SWAP_MAX_M:
+        return f"swap: M={problem.shape[0]} > {SWAP_MAX_M} fills the MMA's 64-row side without SWAP_AB"
+    if problem.flag("layout")[0] == "t":
+        return "swap: A must be row-major (K-major) for SWAP_AB"
+    if params["C_STORE"] == "tma" or params["CLUSTER_M"] > 1:
+        return "swap: SWAP_AB stores C from registers (C_STORE=direct) without clusters (CLUSTER_M=1)"
     return None
 
 

@@ -33,10 +33,16 @@ POINTS: tuple[dict[str, Any], ...] = tuple(
 # 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the next ones of the twelfth
 # session, and a cluster of two sharing B last (on a par, not faster).
 WGMMA = dict(MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
+# After the first, the tiles of 192 and 224 columns, persistent in groups of 16 (H100, seventeenth
+# session): 128 x 192 by TMA made 1.004x cuBLAS on 8192x14336x4096 (128 x 256: 0.985x), 128 x 224
+# from registers 0.921x on 1024x14336x4096 (0.877x: its 448 tiles of 128 x 256 fill 3.4 waves of 132
+# blocks, 512 of 128 x 224 fill 3.9).
 TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=4, PRODUCER_REGS=40, GROUP_M=group, SPLIT_K=1,
-         CLUSTER_M=1, PERSISTENT=persistent, C_STORE="tma")
-    for bm, bn, group, persistent in ((128, 256, 16, 1), (128, 256, 8, 1), (128, 256, 8, 0), (256, 128, 8, 1))
+         CLUSTER_M=1, PERSISTENT=persistent, C_STORE=c_store)
+    for bm, bn, group, persistent, c_store in ((128, 256, 16, 1, "tma"), (128, 192, 16, 1, "tma"),
+                                               (128, 224, 16, 1, "direct"), (128, 256, 8, 1, "tma"),
+                                               (128, 256, 8, 0, "tma"), (256, 128, 8, 1, "tma"))
 )
 # For small M (the 128-row tiles above are refused there), the same store of C by TMA from one
 # consumer warpgroup of 64 rows: the fastest of every valid config of its kind (4-8 stages,
@@ -49,6 +55,18 @@ SMALL_M_TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=64, BLOCK_N=bn, NUM_WARPS=4, STAGES=stages, PRODUCER_REGS=regs, SPLIT_K=split,
          CLUSTER_M=1, PERSISTENT=0, C_STORE="tma")
     for bn, stages, regs, split in ((128, 6, 0, 2), (128, 8, 0, 1), (128, 6, 0, 1), (64, 8, 40, 1), (128, 8, 0, 2))
+)
+# Small M (M <= 256, A row-major) before all of those: A's rows as the MMA's N (SWAP_AB), B's tile
+# of 64 rows on its 64-row side, deep pipelines, K whole; each the fastest of every valid config of
+# its kind on one problem, timed in turns with cuBLAS (H100, seventeenth session, docs/BENCHMARKS.md):
+# 16 x 64, 12 stages on 16x4096x4096 (1.10x) and 1x4096x4096 (1.13x); 32 x 64, 16 stages on
+# 64x4096x14336 (1.05x) and 32x8192x8192 (0.99x); 64 x 64, 12 stages on 128x4096x4096 (1.02x);
+# 16 x 64 persistent on 16x14336x4096 (1.00x); then 16 x 128, 8 stages.
+SWAP_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=4, STAGES=stages, PRODUCER_REGS=0, SPLIT_K=1, CLUSTER_M=1,
+         PERSISTENT=persistent, C_STORE="direct", SWAP_AB=1)
+    for bm, bn, stages, persistent in ((16, 64, 12, 0), (32, 64, 16, 0), (64, 64, 12, 0), (16, 64, 12, 1),
+                                       (16, 128, 8, 0))
 )
 WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs, GROUP_M=group,
@@ -64,4 +82,4 @@ WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
 
 def starting_points() -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept)."""
-    return [dict(p) for p in TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS + POINTS]
+    return [dict(p) for p in SWAP_POINTS + TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS + POINTS]

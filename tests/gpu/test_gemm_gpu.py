@@ -145,12 +145,13 @@ WGMMA_CASES = (
 )
 # (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K,
 # CLUSTER_M): plain tiles, then K in parts (two blocks an SM, and persistent), persistent blocks,
-# clusters of two sharing B (with split-K and persistent too).
+# clusters of two sharing B (with split-K and persistent too), then 192 and 224 columns.
 WGMMA_TILES = ((128, 256, 8, 4, 40, 0, 1, 1), (256, 128, 8, 3, 24, 0, 1, 1), (128, 128, 4, 4, 40, 0, 1, 1),
                (64, 128, 4, 2, 0, 0, 1, 1), (64, 64, 4, 4, 0, 0, 1, 1),
                (64, 128, 4, 4, 0, 0, 4, 1), (64, 64, 4, 4, 0, 1, 8, 1), (128, 128, 8, 4, 40, 0, 2, 1),
                (128, 256, 8, 4, 40, 1, 1, 1), (64, 128, 4, 4, 0, 1, 1, 1),
-               (128, 256, 8, 4, 40, 0, 1, 2), (128, 128, 8, 4, 40, 1, 1, 2), (64, 128, 4, 4, 0, 0, 4, 2))
+               (128, 256, 8, 4, 40, 0, 1, 2), (128, 128, 8, 4, 40, 1, 1, 2), (64, 128, 4, 4, 0, 0, 4, 2),
+               (128, 224, 8, 4, 40, 1, 1, 1), (128, 192, 8, 4, 40, 0, 1, 2), (64, 192, 4, 6, 0, 0, 4, 1))
 
 
 def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tmp_path_factory):
@@ -168,5 +169,38 @@ def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tm
     for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1)):
         assert sum(params[name] > more for _, params in jobs) >= 4, name
     failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("wgmma_cubins")), seed=3,
+                             target_ms=5)
+    assert not failures, "\n".join(failures)
+
+
+# SWAP_AB (A's rows as the MMA's N; M <= 256, A row-major): (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES,
+# PRODUCER_REGS, PERSISTENT, SPLIT_K): 16-128 rows of A, one and two consumer warpgroups, deep
+# pipelines, K in parts, persistent blocks.
+SWAP_CASES = (
+    ("1,264,72", "bf16", "nt", "bias"),
+    ("17,1000,1000", "fp16", "nn", "bias_gelu"),
+    ("33,4104,520", "bf16", "nt", "bias_relu"),
+    ("129,255,64", "fp16", "nt", "none"),
+    ("250,136,3000", "bf16", "nn", "none"),
+    ("16,4096,14336", "bf16", "nt", "none"),
+)
+SWAP_TILES = ((16, 64, 4, 12, 0, 0, 1), (16, 128, 4, 8, 0, 0, 4), (32, 64, 4, 16, 0, 0, 1), (64, 128, 8, 6, 40, 0, 2),
+              (128, 64, 4, 8, 0, 0, 1), (16, 64, 4, 8, 40, 1, 8), (32, 256, 8, 4, 40, 1, 1))
+
+
+def test_swapped_operands_match_the_reference_on_small_m(bench, tmp_path_factory):
+    limits = _limits(bench)
+    jobs = []
+    for shape, dtype, layout, epilogue in SWAP_CASES:
+        problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+        for bm, bn, warps, stages, regs, persistent, split in SWAP_TILES:
+            params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
+                          STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=persistent, SPLIT_K=split, SWAP_AB=1)
+            if FAMILY.check(params, problem, limits) is None:
+                jobs.append((problem, params))
+    assert len(jobs) >= 20 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt"}
+    for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1)):
+        assert sum(params[name] > more for _, params in jobs) >= 2, name
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("swap_cubins")), seed=5,
                              target_ms=5)
     assert not failures, "\n".join(failures)

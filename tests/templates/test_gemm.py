@@ -20,7 +20,7 @@ from templates.gemm import render, space, starts
 FAMILY = get_family("gemm")
 ROOT = Path(__file__).resolve().parents[2]
 REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma", "split-K",
-           "persistent", "cluster"}
+           "persistent", "cluster", "swap"}
 
 
 def _problem(shape="1000,17,4097", dtype="fp16", layout="nn", epilogue="none"):
@@ -84,7 +84,7 @@ def test_suite_problems_parse_and_cover_square_projection_and_skinny_shapes():
 def test_the_default_config_is_the_engineers_first_tile():
     assert FAMILY.default_params() == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, NUM_WARPS=8, STAGES=3,
                                            SMEM_LAYOUT="swizzle", GROUP_M=8, MMA="sync", PRODUCER_REGS=0,
-                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1, C_STORE="direct")
+                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1, C_STORE="direct", SWAP_AB=0)
     assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
 
 
@@ -153,13 +153,22 @@ def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
         assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
-        if min(problem.shape) >= 128:  # two consumer warpgroups of 64 x 256 (H200, twelfth session)
-            assert (points[0]["BLOCK_M"], points[0]["BLOCK_N"], points[0]["NUM_WARPS"]) == (128, 256, 8)
+        if min(problem.shape) >= 128 and problem.shape[0] > 256:  # two consumer warpgroups of 64 x 256 (H200, twelfth session)
+            assert (points[0]["BLOCK_M"], points[0]["NUM_WARPS"]) == (128, 8) and points[0]["BLOCK_N"] in (192, 256)
             assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, fifteenth session)
+            wide = [p for p in points if p["BLOCK_N"] in space.WIDE_ODD_BLOCK_N]  # seventeenth session
+            if space.units(starts.TMA_C_POINTS[1], problem) > H100_LIMITS.sm_count:  # persistent: more tiles than SMs
+                assert wide and points.index(wide[0]) <= 1
             assert FAMILY.default_params() in points
-        if problem.shape[0] <= 64 and problem.shape[1] % 8 == 0:  # small M (H100, sixteenth session)
-            lead = [(p["BLOCK_M"], p["C_STORE"]) for p in points[:len(starts.SMALL_M_TMA_C_POINTS)]]
-            assert lead == [(64, "tma")] * len(starts.SMALL_M_TMA_C_POINTS), lead
+        swapped = [p for p in points if p["SWAP_AB"]]
+        if problem.shape[0] <= 256 and problem.flag("layout")[0] == "n":  # small M (H100, seventeenth session)
+            assert swapped and points[:len(swapped)] == swapped  # A's rows as the MMA's N first
+            assert all(p["BLOCK_M"] <= max(16, problem.shape[0]) for p in swapped)
+        else:
+            assert not swapped
+        if problem.shape[0] <= 64 and problem.shape[1] % 8 == 0:  # then C by TMA (H100, sixteenth session)
+            after = points[len(swapped):len(swapped) + len(starts.SMALL_M_TMA_C_POINTS)]
+            assert [(p["BLOCK_M"], p["C_STORE"]) for p in after] == [(64, "tma")] * len(starts.SMALL_M_TMA_C_POINTS)
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
     assert all(p["MMA"] == "sync" for p in FAMILY.starting_points(_problem("4096,4096,4096"), older))
     unaligned = FAMILY.starting_points(_problem("4096,4096,4097"), H100_LIMITS)  # K odd: rows unaligned
@@ -518,6 +527,73 @@ def test_a_cluster_pairs_tile_rows_and_halves_bs_box():
     assert "__cluster_dims__" not in FAMILY.render(dict(params, CLUSTER_M=1), odd).split("#define")[-1]
     assert FAMILY.check(params, _problem("128,4096,4096"), H100_LIMITS).startswith("cluster: M=128")
     assert FAMILY.check(dict(params, BLOCK_N=64), nn, H100_LIMITS).startswith("cluster: B's N-major")
+
+
+def test_swap_ab_puts_as_rows_on_the_mmas_n_for_small_m_only():
+    params = _wgmma(BLOCK_M=16, BLOCK_N=64, STAGES=12, SWAP_AB=1)
+    skinny = _problem("16,4096,4096", "bf16", "nt")
+    assert FAMILY.check(params, skinny, H100_LIMITS) is None
+    assert space.mma_tile(params) == (64, 16) and space.accumulators(params) == 8
+    assert FAMILY.launch(params, skinny).grid == (64, 1, 1)  # 4096 / 64 columns of C, one row of tiles
+    maps = {a.value.buffer: a.value for a in FAMILY.launch(params, skinny).args if a.kind == "tensormap"}
+    assert maps["a"].box == (64, 16) and maps["b"].box == (64, 64)  # A's 16 rows, B's 64 rows a stage
+    source = FAMILY.render(params, skinny)
+    # B's K-major tile is the MMA's A, A's K-major tile its B: neither transposed; C^T in 16 columns
+    assert "#define SWAP_AB 1" in source and "m64n16k16.f32.bf16.bf16" in source and "p, 1, 1, 0, 0;" in source
+    nn = _problem("16,4096,4096", "bf16", "nn")
+    assert "p, 1, 1, 1, 0;" in FAMILY.render(params, nn)  # B N-major: the MMA's A is M-major
+    unswapped = FAMILY.render(dict(params, BLOCK_M=64, SWAP_AB=0), skinny)
+    assert "#define SWAP_AB 0" in unswapped and "m64n64k16" in unswapped
+    refused = {
+        "BLOCK_M=16 without it": (dict(params, SWAP_AB=0), skinny, "tile: BLOCK_M=16 only with SWAP_AB"),
+        "large M": (params, _problem("4096,4096,4096", "bf16", "nt"), "swap: M=4096 > 256"),
+        "A transposed": (params, _problem("16,4096,4096", "bf16", "tn"), "swap: A must be row-major"),
+        "C by TMA": (dict(params, C_STORE="tma"), skinny, "swap: SWAP_AB stores C from registers"),
+        "wider than M": (dict(params, BLOCK_M=32), skinny, "tile: BLOCK_M=32 is wider than the problem needs (16)"),
+        "mma.sync": (dict(FAMILY.default_params(), SWAP_AB=1), skinny, "path: SWAP_AB applies to MMA=wgmma only"),
+    }
+    for what, (config, problem, reason) in refused.items():
+        assert FAMILY.check(config, problem, H100_LIMITS).startswith(reason), what
+    assert FAMILY.check(dict(params, BLOCK_M=128, BLOCK_N=128, STAGES=6), _problem("128,4096,4096", "bf16", "nt"),
+                        H100_LIMITS) is None  # 128 rows of A as the MMA's N: 128 accumulators
+    assert space.accumulators(dict(params, BLOCK_M=128, BLOCK_N=128)) == 128
+
+
+def test_tiles_of_192_and_224_columns_fill_the_last_wave():
+    params = _wgmma(BLOCK_M=128, BLOCK_N=224, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1)
+    problem = _problem("1024,14336,4096", "bf16", "nt")
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    assert space.tiles(params, problem) == 8 * 64 and space.tiles(dict(params, BLOCK_N=256), problem) == 8 * 56
+    assert space.accumulators(params) == 112
+    maps = {a.value.buffer: a.value for a in FAMILY.launch(params, problem).args if a.kind == "tensormap"}
+    assert maps["b"].box == (64, 224)  # B K-major: one box of the tile's 224 rows
+    assert "m64n224k16" in FAMILY.render(params, problem)
+    nn = _problem("1024,14336,4096", "bf16", "nn")
+    assert FAMILY.check(params, nn, H100_LIMITS).startswith("tma: BLOCK_N=224 is not whole 64-column boxes")
+    assert FAMILY.check(dict(params, C_STORE="tma"), problem, H100_LIMITS).startswith("tma: BLOCK_N=224")
+    assert FAMILY.check(dict(params, BLOCK_N=192, C_STORE="tma"), nn, H100_LIMITS) is None  # three 64-column boxes
+    assert FAMILY.check(dict(FAMILY.default_params(), BLOCK_N=192), problem, H100_LIMITS).startswith("path:")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_swapped_configs_compile_without_spilling(tmp_path):
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    for shape, layout, epilogue, extra in (("1,4096,4096", "nt", "none", dict(BLOCK_M=16, BLOCK_N=64, STAGES=16)),
+                                           ("100,1000,4104", "nn", "bias_gelu", dict(BLOCK_M=128, BLOCK_N=128,
+                                                                                    STAGES=6, SPLIT_K=2,
+                                                                                    PRODUCER_REGS=40)),
+                                           ("64,4096,14336", "nt", "bias", dict(BLOCK_M=32, NUM_WARPS=8,
+                                                                                BLOCK_N=256, PERSISTENT=1,
+                                                                                SPLIT_K=8, PRODUCER_REGS=40))):
+        problem = _problem(shape, "bf16", layout, epilogue)
+        params = _wgmma(SWAP_AB=1, **extra)
+        assert FAMILY.check(params, problem, H100_LIMITS) is None, params
+        binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "gemm",
+                                              FAMILY.compile_options(params, problem)), cache_dir=tmp_path)
+        resources = binary.resources
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
 
 
 # -- the landscapes the family ships (H100, sixteenth session: every valid config, `--sampler grid`)
