@@ -97,8 +97,9 @@ GEMM = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "NUM_WARPS": 8, "STAGES":
 def gemm_db(db: str) -> dict[str, dict[str, Any]]:
     """Three bf16 "nt" problems: 128x4096x4096 won by the wgmma path's 128x256 tile with K in two
     parts and C stored by TMA (tensor maps, C's too, and split-K's workspace in its launch; refused where A's or B's rows are
-    unaligned, or where M and N make more work units than the workspace holds), 16x4096x4096 by the wgmma path
-    with A's 16 rows as the MMA's N (SWAP_AB: refused past M = 256), 1024x1024x1024 by a 128x64 tile with 4 stages; and one fp16 "nn" + bias_relu problem.
+    unaligned, or where M and N make more work units than the workspace holds), 16x4096x4096 by the wgmma
+    path with A's 16 rows as the MMA's N (SWAP_AB: refused past M = 256), 1024x1024x1024 by a 128x64 tile
+    with 4 stages; and one fp16 "nn" + bias_relu problem.
     Returns each key's winner."""
     family = get_family("gemm")
     wins = [

@@ -59,9 +59,10 @@ SMALLEST_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # the 64-row side of the MMA is filled by M anyway).
 SWAP_BLOCK_M = (16, 32, 64, 128)
 SWAP_MAX_M = 256
-# Tile widths that are not whole 64-column boxes of an N-major B or of C's staging (224: B K-major
-# only, C from registers); none of them on the mma.sync path.
-WIDE_ODD_BLOCK_N = (192, 224)
+# Tile widths besides the powers of two, so that a problem's tiles can fill the last wave of blocks:
+# 192 (three 64-column boxes) and 224 (not whole boxes of an N-major B or of C's staging: B K-major
+# only, C from registers); neither on the mma.sync path.
+NON_POW2_BLOCK_N = (192, 224)
 
 
 # The wgmma path: one 128-byte swizzle atom of 16-bit elements deep, each consumer warpgroup's
@@ -233,7 +234,7 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
         return f"path: more than {MAX_SYNC_STAGES} stages on the wgmma path only"
     if params["BLOCK_M"] < SMALLEST_TILE["BLOCK_M"]:
         return f"path: BLOCK_M={params['BLOCK_M']} with SWAP_AB on the wgmma path only"
-    if params["BLOCK_N"] in WIDE_ODD_BLOCK_N:
+    if params["BLOCK_N"] in NON_POW2_BLOCK_N:
         return f"path: BLOCK_N={params['BLOCK_N']} on the wgmma path only"
     layout = problem.flag("layout")
     wm, wn = warp_tile(params)

@@ -153,10 +153,10 @@ def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
         assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
-        if min(problem.shape) >= 128 and problem.shape[0] > 256:  # two consumer warpgroups of 64 x 256 (H200, twelfth session)
+        if min(problem.shape) >= 128 and problem.shape[0] > 256:  # two consumer warpgroups (H200, twelfth session)
             assert (points[0]["BLOCK_M"], points[0]["NUM_WARPS"]) == (128, 8) and points[0]["BLOCK_N"] in (192, 256)
             assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, fifteenth session)
-            wide = [p for p in points if p["BLOCK_N"] in space.WIDE_ODD_BLOCK_N]  # seventeenth session
+            wide = [p for p in points if p["BLOCK_N"] in space.NON_POW2_BLOCK_N]  # seventeenth session
             if space.units(starts.TMA_C_POINTS[1], problem) > H100_LIMITS.sm_count:  # persistent: more tiles than SMs
                 assert wide and points.index(wide[0]) <= 1
             assert FAMILY.default_params() in points
