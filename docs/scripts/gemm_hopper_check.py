@@ -40,6 +40,7 @@ CHECKED = TILES[:16]
 ODD = ((8, 8, 8), (1, 264, 72), (129, 255, 64), (136, 264, 72), (1000, 1000, 1000), (4097, 1000, 64),
        (1000, 4104, 520), (16, 4096, 14336), (3000, 3000, 136))
 FLAGS = (("fp16", "none"), ("bf16", "bias_gelu"), ("fp16", "bias_relu"))
+LAYOUTS = ("nn", "nt", "tn", "tt")
 # SWAP_AB (M <= 256, A row-major): (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K)
 SWAP_TILES = ((16, 128, 4, 12, 0, 0, 1), (16, 64, 4, 8, 0, 0, 4), (32, 128, 4, 8, 0, 0, 2), (64, 128, 4, 6, 0, 0, 1),
               (16, 256, 8, 6, 40, 0, 2), (32, 256, 8, 4, 40, 1, 1), (64, 256, 8, 4, 40, 0, 1), (16, 64, 4, 8, 40, 1, 8),
@@ -65,19 +66,23 @@ def short(p: dict) -> str:
             "k{SPLIT_K} c{CLUSTER_M}").format(**p)
 
 
+def accepted(limits, layouts, shapes, configs_of) -> list:
+    """The (problem, config) pairs the family accepts: each of ``configs_of(shape)`` on each shape,
+    layout, dtype and epilogue."""
+    checks = []
+    for layout in layouts:
+        for dtype, epilogue in FLAGS:
+            for shape in shapes:
+                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+                checks += [(problem, p) for p in configs_of(shape) if FAMILY.check(p, problem, limits) is None]
+    return checks
+
+
 def swap_checks(limits) -> list:
     """SWAP_AB's (problem, config) pairs: every tile on each small-M odd problem, layout, dtype and
     epilogue that it accepts."""
-    checks = []
-    for layout in ("nn", "nt"):
-        for dtype, epilogue in FLAGS:
-            for shape in SWAP_ODD:
-                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-                for bm, bn, warps, stages, regs, persistent, split in SWAP_TILES:
-                    params = dict(config(bm, bn, warps, stages, regs, persistent, split), SWAP_AB=1, C_STORE="direct")
-                    if FAMILY.check(params, problem, limits) is None:
-                        checks.append((problem, params))
-    return checks
+    tiles = [dict(config(*tile), SWAP_AB=1, C_STORE="direct") for tile in SWAP_TILES]
+    return accepted(limits, ("nn", "nt"), SWAP_ODD, lambda shape: tiles)
 
 
 # 192 and 224 columns: (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K, CLUSTER_M)
@@ -89,17 +94,9 @@ WIDE_TILES = ((128, 224, 8, 4, 40, 0, 1, 1), (128, 192, 8, 4, 40, 1, 1, 1), (128
 def wide_checks(limits) -> list:
     """The 192- and 224-column tiles' (problem, config) pairs, C from registers and (192) by TMA, on
     every odd problem, layout, dtype and epilogue that accepts them."""
-    checks = []
-    for layout in ("nn", "nt", "tn", "tt"):
-        for dtype, epilogue in FLAGS:
-            for shape in ODD:
-                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-                for tile in WIDE_TILES:
-                    for c_store in ("direct", "tma"):
-                        params = dict(config(*tile, group=1 if shape[0] > 1000 else 8), C_STORE=c_store)
-                        if FAMILY.check(params, problem, limits) is None:
-                            checks.append((problem, params))
-    return checks
+    return accepted(limits, LAYOUTS, ODD, lambda shape: [
+        dict(config(*tile, group=1 if shape[0] > 1000 else 8), C_STORE=c_store)
+        for tile in WIDE_TILES for c_store in ("direct", "tma")])
 
 
 def plan(limits, quick: bool, timings: bool = True) -> tuple[list, list]:
@@ -108,15 +105,8 @@ def plan(limits, quick: bool, timings: bool = True) -> tuple[list, list]:
         return swap_checks(limits), []
     if "--wide" in sys.argv[1:]:
         return wide_checks(limits), []
-    checks = []
-    for layout in ("nn", "nt", "tn", "tt"):
-        for dtype, epilogue in FLAGS:
-            for shape in ODD[:5] + ODD[-1:] if quick else ODD:
-                problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-                for tile in CHECKED:
-                    params = config(*tile[:8], group=1 if shape[0] > 1000 else 8)
-                    if FAMILY.check(params, problem, limits) is None:
-                        checks.append((problem, params))
+    checks = accepted(limits, LAYOUTS, ODD[:5] + ODD[-1:] if quick else ODD,
+                      lambda shape: [config(*tile[:8], group=1 if shape[0] > 1000 else 8) for tile in CHECKED])
     timed = []
     for shape, dtype, layout in (TIMED[:5] if quick else TIMED) if timings else ():
         problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})

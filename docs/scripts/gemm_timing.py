@@ -237,14 +237,16 @@ if __name__ == "__main__":
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
     if "--rounds" in sys.argv:
         args.remove(str(rounds))
-    pattern = json.loads(args[3][4:]) if args[3].startswith("all:") else None
-    given = (json.load(open(args[3])) if args[3].endswith(".json")
-             else [] if pattern is not None else json.loads(args[3]))
     flushes = sys.argv[sys.argv.index("--flush") + 1].split(",") if "--flush" in sys.argv else ["read"]
     if "--flush" in sys.argv:
         args.remove(sys.argv[sys.argv.index("--flush") + 1])
-    if isinstance(given, list):
-        sweep(args[0], args[1], args[2], given, flushes, "--names" in sys.argv,
-              None if pattern is None else pattern if isinstance(pattern, list) else [pattern])
+    if args[3].startswith("all:"):
+        pattern = json.loads(args[3][4:])
+        sweep(args[0], args[1], args[2], [], flushes, "--names" in sys.argv,
+              pattern if isinstance(pattern, list) else [pattern])
     else:
-        main(args[0], args[1], args[2], given, rounds)
+        given = json.load(open(args[3])) if args[3].endswith(".json") else json.loads(args[3])
+        if isinstance(given, list):
+            sweep(args[0], args[1], args[2], given, flushes, "--names" in sys.argv)
+        else:
+            main(args[0], args[1], args[2], given, rounds)
