@@ -82,17 +82,24 @@ class Coordinator:
 
     def kill_holding_a_lease(self, db: str, *, others: Sequence["Coordinator"] = (),
                              timeout: float = 30) -> list[tuple[int, str]]:
-        """``kill -9`` once the process holds a lease in the database (a config in flight): the
-        running trials it left, (number, config as canonical JSON). ``others`` (coordinators on
-        the same study) are stopped (SIGSTOP) meanwhile, so that none settles those leases
-        before they are read, and continued after."""
+        """``kill -9`` while the process holds a lease in the database (a config in flight): the
+        running trials it left, (number, config as canonical JSON). The process is stopped
+        (SIGSTOP) before each look at its leases and killed only if it holds one then, so that it
+        cannot settle them between the look and the kill (replayed trials take microseconds).
+        ``others`` (coordinators on the same study) are stopped meanwhile, so that none settles
+        those leases before they are read, and continued after. SQLite runs in WAL mode: a
+        stopped writer does not keep the leases from being read."""
         owner = f"{socket.gethostname()}:{self.process.pid}"
         for other in others:
             other.process.send_signal(signal.SIGSTOP)
         try:
             deadline = time.monotonic() + timeout
             stopped_at = time.monotonic()
-            while not leases(db, owner) and time.monotonic() < deadline:
+            while time.monotonic() < deadline and self.process.poll() is None:
+                self._stop()
+                if leases(db, owner):
+                    break
+                self.process.send_signal(signal.SIGCONT)
                 time.sleep(0.005)
                 if time.monotonic() - stopped_at > 2.0:
                     # another stopped holding SQLite's write lock (then nobody can claim): let
@@ -109,6 +116,19 @@ class Coordinator:
         finally:
             for other in others:
                 other.process.send_signal(signal.SIGCONT)
+
+    def _stop(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, and wait until the kernel shows the process stopped (state T)."""
+        self.process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+            except OSError:
+                return
+            if stat[stat.rindex(")") + 2] in "Tt":
+                return
+            time.sleep(0.001)
 
     def finish(self, timeout: float = 300) -> tuple[int, str, str]:
         """Exit code, stdout and stderr."""
