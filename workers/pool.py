@@ -49,7 +49,7 @@ from workers.replay import params_key
 from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
-from workers.simulate import simulated_resources
+from workers.simulate import Mailbox, simulated_resources
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ class WorkerPool:
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
+        self._mail: Mailbox | None = None  # simulated GPUs: measurements posted a host at a time
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
@@ -269,7 +270,9 @@ class WorkerPool:
                                                     resources={RESOURCE: count})
             self._hosts.append((cls.remote(replay, self._shipment.ref, count), count))
         self._actor_cls, self._actor_args, self._prepares = None, (), False
+        self._mail = Mailbox(self._shipment.ref, self.problem)
         self._slots = [_Slot(SimulatedGpu(host, i)) for host, count in self._hosts for i in range(count)]
+        self._simulated_slots = {id(slot.actor): slot for slot in self._slots}
         try:
             infos = ray.get([host.device_info.remote() for host, _ in self._hosts], timeout=_START_TIMEOUT_S)
         except RayError as exc:
@@ -434,6 +437,9 @@ class WorkerPool:
             self._pump()
             self._expire()
             refs = list(self._compiling) + list(self._owners)
+            if self._mail is not None:
+                self._mail.flush()
+                refs += self._mail.collecting()
             now = time.monotonic()
             if self._results or not refs or now >= end:
                 break
@@ -579,10 +585,13 @@ class WorkerPool:
         options = dict(self._measure_options)
         if self._abort_above_ms is not None and not item.calibration:  # the incumbent is timed in full
             options.setdefault("abort_above_ms", self._abort_above_ms)
-        ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
-                                        params=item.params, seed=self._seed, **options)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
+        if self._mail is not None:  # sent with the poll's others (Mailbox.flush)
+            slot.sent.append((item, self._mail.post(slot.actor, item.params, options.get("abort_above_ms"))))
+            return
+        ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
+                                        params=item.params, seed=self._seed, **options)
         slot.sent.append((item, ref))
         self._owners[ref] = slot
 
@@ -626,6 +635,9 @@ class WorkerPool:
                 item.binary = result
                 self._compiled(item)
             return
+        if self._mail is not None and self._mail.owns(ref):
+            self._delivered(ref)
+            return
         slot = self._owners.pop(ref, None)
         if slot is None:
             return
@@ -663,6 +675,17 @@ class WorkerPool:
                 self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False,
                               ticket=_culprit(item))
         self._done(slot, item, measurement)
+
+    def _delivered(self, ref: Any) -> None:
+        """A simulated host's ``collect`` answered: each result to its slot."""
+        try:
+            answer = ray.get(ref)
+        except RayError as exc:
+            raise WorkerError(f"a simulated GPU host failed: {_one_line(exc)}") from None
+        assert self._mail is not None
+        for letter, measurement in self._mail.open(answer, ref):
+            slot = self._simulated_slots[id(letter.gpu)]
+            self._done(slot, self._received(slot, letter), measurement)
 
     def _position(self, ref: Any) -> int:
         """Where a measurement is in its actor's order (-1: a compile or a start)."""

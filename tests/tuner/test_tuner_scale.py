@@ -7,6 +7,7 @@ proposer on its own, and one study on simulated GPUs through real Ray on a recor
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import pytest
@@ -160,6 +161,46 @@ def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, t
     assert 40 * 0.026 < result.gpu_busy_s < 48 * 0.05  # 27-48 ms a trial; a screened one takes none
     keys = _stored_keys(url, result.study)
     assert len(keys) == len(set(keys)) == 48
+
+
+def test_a_hosts_measurements_are_posted_in_one_call_and_run_in_order_on_each_gpu():
+    """The Mailbox against a real host actor: five measurements on two simulated GPUs go in one
+    ``enqueue`` call; every result comes back through ``collect``, each GPU ran its own one at a
+    time, and a collect with nothing finished waits its timeout and answers
+    nothing."""
+    import ray
+
+    from workers.ray_session import start_ray, stop_ray
+    from workers.replay import load_landscape
+    from workers.simulate import RESOURCE, Mailbox, SimulatedGpu, SimulatedGpus
+
+    landscape = load_landscape(LANDSCAPE, "attention")
+    configs = [params for params, m in landscape.entries if m.ok][:5]
+    start_ray(resources={RESOURCE: 2})
+    try:
+        host = ray.remote(SimulatedGpus).options(num_cpus=0, resources={RESOURCE: 2}).remote(
+            LANDSCAPE, "attention", 2)
+        gpus = [SimulatedGpu(host, 0), SimulatedGpu(host, 1)]
+        mail = Mailbox("attention", landscape.problem)
+        letters = [mail.post(gpus[i % 2], params, None) for i, params in enumerate(configs)]
+        mail.flush()
+        got = {}
+        while len(got) < len(letters):
+            (ref,) = mail.collecting()
+            for letter, measurement in mail.open(ray.get(ref, timeout=30), ref):
+                got[letter.number] = measurement
+        assert sorted(got) == sorted(letter.number for letter in letters)
+        assert all(m.ok and m.gpu_seconds > 0.02 for m in got.values())
+        intervals = ray.get(host.intervals.remote())
+        for gpu in (0, 1):
+            mine = [(a, b) for g, a, b in intervals if g == gpu]
+            assert len(mine) == len(letters[gpu::2])
+            assert all(end <= next_start + 1e-6 for (_, end), (next_start, _) in zip(mine, mine[1:]))
+        assert mail.collecting() == []  # nothing out: no collect
+        began = time.monotonic()
+        assert ray.get(host.collect.remote(0.2)) == [] and time.monotonic() - began >= 0.15
+    finally:
+        stop_ray()
 
 
 def test_simulated_gpus_without_a_replay_is_one_line(tmp_path, capsys):
