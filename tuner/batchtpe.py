@@ -27,6 +27,7 @@ observations: uniform random picks, as TPE's start-up trials.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -58,6 +59,8 @@ class BatchProposer:
         # each observation's kernel over every valid config, computed once: a batch then sums
         # columns instead of multiplying (configs x observations x parameters) again
         self._columns: dict[tuple[int, ...], np.ndarray] = {}
+        self._total = np.zeros(self._points.shape[0])  # every observation's kernel, summed
+        self._counted: Counter[tuple[int, ...]] = Counter()  # the observations in _total
 
     def row(self, encoded: Mapping[str, Any]) -> tuple[int, ...] | None:
         """A config (encoded, as Optuna holds it) as choice indices; None outside the space."""
@@ -72,30 +75,47 @@ class BatchProposer:
         ``inf`` for a failed one) or ``pending`` (in flight) holds, best first."""
         obs = [(r, v) for r, v in ((self.row(p), v) for p, v in observed) if r is not None]
         flying = [r for r in (self.row(p) for p in pending) if r is not None]
-        taken = {r for r, _ in obs} | set(flying)
-        free = np.array([i for row, i in self._row.items() if row not in taken], dtype=np.int64)
+        taken = np.zeros(self._points.shape[0], dtype=bool)
+        rows = [self._row.get(r) for r in [r for r, _ in obs] + flying]  # None: not a valid config
+        taken[[i for i in rows if i is not None]] = True
+        free = np.flatnonzero(~taken)
         if count <= 0 or free.size == 0:
             return []
-        free.sort()
         x = self._points[free]
         if len(obs) < N_STARTUP:
             chosen = self._rng.choice(free.size, size=min(count, free.size), replace=False)
             return [self._encoded(x[i]) for i in chosen]
         order = sorted(range(len(obs)), key=lambda i: (obs[i][1], i))  # inf (failed) last
         gamma = min(math.ceil(GAMMA * len(obs)), 25)
-        below = np.array([obs[i][0] for i in order[:gamma]], dtype=np.int64)
-        above = np.array([obs[i][0] for i in order[gamma:]] + (flying if self.liar else []),
-                         dtype=np.int64).reshape(-1, x.shape[1])
+        below = [obs[i][0] for i in order[:gamma]]
         prior = float(np.prod(1.0 / self._k))
-        log_l = np.log((self._summed(below, free) + prior) / (len(below) + 1))
-        g_sum = self._summed(above, free) + prior
-        g_count = len(above) + 1
+        below_sum = self._summed(below)
+        log_l = np.log((below_sum[free] + prior) / (len(below) + 1))
+        # g(x): every observation but the best gamma (a running sum of all, less those), and the
+        # trials in flight
+        above_sum = self._observed_sum([r for r, _ in obs]) - below_sum
+        if self.liar:
+            above_sum = above_sum + self._summed(flying)
+        g_sum = above_sum[free] + prior
+        g_count = len(obs) - len(below) + (len(flying) if self.liar else 0) + 1
+        # each pick draws from l(x) over the configs not yet picked: drawn from the batch's
+        # fixed l(x), the picked ones drawn again (the same distribution as renormalizing)
+        weights = np.exp(log_l - log_l.max())
+        cumulative = np.cumsum(weights)
         alive = np.ones(x.shape[0], dtype=bool)
         picks = []
         for _ in range(min(count, x.shape[0])):
-            idx = np.flatnonzero(alive)
-            weights = np.exp(log_l[idx] - log_l[idx].max())
-            candidates = self._rng.choice(idx, size=N_CANDIDATES, p=weights / weights.sum())
+            candidates = np.empty(0, dtype=np.int64)
+            for _ in range(8):
+                draws = self._rng.random(N_CANDIDATES) * cumulative[-1]
+                drawn = np.searchsorted(cumulative, draws, side="right")
+                candidates = np.minimum(drawn, x.shape[0] - 1)
+                candidates = candidates[alive[candidates]]
+                if candidates.size:
+                    break
+            if not candidates.size:  # l(x)'s mass is on picked configs: the rest, by l(x)
+                idx = np.flatnonzero(alive)
+                candidates = idx[np.argsort(-log_l[idx])[:N_CANDIDATES]]
             score = log_l[candidates] - np.log(g_sum[candidates] / g_count)
             best = int(candidates[int(np.argmax(score))])
             picks.append(self._encoded(x[best]))
@@ -105,16 +125,30 @@ class BatchProposer:
                 g_count += 1
         return picks
 
-    def _summed(self, obs: np.ndarray, free: np.ndarray) -> np.ndarray:
-        """The sum of the observations' kernels at the ``free`` valid configs."""
+    def _column(self, row: tuple[int, ...]) -> np.ndarray:
+        """One observation's kernel at every valid config, computed once."""
+        column = self._columns.get(row)
+        if column is None:
+            column = self._columns[row] = self._kernels(self._points, np.array([row]))[:, 0]
+        return column
+
+    def _summed(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """The sum of the observations' kernels at every valid config."""
         total = np.zeros(self._points.shape[0])
-        for row in obs.tolist():
-            key = tuple(row)
-            column = self._columns.get(key)
-            if column is None:
-                column = self._columns[key] = self._kernels(self._points, np.array([row]))[:, 0]
-            total += column
-        return total[free]
+        for row in rows:
+            total += self._column(row)
+        return total
+
+    def _observed_sum(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """``_summed(rows)`` kept as a running sum: observations only join between batches, so
+        each batch adds the new ones' columns (and takes away any gone)."""
+        want = Counter(rows)
+        for row in set(want) | set(self._counted):
+            change = want.get(row, 0) - self._counted.get(row, 0)
+            if change:
+                self._total += change * self._column(row)
+        self._counted = want
+        return self._total.copy()
 
     def _kernels(self, x: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """(configs, observations): each observation's kernel's probability of each config."""

@@ -1,12 +1,14 @@
-"""What runs beside the GPU workers: the Ray CPU task that compiles one config, and the screen
-on its compile report (spills, registers and shared memory against the SM) that decides whether
-the config is worth GPU time at all."""
+"""What runs beside the GPU workers: the Ray CPU task that renders and compiles one config, and
+the screen on its compile report (spills, registers and shared memory against the SM) that
+decides whether the config is worth GPU time at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
-from templates.family import DeviceLimits, Launch
+from templates import get_family
+from templates.family import DeviceLimits, Launch, Problem, TemplateError
 from workers.compile import compile_cubin, toolkit_version
 from workers.errors import CompileError
 from workers.results import Binary, CompileRequest
@@ -22,9 +24,20 @@ class CompileFailure:
     log: str
 
 
-def compile_task(request: CompileRequest, backend: str, cache_dir: str | None,
-                 timeout_s: float) -> Binary | CompileFailure:
-    """Compile on a CPU; a compiler error comes back as a value (Ray would wrap an exception)."""
+def compile_task(request: CompileRequest, backend: str, cache_dir: str | None, timeout_s: float,
+                 family: Any = None, problem: Problem | None = None,
+                 params: Mapping[str, Any] | None = None) -> Binary | CompileFailure:
+    """Compile on a CPU; a compiler error comes back as a value (Ray would wrap an exception).
+    Given ``family`` (a reference or a family: ``templates.get_family``), ``problem`` and
+    ``params``, the source is rendered here first (the coordinator leaves it to the CPUs that
+    compile); a template that fails to render is a CompileFailure "render: ..."."""
+    if family is not None:
+        try:
+            request = replace(request, source=get_family(family).render(dict(params or {}), problem))
+        except TemplateError as exc:
+            return CompileFailure(f"render: {exc}", "")
+        except Exception as exc:  # noqa: BLE001 - a family's bug fails its config, not the study
+            return CompileFailure(f"render: {type(exc).__name__}: {exc}"[:300], "")
     try:
         return compile_cubin(request, backend=backend, cache_dir=cache_dir, timeout_s=timeout_s)
     except CompileError as exc:

@@ -1,7 +1,8 @@
 """Compile on CPUs, measure on GPUs, through Ray; ticket in, Measurement out::
 
     with WorkerPool("attention", problem) as pool:        # one actor per GPU Ray sees
-        pool.submit(7, params, source, launch, options)    # returns at once
+        pool.submit(7, params, None, launch, options)      # returns at once (None: rendered
+                                                           # where it compiles; or a source)
         for ticket, measurement in pool.poll(timeout=1.0):
             ...
         retiming = pool.retime([(params, source, launch, options), ...])   # at the end, idle
@@ -63,7 +64,7 @@ ACTOR_DEPTH = 2  # measurements sent to one actor at a time: the one it runs and
 class _Ticket:
     ticket: int
     params: dict[str, Any]
-    source: str
+    source: str | None  # None: rendered by the compile task
     launch: Launch
     options: tuple[str, ...]
     binary: Binary | None = None
@@ -391,8 +392,9 @@ class WorkerPool:
         out, self._calibrations = self._calibrations, []
         return out
 
-    def submit(self, ticket: int, params: Mapping[str, Any], source: str, launch: Launch,
+    def submit(self, ticket: int, params: Mapping[str, Any], source: str | None, launch: Launch,
                options: tuple[str, ...]) -> None:
+        """Queue a config; ``source`` None: the compile task renders it (a replay compiles nothing)."""
         if ticket in self._known:
             raise ValueError(f"ticket {ticket} was already submitted")
         self._known.add(ticket)
@@ -571,8 +573,10 @@ class WorkerPool:
     def _pump(self) -> None:
         while self._compile_queue and len(self._compiling) < self._compile_workers:
             item = self._compile_queue.popleft()
-            request = CompileRequest(item.source, item.launch.kernel, item.options)
-            ref = self._compile.remote(request, self._backend, self._cache_dir, self._compile_timeout_s)
+            request = CompileRequest(item.source or "", item.launch.kernel, item.options)
+            render = () if item.source is not None else (self._shipment.ref, self.problem, item.params)
+            ref = self._compile.remote(request, self._backend, self._cache_dir, self._compile_timeout_s,
+                                       *render)
             item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
             self._compiling[ref] = item
         for slot in self._slots:

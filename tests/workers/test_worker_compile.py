@@ -213,3 +213,27 @@ def test_compile_all_fills_the_cache_in_spawned_processes_and_reports_each_failu
     assert cached  # the good one is in the workers' cache: compiling it again reads it back
     assert compile_cubin(good, cache_dir=tmp_path).cubin[:4] == b"\x7fELF"
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == cached
+
+
+def test_the_compile_task_renders_the_config_it_is_given(tmp_path):
+    """Given the family, the problem and the params (the coordinator renders nothing), the task
+    renders the source and compiles it: the same cubin as a source rendered beforehand; a config
+    the template cannot render comes back as a "render: ..." failure, not an exception."""
+    from templates import get_family
+    from templates.family import H100_LIMITS
+    from workers.compile_task import CompileFailure, compile_task
+
+    fam = get_family("attention")
+    problem = fam.parse_problem("1,2,128,64", "fp16", {})
+    params = fam.valid_configs(problem, H100_LIMITS)[0]
+    launch = fam.launch(params, problem)
+    options = tuple(fam.compile_options(params, problem))
+    rendered = compile_task(CompileRequest("", launch.kernel, options), "nvrtc", str(tmp_path), 300,
+                            "attention", problem, params)
+    given = compile_task(CompileRequest(fam.render(params, problem), launch.kernel, options), "nvrtc",
+                         None, 300)
+    assert not isinstance(rendered, CompileFailure), rendered
+    assert rendered.cubin_hash == given.cubin_hash and rendered.source_hash == given.source_hash
+    broken = compile_task(CompileRequest("", launch.kernel, options), "nvrtc", None, 300, "attention",
+                          problem, {**params, "BLOCK_N": 48})
+    assert isinstance(broken, CompileFailure) and broken.reason.startswith("render: ")

@@ -166,6 +166,19 @@ def test_compile_error_resolves_the_ticket(pool_factory):
     assert results[1].ok
 
 
+def test_a_config_without_source_is_rendered_where_it_compiles(pool_factory):
+    """``submit`` with no source (as the coordinator sends them): the compile task renders the
+    params with the family, the same cubin as the source rendered here; a config the family
+    cannot render fails as a compile, with its reason, and the pool goes on."""
+    pool = pool_factory()
+    pool.submit(0, {"variant": "ok", "tag": 3, "behaviour": "ok"}, None, LAUNCH, ())
+    pool.submit(1, {"variant": "no such variant", "tag": 3}, None, LAUNCH, ())
+    _submit(pool, 2, tag=3)  # the same config, its source given: the same cubin
+    results = _drain(pool)
+    assert results[0].ok and results[0].cubin_hash == results[2].cubin_hash
+    assert results[1].failure == "compile" and results[1].reason.startswith("render: KeyError")
+
+
 def test_equal_cubins_are_measured_once(pool_factory):
     pool = pool_factory(worker_cls=TwoFakeBenches)
     source = _source(7)
