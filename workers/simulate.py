@@ -101,8 +101,11 @@ class SimulatedGpus:
         seconds, kernel, flush = gpu_time(recorded, abort_above_ms)
         async with self._locks[gpu]:
             start = time.monotonic()
-            if seconds > 0:
-                await asyncio.sleep(seconds)
+            # until the GPU time has passed by this clock: an event loop's timers (uvloop's: a
+            # cached clock, milliseconds) may wake a sleep early, and the next trial would start
+            # inside this one's interval
+            while (left := start + seconds - time.monotonic()) > 0:
+                await asyncio.sleep(left)
             self._intervals.append((gpu, start, start + seconds))
             self._late.append(time.monotonic() - start - seconds)
         return replace(recorded, gpu_seconds=seconds, kernel_seconds=kernel, flush_seconds=flush)

@@ -195,7 +195,7 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_in_order_on_each_gp
         for gpu in (0, 1):
             mine = [(a, b) for g, a, b in intervals if g == gpu]
             assert len(mine) == len(letters[gpu::2])
-            assert all(end <= next_start + 1e-6 for (_, end), (next_start, _) in zip(mine, mine[1:]))
+            assert all(end <= next_start + 1e-6 for (_, end), (next_start, _) in zip(mine, mine[1:])), intervals
         assert mail.collecting() == []  # nothing out: no collect
         began = time.monotonic()
         assert ray.get(host.collect.remote(0.2)) == [] and time.monotonic() - began >= 0.15
