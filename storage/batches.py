@@ -21,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select
 
 from storage import queries, rows
-from storage.bulk import insert_rows
 from storage.errors import ClaimRefused, StorageError
 from storage.models import RunningTrial, Trial, utcnow
 from storage.records import LEASE_TTL_S, TRIAL_STATUSES, TrialOutcome, TrialRecord, config_key
@@ -101,7 +100,8 @@ class BatchedTrials:
                 out.append(number)
                 number += 1
                 count += 1
-            insert_rows(session, RunningTrial.__table__, leases)
+            if leases:
+                session.execute(insert(RunningTrial.__table__), leases)
         return out
 
     def record_trials(self, study_id: int, results: Sequence[tuple[int, Mapping[str, Any], TrialOutcome]],
@@ -120,8 +120,8 @@ class BatchedTrials:
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
             kept = [t for t in made if owner is None or t["number"] in mine]
             records: dict[int, TrialRecord] = {}
-            if kept:  # one COPY or executemany (no unit of work), then the ids
-                insert_rows(session, Trial.__table__, kept)
+            if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
+                session.execute(insert(Trial.__table__), kept)
                 ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
                     Trial.study_id == study_id, Trial.number.in_([t["number"] for t in kept])))}
                 records = {t["number"]: rows.trial_record_of(ids[t["number"]], t) for t in kept}

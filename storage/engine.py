@@ -23,8 +23,7 @@ from sqlalchemy.exc import ArgumentError
 
 from storage.errors import StorageError
 from storage.migrate import current_revision, head_revision, refuse_newer, upgrade
-from storage.errors import one_line
-from storage.repository import Repository
+from storage.repository import Repository, one_line
 
 # PostgreSQL's driver is an extra: SQLite users need none.
 POSTGRES_DRIVER = ("PostgreSQL's driver is not installed: pip install 'kernel-tuner-service[postgres]' "

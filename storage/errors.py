@@ -21,10 +21,3 @@ class ClaimRefused(StorageError):
     def __init__(self, why: str, message: str) -> None:
         super().__init__(message)
         self.why = why
-
-
-def one_line(error: BaseException) -> str:
-    """The driver's message of ``error`` (not SQLAlchemy's wrapper), on one line."""
-    message = str(getattr(error, "orig", None) or error)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return " ".join(lines) or type(error).__name__
