@@ -227,7 +227,10 @@ def sqlite_pragmas(dbapi_connection: Any) -> None:
     study's writer made about five commits a trial, 2.5 ms each with the fsync (issue 4).
     """
     cursor = dbapi_connection.cursor()
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    # as long as a writer may make us wait: "locked" is another connection's lock (a checkpoint,
+    # a recovery after a killed run), not a database that does not answer (CONNECT_TIMEOUT_S's
+    # 5 s ran out under load: a run started right after a killed one failed so in CI)
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
     while True:
         try:  # a new file's switch to WAL does not wait on the busy timeout: connections that
             cursor.execute("PRAGMA journal_mode=WAL")  # open a new database together retry it

@@ -54,6 +54,28 @@ def test_bad_urls_raise_one_line(url, message):
     assert "\n" not in str(caught.value)
 
 
+def test_a_connection_waits_for_another_ones_lock_as_long_as_a_writer_would(tmp_path, monkeypatch):
+    """The switch to WAL of a new connection is retried while another connection holds the file
+    locked, for as long as the busy timeout (not the 5 s a silent server gets: a run started right
+    after a killed one failed so under load): here the lock is held past the connect timeout."""
+    import sqlite3
+    import threading
+
+    monkeypatch.setattr(engine, "CONNECT_TIMEOUT_S", 0.3)
+    path = tmp_path / "held.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # a rollback-journal file, locked: WAL cannot be set
+    threading.Timer(1.0, lambda: holder.execute("COMMIT")).start()
+    other = sqlite3.connect(path, isolation_level=None, timeout=0.01)
+    began = time.monotonic()
+    engine.sqlite_pragmas(other)
+    assert time.monotonic() - began > 0.9
+    assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    other.close()
+    holder.close()
+
+
 def test_refused_connection_fails_fast_and_hides_the_password():
     url = f"postgresql://tuner:secret@127.0.0.1:{_free_port()}/tuner"
     start = time.monotonic()
