@@ -163,7 +163,7 @@ def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, t
     assert len(keys) == len(set(keys)) == 48
 
 
-def test_a_hosts_measurements_are_posted_in_one_call_and_run_in_order_on_each_gpu():
+def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_each_gpu():
     """The Mailbox against a real host actor: five measurements on two simulated GPUs go in one
     ``enqueue`` call; every result comes back through ``collect``, each GPU ran its own one at a
     time, and a collect with nothing finished waits its timeout and answers
