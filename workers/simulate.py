@@ -92,12 +92,12 @@ class SimulatedGpus:
     def device_info(self) -> Any:
         return self._bench.device_info()
 
-    async def measure(self, binary: Any, launch: Any, family_name: str, problem: Any, *,
-                      gpu: int, params: Mapping[str, Any] | None = None,
-                      abort_above_ms: float | None = None, **_timing: Any) -> Measurement:
+    async def _measure(self, family: Any, problem: Any, gpu: int, params: Mapping[str, Any],
+                       abort_above_ms: float | None) -> Measurement:
+        """One trial on GPU ``gpu``: its GPU held for the trial's GPU time, then its recorded result."""
         if self._locks is None:
             self._locks = [asyncio.Lock() for _ in range(self._count)]
-        recorded = self._bench.measure(binary, launch, family_name, problem, params=params)
+        recorded = self._bench.measure(None, None, family, problem, params=params)
         seconds, kernel, flush = gpu_time(recorded, abort_above_ms)
         async with self._locks[gpu]:
             start = time.monotonic()
@@ -121,8 +121,7 @@ class SimulatedGpus:
     async def _run_letter(self, letter: int, gpu: int, family: Any, problem: Any,
                           params: Mapping[str, Any], abort: float | None) -> None:
         try:
-            result = await self.measure(None, None, family, problem, gpu=gpu, params=params,
-                                        abort_above_ms=abort)
+            result = await self._measure(family, problem, gpu, params, abort)
         except Exception as exc:  # noqa: BLE001 - the trial fails, as a GPU actor's would
             result = Measurement.failed("worker", f"{type(exc).__name__}: {exc}"[:300])
         self._finished.append((letter, result))
@@ -174,10 +173,11 @@ class _Bound:
 
 
 class SimulatedGpu:
-    """One simulated GPU of a host actor, called as a GPU actor's handle is
-    (``gpu.measure.remote(...)``); ``host`` is the actor, ``index`` the GPU in it."""
+    """One simulated GPU of a host actor, called as a GPU actor's handle is for what is not
+    posted (``gpu.retime.remote(...)``, ``gpu.device_info.remote()``); ``host`` is the actor,
+    ``index`` the GPU in it. Its measurements go through the pool's :class:`Mailbox`."""
 
-    _PER_GPU = ("measure", "retime")
+    _PER_GPU = ("retime",)
 
     def __init__(self, host: Any, index: int) -> None:
         self.host, self.index = host, index
