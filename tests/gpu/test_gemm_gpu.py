@@ -36,8 +36,14 @@ CASES = (
     ("129,333,255", "bf16", "nn", "bias_gelu"),
     ("255,129,333", "fp16", "nt", "none"),
 )
-PROBLEMS = [FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-            for shape, dtype, layout, epilogue in CASES]
+
+
+def _problems(cases):
+    return [FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
+            for shape, dtype, layout, epilogue in cases]
+
+
+PROBLEMS = _problems(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +57,12 @@ def bench():
 
 def _limits(bench):
     return bench.device_info().limits
+
+
+def _accepted(cases, configs, limits):
+    """(problem, params) of each problem of ``cases`` and each of ``configs`` the family accepts there."""
+    return [(problem, params) for problem in _problems(cases) for params in configs
+            if FAMILY.check(params, problem, limits) is None]
 
 
 def _compiled(jobs, cache):
@@ -155,16 +167,11 @@ WGMMA_TILES = ((128, 256, 8, 4, 40, 0, 1, 1), (256, 128, 8, 3, 24, 0, 1, 1), (12
 
 
 def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tmp_path_factory):
-    limits = _limits(bench)
-    jobs = []
-    for shape, dtype, layout, epilogue in WGMMA_CASES:
-        problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-        for bm, bn, warps, stages, regs, persistent, split, cluster in WGMMA_TILES:
-            params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
-                          STAGES=stages, PRODUCER_REGS=regs, GROUP_M=1 if bm == 256 else 8, PERSISTENT=persistent,
-                          SPLIT_K=split, CLUSTER_M=cluster)
-            if FAMILY.check(params, problem, limits) is None:
-                jobs.append((problem, params))
+    configs = [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
+                    STAGES=stages, PRODUCER_REGS=regs, GROUP_M=1 if bm == 256 else 8, PERSISTENT=persistent,
+                    SPLIT_K=split, CLUSTER_M=cluster)
+               for bm, bn, warps, stages, regs, persistent, split, cluster in WGMMA_TILES]
+    jobs = _accepted(WGMMA_CASES, configs, _limits(bench))
     assert len(jobs) >= 40 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
     for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1)):
         assert sum(params[name] > more for _, params in jobs) >= 4, name
@@ -189,15 +196,10 @@ SWAP_TILES = ((16, 64, 4, 12, 0, 0, 1), (16, 128, 4, 8, 0, 0, 4), (32, 64, 4, 16
 
 
 def test_swapped_operands_match_the_reference_on_small_m(bench, tmp_path_factory):
-    limits = _limits(bench)
-    jobs = []
-    for shape, dtype, layout, epilogue in SWAP_CASES:
-        problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue})
-        for bm, bn, warps, stages, regs, persistent, split in SWAP_TILES:
-            params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
-                          STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=persistent, SPLIT_K=split, SWAP_AB=1)
-            if FAMILY.check(params, problem, limits) is None:
-                jobs.append((problem, params))
+    configs = [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
+                    STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=persistent, SPLIT_K=split, SWAP_AB=1)
+               for bm, bn, warps, stages, regs, persistent, split in SWAP_TILES]
+    jobs = _accepted(SWAP_CASES, configs, _limits(bench))
     assert len(jobs) >= 20 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt"}
     for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1)):
         assert sum(params[name] > more for _, params in jobs) >= 2, name
