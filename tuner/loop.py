@@ -69,6 +69,9 @@ from workers.results import Measurement
 logger = logging.getLogger("tuner")
 
 MAX_IDLE_ASKS = 500
+# While the sampler is asked, the pool is served (``WorkerPool.serve``) at most this often: each
+# GPU holds only its running trial and the next, and a trial stopped early ends in milliseconds.
+SERVE_EVERY_S = 0.005
 # A candidate whose first repetitions take longer than this times the best so far is clearly
 # behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.
 EARLY_STOP_FACTOR = 1.5
@@ -203,6 +206,7 @@ class Coordinator:
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
+        self._served = 0.0  # time.monotonic() of the pool's last serve between asks
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -304,6 +308,7 @@ class Coordinator:
                 idle_this_round = 0
             else:
                 idle_this_round += 1
+            self._serve_pool()
 
     # -- one trial --------------------------------------------------------------------------------
     @property
@@ -398,6 +403,7 @@ class Coordinator:
                     self._submit(proposal, params, key, work)
                     sent += 1
             idle_rounds = 0 if sent else idle_rounds + 1
+            self._serve_pool()
 
     def _min_batch(self) -> int:
         """The fewest free slots worth a batch while trials are in flight: an eighth of the
@@ -412,10 +418,12 @@ class Coordinator:
         :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
         is asked no more: it lacks the batches' trials)."""
         batcher, waiting = self._batcher(), self._mirror.waiting()
-        if batcher is None:
-            return [self._mirror.ask(self.space.distributions) for _ in range(count)]
-        if waiting:  # enqueued configs, asked with their own params (the sampler draws nothing)
-            return [self._mirror.ask(self.space.distributions) for _ in range(min(count, waiting))]
+        if batcher is None or waiting:  # waiting: enqueued configs, asked with their own params
+            asked = []
+            for _ in range(count if batcher is None else min(count, waiting)):
+                asked.append(self._mirror.ask(self.space.distributions))
+                self._serve_pool()
+            return asked
         began = time.perf_counter()
         pending = [f.proposal.params for f in self._in_flight.values()]
         picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)
@@ -424,6 +432,15 @@ class Coordinator:
         if not picks and not self._in_flight:  # every valid config of the space is measured
             self._unmeasured.clear()
         return [self._mirror.proposed(pick) for pick in picks]
+
+    def _serve_pool(self) -> None:
+        """Between asks: the pool hands compiled configs to its GPUs and takes in what finished
+        (``serve``: the results come out of the next poll), at most every ``SERVE_EVERY_S``."""
+        serve = getattr(self.pool, "serve", None)
+        now = time.monotonic()
+        if serve is not None and now - self._served >= SERVE_EVERY_S:
+            self._served = now
+            serve()
 
     def _batcher(self) -> Any:
         """The batch proposer of a ``tpe-batch`` study (None for the other samplers), made once."""

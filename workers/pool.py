@@ -450,12 +450,28 @@ class WorkerPool:
             wait = max(0.0, min([end] + deadlines) - now)
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in sorted(ready, key=self._position):  # an actor's results in its order
-                self._handle(ref)
+                self._take_in(refs)
         out, self._results = self._results, []
         self._returned += len(out)
         return out
+
+    def serve(self) -> None:
+        """Between the coordinator's asks, without waiting: what finished is taken in (finished
+        trials come out of the next :meth:`poll`) and compiled configs go to the GPUs that have
+        room. A coordinator that asks a while (a slow sampler, many results at once) keeps its
+        GPUs fed: a GPU holds its running trial and the next, and a short trial ends in tens of
+        milliseconds. Simulated GPUs take their work by the poll (``Mailbox``), not here."""
+        self._pump()
+        refs = list(self._compiling) + list(self._owners)
+        if refs and self._take_in(refs):
+            self._pump()
+
+    def _take_in(self, refs: list[Any]) -> int:
+        """Handle those of ``refs`` that are ready now, each actor's results in its order."""
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in sorted(ready, key=self._position):
+            self._handle(ref)
+        return len(ready)
 
     def retime(self, kernels: Sequence[tuple[Mapping[str, Any], str, Launch, Sequence[str]]], *,
                rounds: int = ROUNDS, max_seconds: float = MAX_SECONDS) -> Retiming:

@@ -63,7 +63,32 @@ def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tup
     lines = done.stdout.splitlines()  # the summary: from the line "{" on (Ray may print before it)
     result = json.loads("\n".join(lines[lines.index("{"):]))
     result["call_s"] = time.monotonic() - start
+    result["phases"] = phases(db, result)
     return db, result
+
+
+def phases(db: str, result: dict) -> dict:
+    """Where a study's wall time went, from its stored trials' times: the first trial stored (start-up,
+    first compiles), the steady rate between the 10th trial and the last, and the tail after the last
+    (the final re-timing); the GPUs' busy share and the compile CPU seconds."""
+    import tuner
+
+    trials = sorted(tuner.show(result["study"], db=db).trials, key=lambda t: t.created_at)
+    stamps = [t.created_at.timestamp() for t in trials]
+    first, last = stamps[0], stamps[-1]
+    steady = stamps[9:]
+    gpus = {t.gpu_uuid for t in trials if t.gpu_uuid} or {None}
+    return {
+        "span_s": round(last - first, 2),  # first to last stored trial
+        "steady_per_min": round(60 * (len(steady) - 1) / (steady[-1] - steady[0]), 1)
+        if len(steady) > 1 and steady[-1] > steady[0] else None,
+        "gpus": len(gpus),
+        "busy_share": round(result["gpu_busy_s"] / (len(gpus) * result["elapsed_s"]), 3),
+        "kernel_share": round(result.get("kernel_busy_s", 0.0) / (len(gpus) * result["elapsed_s"]), 3),
+        "compile_cpu_s": round(sum(t.compile_seconds or 0.0 for t in trials), 1),
+        "outside_span_s": round(result["elapsed_s"] - (last - first), 2),  # start-up + tail
+        "trials_per_gpu": {str(t): sum(1 for x in trials if x.gpu_uuid == t) for t in gpus},
+    }
 
 
 def time_configs(spec_path: str) -> None:
@@ -186,6 +211,12 @@ def main() -> None:
               f"trials/min")
     print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
           f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
+    for n, r in ((1, one), (2, two)):
+        ph = r["phases"]
+        print(f"  {n} GPU(s): wall {r['elapsed_s']:.1f} s, trials stored over {ph['span_s']:.1f} s "
+              f"(outside that {ph['outside_span_s']:.1f} s), steady {ph['steady_per_min']} trials/min, "
+              f"GPU busy {100 * ph['busy_share']:.0f}% (kernels {100 * ph['kernel_share']:.0f}%), "
+              f"compile {ph['compile_cpu_s']:.0f} CPU s, per GPU {ph['trials_per_gpu']}")
     print(f"reference GPU {gpus[reference]} ({reference}), other GPU {gpus[other]} ({other})")
     print(f"  other's ratio to the reference: study's last {study_ratio:.4f}, "
           f"incumbent timed now {now_ratio:.4f}")
@@ -204,8 +235,8 @@ def main() -> None:
         "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
         "speedup": round(per_min[2] / per_min[1], 3),
         "primed": bool(cold),
-        "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s")},
-                    "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s")}},
+        "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")},
+                    "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")}},
         "reference": ref["gpu"], "other": oth["gpu"], "study_ratio": study_ratio,
         "now_ratio": now_ratio, "turns_ratio": turns_ratio,
         "turn_rounds": [ref["turn_rounds"], oth["turn_rounds"]],

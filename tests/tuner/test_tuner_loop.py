@@ -20,7 +20,7 @@ from tuner_doubles import (
     latency_ms,
     valid_configs,
 )
-from tuner import api, search
+from tuner import api, loop, search
 
 
 def _tune(**kwargs):
@@ -59,6 +59,17 @@ def test_trial_budget_records_every_measured_trial(toy, db, pools):
         else:
             assert trial.gpu_state is None  # no clocks are read for a failure
     assert len({t.number for t in stored}) == 20 and _running(db, result.study) == []
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_the_pool_is_served_between_asks(toy, db, pools, monkeypatch, batch):
+    monkeypatch.setattr(loop, "SERVE_EVERY_S", 0.0)
+    _tune(trials=20, db=db, batch=batch)
+    calls = pools.used[0].calls
+    lookahead = loop.default_lookahead(pools.used[0])
+    # the first fill asks `lookahead` configs before the first poll, serving the pool after each
+    assert calls.index("poll") >= lookahead and set(calls[:calls.index("poll")]) == {"serve"}
+    assert calls.count("serve") >= 20
 
 
 def test_invalid_configs_are_told_without_compiling_and_do_not_count(toy, db, pools, monkeypatch):

@@ -205,6 +205,7 @@ class FakePool:
         self.sources: list[str] = []
         self.queue: list[tuple[int, dict[str, Any]]] = []
         self.polls = 0
+        self.calls: list[str] = []  # "poll" and "serve", in the order the coordinator made them
         self.gpu_busy_seconds = 0.0
         self.closed = False
         self.retimed: list[list[dict[str, Any]]] = []  # the configs of each retime call
@@ -217,8 +218,12 @@ class FakePool:
     def pending(self) -> int:
         return len(self.queue)
 
+    def serve(self) -> None:
+        self.calls.append("serve")
+
     def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         self.polls += 1
+        self.calls.append("poll")
         if self.polls == self.interrupt_after_polls:
             raise KeyboardInterrupt  # Ctrl-C, once
         out, self.queue = self.queue[: self.per_poll], self.queue[self.per_poll:]

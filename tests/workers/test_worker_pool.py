@@ -147,6 +147,27 @@ def test_the_actor_starts_the_next_trial_without_waiting_for_a_poll(pool_factory
     assert start2 >= polled - 0.05  # the third waited in the pool's queue for a poll
 
 
+def test_serving_between_asks_sends_the_next_trial_and_keeps_what_finished(pool_factory):
+    pool = pool_factory()
+    for ticket in range(3):
+        _submit(pool, ticket, "slow")
+    (slot,) = pool._slots
+    end = time.monotonic() + 60
+    while len(slot.sent) < 2 and time.monotonic() < end:  # compiled and sent
+        assert not pool.poll(timeout=0.05)
+    serving = time.monotonic() + 2.0
+    while time.monotonic() < serving:  # the coordinator asks its sampler, serving the pool between
+        pool.serve()
+        time.sleep(0.01)
+    assert not slot.sent  # all three ran meanwhile
+    results = dict(pool.poll(timeout=0))  # taken in by serve, handed out by the next poll
+    assert sorted(results) == [0, 1, 2] and all(m.ok for m in results.values())
+    (_, end0), (start1, end1), (start2, _) = sorted(_times(results[t]) for t in range(3))
+    assert start1 - end0 < 0.25
+    assert start2 - end1 < 0.25  # sent by a serve, not left in the pool's queue for a poll
+    assert not pool.pending() and pool.poll(timeout=0) == []
+
+
 def test_bench_exception_fails_the_trial_only(pool_factory):
     pool = pool_factory()
     _submit(pool, 0, "raise")
