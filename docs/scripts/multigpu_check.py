@@ -1,8 +1,8 @@
 """Two GPUs' timings as one set, and a study's throughput on one GPU and on two (issue 16 §1).
 
     PYTHONPATH=<checkout> python3 docs/scripts/multigpu_check.py [--trials 200]
-        [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--configs 10] [--rounds 3] [--prime]
-        [--folder DIR] [--study-timeout S]
+        [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--sampler tpe] [--configs 10] [--rounds 3]
+        [--prime] [--folder DIR] [--study-timeout S]
 
 On a machine with two GPUs, in one call (about two minutes for the defaults on two H100s: a
 cold 200-trial study took 51 s on one GPU and 27 s on two):
@@ -12,7 +12,11 @@ cold 200-trial study took 51 s on one GPU and 27 s on two):
    on an empty compile cache, or with ``--prime`` both on the cache a first one-GPU study filled:
    trials per minute (measured trials over the study's wall time, the final re-timing included),
    and the two-GPU figure over the one-GPU one (target: 1.9x or more; the two-GPU study pays for
-   its GPUs' timings of the incumbent). Each study's log is ``tune.log`` in its folder;
+   its GPUs' timings of the incumbent). Each study's log is ``tune.log`` in its folder. Where the
+   wall time went is printed beside (the steady rate, the GPUs' busy share, the seconds outside the
+   span of the stored trials: start and final re-timing). TPE's configs depend on the order results
+   come back, so the two studies measure different mixes of fast and slow configs; ``--sampler
+   random`` measures the same configs on both (``--configs 0``: the rates only);
 2. the two-GPU study's ``--configs`` fastest configs (by normalized median, distinct cubins),
    timed again on each GPU, the two GPUs at once, each in its own process (``GpuBench.measure``
    as a trial times them, ``--rounds`` rounds, the median): the other GPU's medians over the
@@ -51,7 +55,7 @@ def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tup
     env.pop("TUNER_DB", None)
     cmd = [sys.executable, "-m", "tuner", "tune", "attention", "--shape", args.shape, "--dtype",
            args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
-           "--db", db, "--seed", "0", "--json"]
+           "--db", db, "--seed", "0", "--sampler", args.sampler, "--json"]
     log = folder / "tune.log"  # the study's progress lines, as it runs
     print(f"study on GPUs {gpus}: {' '.join(cmd[1:])} (log: {log})", flush=True)
     start = time.monotonic()
@@ -155,7 +159,11 @@ def main() -> None:
     parser.add_argument("--shape", default="4,16,4096,128")
     parser.add_argument("--dtype", default="fp16")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--configs", type=int, default=10)
+    parser.add_argument("--sampler", default="tpe", help="the studies' sampler: random measures the "
+                        "same configs on one GPU and on two (seed 0), so that their rates compare "
+                        "the GPUs alone and not two searches' mixes of fast and slow configs")
+    parser.add_argument("--configs", type=int, default=10, help="configs timed on each GPU afterwards "
+                        "(0: none, the rates only)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=100, help="rounds of the configs timed in turns")
     parser.add_argument("--prime", action="store_true",
@@ -170,9 +178,6 @@ def main() -> None:
         time_configs(args.time_configs)
         return
 
-    import tuner
-    from tuner.retime import candidates
-
     folder = args.folder or Path(tempfile.mkdtemp(prefix="multigpu-"))
     cold = None
     if args.prime:  # a first one-GPU study fills the compile cache both timed studies share
@@ -181,6 +186,36 @@ def main() -> None:
     cache = folder / ("cache" if cold else "two/cache")
     db, two = study("0,1", folder / "two", cache, args)
     per_min = {n: 60 * r["measured"] / r["elapsed_s"] for n, r in ((1, one), (2, two))}
+    state = "warm (cache primed)" if cold else "cold"
+    print(f"{state} {args.trials}-trial study ({args.sampler}), attention {args.shape} {args.dtype}"
+          f"{' causal' if args.causal else ''}:")
+    if cold:
+        print(f"  priming study (1 GPU, cold): {60 * cold['measured'] / cold['elapsed_s']:.0f} "
+              f"trials/min")
+    print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
+          f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
+    for n, r in ((1, one), (2, two)):
+        ph = r["phases"]
+        print(f"  {n} GPU(s): wall {r['elapsed_s']:.1f} s, trials stored over {ph['span_s']:.1f} s "
+              f"(outside that {ph['outside_span_s']:.1f} s), steady {ph['steady_per_min']} trials/min, "
+              f"GPU busy {100 * ph['busy_share']:.0f}% (kernels {100 * ph['kernel_share']:.0f}%), "
+              f"compile {ph['compile_cpu_s']:.0f} CPU s, per GPU {ph['trials_per_gpu']}")
+    rates = {"problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
+             "sampler": args.sampler,
+             "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
+             "speedup": round(per_min[2] / per_min[1], 3), "primed": bool(cold),
+             "studies": {str(n): {k: r[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")}
+                         for n, r in ((1, one), (2, two))}}
+    if args.configs > 0:
+        rates.update(compare_configs(db, two, cache, folder, args))
+    print("MULTIGPU " + json.dumps(rates))
+
+
+def compare_configs(db: str, two: dict, cache: Path, folder: Path, args: argparse.Namespace) -> dict:
+    """Step 2: the two-GPU study's fastest configs timed again on each GPU; prints the table and
+    returns its numbers."""
+    import tuner
+    from tuner.retime import candidates
 
     trials = tuner.show(two["study"], db=db).trials
     ok = [t for t in trials if t.ok]
@@ -203,20 +238,6 @@ def main() -> None:
         by_turns.append(tb * turns_ratio / ta - 1)
         rows.append((t.number, a, b, raw[-1], by_study[-1], by_now[-1], by_turns[-1]))
 
-    state = "warm (cache primed)" if cold else "cold"
-    print(f"{state} {args.trials}-trial study, attention {args.shape} {args.dtype}"
-          f"{' causal' if args.causal else ''}:")
-    if cold:
-        print(f"  priming study (1 GPU, cold): {60 * cold['measured'] / cold['elapsed_s']:.0f} "
-              f"trials/min")
-    print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
-          f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
-    for n, r in ((1, one), (2, two)):
-        ph = r["phases"]
-        print(f"  {n} GPU(s): wall {r['elapsed_s']:.1f} s, trials stored over {ph['span_s']:.1f} s "
-              f"(outside that {ph['outside_span_s']:.1f} s), steady {ph['steady_per_min']} trials/min, "
-              f"GPU busy {100 * ph['busy_share']:.0f}% (kernels {100 * ph['kernel_share']:.0f}%), "
-              f"compile {ph['compile_cpu_s']:.0f} CPU s, per GPU {ph['trials_per_gpu']}")
     print(f"reference GPU {gpus[reference]} ({reference}), other GPU {gpus[other]} ({other})")
     print(f"  other's ratio to the reference: study's last {study_ratio:.4f}, "
           f"incumbent timed now {now_ratio:.4f}")
@@ -230,21 +251,14 @@ def main() -> None:
     print(f"  max |difference|: raw {100 * worst['raw']:.2f}%, normalized by the study's ratio "
           f"{100 * worst['study']:.2f}%, by the ratio now {100 * worst['now']:.2f}%, in turns "
           f"{100 * worst['turns']:.2f}% (target < 1%)")
-    print("MULTIGPU " + json.dumps({
-        "problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
-        "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
-        "speedup": round(per_min[2] / per_min[1], 3),
-        "primed": bool(cold),
-        "studies": {"1": {k: one[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")},
-                    "2": {k: two[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")}},
+    return {
         "reference": ref["gpu"], "other": oth["gpu"], "study_ratio": study_ratio,
         "now_ratio": now_ratio, "turns_ratio": turns_ratio,
         "turn_rounds": [ref["turn_rounds"], oth["turn_rounds"]],
         "configs": [dict(zip(("trial", "ref_ms", "other_ms", "raw", "normalized_study", "normalized_now",
                               "normalized_in_turns"), r)) for r in rows],
         "turns": {"reference": ref["turns"], "other": oth["turns"]},
-        "clocks": {"reference": ref["clocks"], "other": oth["clocks"]}}))
-
+        "clocks": {"reference": ref["clocks"], "other": oth["clocks"]}}
 
 if __name__ == "__main__":
     main()
