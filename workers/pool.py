@@ -595,11 +595,16 @@ class WorkerPool:
                                        *render)
             item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
             self._compiling[ref] = item
-        for slot in self._slots:
-            if slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH:
-                self._calibrate_on(slot)
-            while slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH and self._measure_queue:
-                self._dispatch(slot, self._measure_queue.popleft())
+        room = [slot for slot in self._slots if slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH]
+        for slot in room:
+            self._calibrate_on(slot)
+        while self._measure_queue:
+            # the GPU with the fewest sent first: an idle GPU before a place behind another's
+            # running trial (the last trials of a study went to the first GPU while the second idled)
+            room = [slot for slot in room if len(slot.sent) < ACTOR_DEPTH]
+            if not room:
+                break
+            self._dispatch(min(room, key=lambda slot: len(slot.sent)), self._measure_queue.popleft())
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
         options = dict(self._measure_options)

@@ -200,6 +200,24 @@ def test_a_config_without_source_is_rendered_where_it_compiles(pool_factory):
     assert results[1].failure == "compile" and results[1].reason.startswith("render: KeyError")
 
 
+def test_a_trial_goes_to_an_idle_gpu_before_a_place_behind_a_running_one(pool_factory):
+    pool = pool_factory(worker_cls=TwoFakeBenches)
+    _submit(pool, 0, "slower")
+    end = time.monotonic() + 60
+    while not any(slot.sent for slot in pool._slots) and time.monotonic() < end:
+        assert not pool.poll(timeout=0.05)
+    busy = next(slot for slot in pool._slots if slot.sent)
+    for ticket in (1, 2):  # one at a time, as the last compiles of a study come back
+        _submit(pool, ticket, "slower")
+        while sum(len(slot.sent) for slot in pool._slots) < ticket + 1 and time.monotonic() < end:
+            assert not pool.poll(timeout=0.05)
+        assert sorted(len(slot.sent) for slot in pool._slots) == ([1, 1] if ticket == 1 else [1, 2])
+    idle = next(slot for slot in pool._slots if slot is not busy)
+    assert [item.ticket for item, _ in idle.sent][0] == 1
+    results = _drain(pool)
+    assert sorted(results) == [0, 1, 2] and len({m.detail.split()[0] for m in results.values()}) == 2
+
+
 def test_equal_cubins_are_measured_once(pool_factory):
     pool = pool_factory(worker_cls=TwoFakeBenches)
     source = _source(7)

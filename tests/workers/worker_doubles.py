@@ -36,6 +36,8 @@ class FakeBench:
             return Measurement.failed("worker", "this GPU worker's context is dead")
         if behaviour == "slow":
             time.sleep(0.5)
+        if behaviour == "slower":  # outlasts the compiles of the configs sent after it
+            time.sleep(2.0)
         if behaviour == "hang":
             time.sleep(3600)
         if behaviour == "exit":  # dies mid-trial: a process that died at the very start of a task
