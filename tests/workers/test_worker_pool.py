@@ -129,14 +129,20 @@ def _times(measurement: Measurement) -> tuple[float, float]:
     return float(fields["start"]), float(fields["end"])
 
 
-def test_the_actor_starts_the_next_trial_without_waiting_for_a_poll(pool_factory):
+def _three_slow_two_sent(pool_factory):
+    """A one-GPU pool given three slow trials, once two are compiled and sent: (pool, its slot)."""
     pool = pool_factory()
     for ticket in range(3):
         _submit(pool, ticket, "slow")
     (slot,) = pool._slots
     end = time.monotonic() + 60
-    while len(slot.sent) < 2 and time.monotonic() < end:  # compiled and sent
+    while len(slot.sent) < 2 and time.monotonic() < end:
         assert not pool.poll(timeout=0.05)
+    return pool, slot
+
+
+def test_the_actor_starts_the_next_trial_without_waiting_for_a_poll(pool_factory):
+    pool, slot = _three_slow_two_sent(pool_factory)
     time.sleep(2.0)  # the coordinator is busy elsewhere: nobody polls
     polled = time.time()
     results = _drain(pool)
@@ -148,13 +154,7 @@ def test_the_actor_starts_the_next_trial_without_waiting_for_a_poll(pool_factory
 
 
 def test_serving_between_asks_sends_the_next_trial_and_keeps_what_finished(pool_factory):
-    pool = pool_factory()
-    for ticket in range(3):
-        _submit(pool, ticket, "slow")
-    (slot,) = pool._slots
-    end = time.monotonic() + 60
-    while len(slot.sent) < 2 and time.monotonic() < end:  # compiled and sent
-        assert not pool.poll(timeout=0.05)
+    pool, slot = _three_slow_two_sent(pool_factory)
     serving = time.monotonic() + 2.0
     while time.monotonic() < serving:  # the coordinator asks its sampler, serving the pool between
         pool.serve()
