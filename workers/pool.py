@@ -12,7 +12,8 @@ With several GPUs, each re-times the study's incumbent now and then between its 
 over, each with the GPU it ran on: the coordinator makes the GPUs' timings one set from them.
 
 Each actor runs one measurement at a time with the next one already sent (``ACTOR_DEPTH``), so
-it never waits for the coordinator between trials; the rest of the queue stays here, and a killed
+it never waits for the coordinator between trials; the rest of the queue stays here (a compiled
+config goes to the GPU with the fewest sent: an idle one first), and a killed
 actor loses nothing but the trial it was running (the one sent after it is measured again). A
 measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
 dead process (``worker``) or context (``crash``) is replaced too. Configs whose cubins are equal
