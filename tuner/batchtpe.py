@@ -59,8 +59,11 @@ class BatchProposer:
         # each observation's kernel over every valid config, computed once: a batch then sums
         # columns instead of multiplying (configs x observations x parameters) again
         self._columns: dict[tuple[int, ...], np.ndarray] = {}
-        self._total = np.zeros(self._points.shape[0])  # every observation's kernel, summed
-        self._counted: Counter[tuple[int, ...]] = Counter()  # the observations in _total
+        self._observed = _RunningSum(self._points.shape[0], self._column)  # every observation's kernel
+        self._flying = _RunningSum(self._points.shape[0], self._column)  # every trial in flight's
+        # each config the proposer was given (by identity: the mirror's and the flights' dicts,
+        # which live as long as their trials) as its row: a batch is given every observation again
+        self._given: dict[int, tuple[Mapping[str, Any], tuple[int, ...] | None]] = {}
 
     def row(self, encoded: Mapping[str, Any]) -> tuple[int, ...] | None:
         """A config (encoded, as Optuna holds it) as choice indices; None outside the space."""
@@ -73,8 +76,8 @@ class BatchProposer:
                 pending: Sequence[Mapping[str, Any]], count: int) -> list[dict[str, Any]]:
         """Up to ``count`` valid configs (encoded) none of ``observed`` (encoded params, value;
         ``inf`` for a failed one) or ``pending`` (in flight) holds, best first."""
-        obs = [(r, v) for r, v in ((self.row(p), v) for p, v in observed) if r is not None]
-        flying = [r for r in (self.row(p) for p in pending) if r is not None]
+        obs = [(r, v) for r, v in ((self._row_of(p), v) for p, v in observed) if r is not None]
+        flying = [r for r in map(self._row_of, pending) if r is not None]
         taken = np.zeros(self._points.shape[0], dtype=bool)
         rows = [self._row.get(r) for r in [r for r, _ in obs] + flying]  # None: not a valid config
         taken[[i for i in rows if i is not None]] = True
@@ -93,9 +96,9 @@ class BatchProposer:
         log_l = np.log((below_sum[free] + prior) / (len(below) + 1))
         # g(x): every observation but the best gamma (a running sum of all, less those), and the
         # trials in flight
-        above_sum = self._observed_sum([r for r, _ in obs]) - below_sum
+        above_sum = self._observed.of([r for r, _ in obs]) - below_sum
         if self.liar:
-            above_sum = above_sum + self._summed(flying)
+            above_sum = above_sum + self._flying.of(flying)
         g_sum = above_sum[free] + prior
         g_count = len(obs) - len(below) + (len(flying) if self.liar else 0) + 1
         # each pick draws from l(x) over the configs not yet picked: drawn from the batch's
@@ -120,8 +123,8 @@ class BatchProposer:
             best = int(candidates[int(np.argmax(score))])
             picks.append(self._encoded(x[best]))
             alive[best] = False
-            if self.liar:  # in flight counts as bad until told
-                g_sum += self._kernels(x, x[best][None, :])[:, 0]
+            if self.liar:  # in flight counts as bad until told (its column serves it in flight)
+                g_sum += self._column(tuple(x[best].tolist()))[free]
                 g_count += 1
         return picks
 
@@ -139,16 +142,13 @@ class BatchProposer:
             total += self._column(row)
         return total
 
-    def _observed_sum(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:
-        """``_summed(rows)`` kept as a running sum: observations only join between batches, so
-        each batch adds the new ones' columns (and takes away any gone)."""
-        want = Counter(rows)
-        for row in set(want) | set(self._counted):
-            change = want.get(row, 0) - self._counted.get(row, 0)
-            if change:
-                self._total += change * self._column(row)
-        self._counted = want
-        return self._total.copy()
+    def _row_of(self, encoded: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """:meth:`row`, remembered for the dict given (a study of thousands of trials gives every
+        observation to every batch: 0.8 s of 6 in a 4,000-trial run on 64 simulated GPUs)."""
+        given = self._given.get(id(encoded))
+        if given is None or given[0] is not encoded:
+            given = self._given[id(encoded)] = (encoded, self.row(encoded))
+        return given[1]
 
     def _kernels(self, x: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """(configs, observations): each observation's kernel's probability of each config."""
@@ -159,3 +159,23 @@ class BatchProposer:
 
     def _encoded(self, row: np.ndarray) -> dict[str, Any]:
         return {n: self._choices[p][int(row[p])] for p, n in enumerate(self.names)}
+
+
+class _RunningSum:
+    """The sum of the columns of a multiset of rows, kept from batch to batch: each call adds the
+    columns of the rows new since the last and takes away those gone (observations join between
+    batches; trials in flight come and go)."""
+
+    def __init__(self, size: int, column: Any) -> None:
+        self._column = column
+        self._total = np.zeros(size)
+        self._counted: Counter[tuple[int, ...]] = Counter()
+
+    def of(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:
+        want = Counter(rows)
+        for row in set(want) | set(self._counted):
+            change = want.get(row, 0) - self._counted.get(row, 0)
+            if change:
+                self._total += change * self._column(row)
+        self._counted = want
+        return self._total.copy()

@@ -2,7 +2,7 @@
 
     python3 docs/scripts/scale_sim.py [--gpus 1 8 32 64 128] [--dbs sqlite postgresql]
         [--modes before after] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]
-        [--pg postgresql://postgres@127.0.0.1:5432/test] [--profile 64]
+        [--pg postgresql://postgres@127.0.0.1:5432/test] [--profile 64] [--landscape FILE]
 
 Each run is one ``tuner.tune`` of the shortest attention landscape (4x8x512x64 fp16 causal, kernels
 of 13-60 us: 27-36 ms of GPU time a trial, ``workers.simulate``) on N simulated GPUs, in a fresh
@@ -59,7 +59,8 @@ def fresh_database(kind: str, pg: str, tmp: Path) -> tuple[str, object]:
     return f"postgresql+psycopg://{base.split('://', 1)[1]}/{name}", drop
 
 
-def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool) -> dict:
+def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
+        landscape: Path = LANDSCAPE) -> dict:
     import tuner
     import tuner.loop as loop
 
@@ -75,7 +76,7 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool)
         loop.Coordinator._loop = profiled
     load = os.getloadavg()[0]
     try:
-        result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(LANDSCAPE), db=db,
+        result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(landscape), db=db,
                             seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode != "before",
                             sampler="tpe-batch" if mode == "after" else "tpe")
     finally:
@@ -157,6 +158,9 @@ def main() -> int:
                         help="where the PNG goes (\"\": none)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--profile", type=int, metavar="GPUS", help="cProfile the after run on GPUS")
+    parser.add_argument("--landscape", type=Path, default=LANDSCAPE, help="the landscape replayed (of "
+                        "4x8x512x64 fp16 causal attention; docs/scripts/synthetic_landscape.py makes one of "
+                        "every valid config, for runs longer than its 743 recorded trials)")
     args = parser.parse_args()
 
     import logging
@@ -175,7 +179,7 @@ def main() -> int:
                         url, drop = fresh_database(db_kind, args.pg, Path(tmp))
                         try:
                             profile = args.profile == gpus and mode == "after" and db_kind == args.dbs[-1]
-                            row = run(gpus, url, mode, args.trials, args.time_limit, profile)
+                            row = run(gpus, url, mode, args.trials, args.time_limit, profile, args.landscape)
                         finally:
                             drop()
                         row["db"] = db_kind
