@@ -87,6 +87,27 @@ def test_the_batch_proposer_proposes_new_valid_configs_only(toy, liar):
     assert len(proposer.propose(observed=observed, pending=pending, count=10 * free)) == free
 
 
+def test_the_batch_proposer_reads_a_growing_list_of_observations_as_a_whole_one(toy):
+    """Told a list that grows at its end, the proposer reads only the new entries; a list that
+    does not continue the last is read whole. Either way it proposes as a proposer told the
+    same list at once."""
+    space, _ = _proposer(toy)
+    configs = sorted(valid_configs(toy), key=latency_ms)
+    told = [(space.encode(c), latency_ms(c)) for c in configs[::2]]
+
+    def picks_after(*lists):
+        _, proposer = _proposer(toy)
+        for observed in lists[:-1]:
+            proposer._observed.update(observed)
+        return proposer.propose(observed=lists[-1], pending=[], count=5)
+
+    whole = picks_after(told)
+    assert picks_after(told[:7], told[:12], told) == whole  # read in three parts
+    shuffled = told[::-1]  # the same observations, not a continuation: read again
+    assert picks_after(told[:12], shuffled) == picks_after(shuffled)
+    assert picks_after(told[:12], told[:5]) == picks_after(told[:5])  # shorter: read again
+
+
 def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy):
     """Told the fastest configs have BLOCK_M=128, its picks favour BLOCK_M=128 over a uniform pick."""
     space, proposer = _proposer(toy)
