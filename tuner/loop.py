@@ -135,9 +135,11 @@ def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None) -
 
 
 def default_lookahead(pool: Pool) -> int:
-    """Compile workers plus two trials per GPU, so no GPU waits for a compile."""
+    """Compile workers plus as many trials per GPU as a GPU may hold at once (the one it runs
+    and those queued behind it: ``workers.depth``, 2 to 4), so no GPU waits for a compile."""
     compilers = getattr(pool, "compile_workers", None) or os.cpu_count() or 1
-    return int(compilers) + 2 * max(1, int(getattr(pool, "num_gpus", 1) or 1))
+    depth = int(getattr(pool, "max_actor_depth", 2))
+    return int(compilers) + depth * max(1, int(getattr(pool, "num_gpus", 1) or 1))
 
 
 class Coordinator:
@@ -407,7 +409,7 @@ class Coordinator:
 
     def _min_batch(self) -> int:
         """The fewest free slots worth a batch while trials are in flight: an eighth of the
-        lookahead. Each GPU holds its next trial (``workers.pool.ACTOR_DEPTH``), so slots left
+        lookahead. Each GPU holds its next trial or more (``workers.depth``), so slots left
         free a while leave no GPU idle, and a batch's fixed costs (the model, two transactions)
         are shared by more trials."""
         return max(1, self.lookahead // 8)

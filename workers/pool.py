@@ -11,8 +11,9 @@ With several GPUs, each re-times the study's incumbent now and then between its 
 (``set_incumbent``; rounds by ``workers.calibrate``), and ``calibrations()`` hands those timings
 over, each with the GPU it ran on: the coordinator makes the GPUs' timings one set from them.
 
-Each actor runs one measurement at a time with the next one already sent (``ACTOR_DEPTH``), so
-it never waits for the coordinator between trials; the rest of the queue stays here (a compiled
+Each actor runs one measurement at a time with the next ones already sent (one or more:
+``workers.depth``, from how long the coordinator stays away and how long a trial takes), so it
+does not wait for the coordinator between trials; the rest of the queue stays here (a compiled
 config goes to the GPU with the fewest sent: an idle one first), and a killed
 actor loses nothing but the trial it was running (the one sent after it is measured again). A
 measurement past ``measure_timeout_s`` kills and replaces its actor (failure ``timeout``); a
@@ -43,6 +44,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
 from workers.calibrate import CALIBRATE_EVERY, CalibrationSchedule
+from workers.depth import MAX_DEPTH, ActorDepth
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.errors import NoGPUError, WorkerError
@@ -58,7 +60,6 @@ logger = logging.getLogger(__name__)
 _MAX_STARTS = 3  # consecutive actor deaths without a result before a GPU slot is given up
 _START_TIMEOUT_S = 180.0
 _COMPILE_GRACE_S = 30.0  # past compile_timeout_s the Ray task is cancelled by force
-ACTOR_DEPTH = 2  # measurements sent to one actor at a time: the one it runs and the next
 
 
 @dataclass
@@ -163,6 +164,7 @@ class WorkerPool:
         self._calibrate = (calibrate_every, calibrate_seconds)
         self._schedule: CalibrationSchedule | None = None  # set when there are several GPUs
         self._calibrations: list[Calibration] = []
+        self._depth = ActorDepth()  # measurements sent to each actor at once
         self._replay_gpus = tuple(float(f) for f in replay_gpus) if replay_gpus else ()
         if self._replay_gpus and replay is None:
             raise ValueError("replay_gpus goes with replay")
@@ -435,6 +437,20 @@ class WorkerPool:
 
     def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         """Finished tickets; waits up to ``timeout`` seconds for the first one."""
+        self._depth.entered(time.monotonic())
+        try:
+            return self._poll(timeout)
+        finally:
+            self._depth.left(time.monotonic())
+
+    @property
+    def actor_depth(self) -> int:
+        """Measurements each GPU actor holds at once now (``workers.depth``)."""
+        return self._depth.value
+
+    max_actor_depth = MAX_DEPTH
+
+    def _poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         end = time.monotonic() + max(timeout, 0.0)
         while True:
             self._pump()
@@ -462,10 +478,12 @@ class WorkerPool:
         room. A coordinator that asks a while (a slow sampler, many results at once) keeps its
         GPUs fed: a GPU holds its running trial and the next, and a short trial ends in tens of
         milliseconds. Simulated GPUs take their work by the poll (``Mailbox``), not here."""
+        self._depth.entered(time.monotonic())
         self._pump()
         refs = list(self._compiling) + list(self._owners)
         if refs and self._take_in(refs):
             self._pump()
+        self._depth.left(time.monotonic())
 
     def _take_in(self, refs: list[Any]) -> int:
         """Handle those of ``refs`` that are ready now, each actor's results in its order."""
@@ -596,13 +614,14 @@ class WorkerPool:
                                        *render)
             item.deadline = time.monotonic() + self._compile_timeout_s + _COMPILE_GRACE_S
             self._compiling[ref] = item
-        room = [slot for slot in self._slots if slot.ready_ref is None and len(slot.sent) < ACTOR_DEPTH]
+        depth = self._depth.value
+        room = [slot for slot in self._slots if slot.ready_ref is None and len(slot.sent) < depth]
         for slot in room:
             self._calibrate_on(slot)
         while self._measure_queue:
             # the GPU with the fewest sent first: an idle GPU before a place behind another's
             # running trial (the last trials of a study went to the first GPU while the second idled)
-            room = [slot for slot in room if len(slot.sent) < ACTOR_DEPTH]
+            room = [slot for slot in room if len(slot.sent) < depth]
             if not room:
                 break
             self._dispatch(min(room, key=lambda slot: len(slot.sent)), self._measure_queue.popleft())
@@ -754,6 +773,7 @@ class WorkerPool:
         answers its ticket, or is a calibration (the incumbent's timing on that GPU)."""
         if not measurement.gpu and slot.gpu:
             measurement = replace(measurement, gpu=dict(slot.gpu))
+        self._depth.measured(measurement.gpu_seconds)
         if not item.calibration:
             if self._schedule is not None:
                 self._schedule.counted()
