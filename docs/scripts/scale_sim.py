@@ -110,23 +110,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, landscape: str = LANDSCAPE.name) -> None:
+    """Busy share (mean over the wall: solid; steady state: dotted) and trials/s against GPUs, a
+    line for each database, mode and code (a row's ``code``: ``--replot`` labels)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (busy, rate) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for db in sorted({r["db"] for r in rows}):
-        for mode in ("before", "batched", "after"):
-            mine = sorted((r for r in rows if r["db"] == db and r["mode"] == mode), key=lambda r: r["gpus"])
-            if not mine:
-                continue
-            style = {"after": "-", "batched": "-.", "before": "--"}[mode]
-            marker = "o" if db == "postgresql" else "s"
-            x = [r["gpus"] for r in mine]
-            busy.plot(x, [100 * r["busy_mean"] for r in mine], style, marker=marker, label=f"{db}, {mode}")
-            rate.plot(x, [r["trials_per_s"] for r in mine], style, marker=marker, label=f"{db}, {mode}")
+    fig, (busy, rate) = plt.subplots(1, 2, figsize=(11, 4.4))
+    codes = list(dict.fromkeys(r.get("code", "") for r in rows))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lines = sorted({(r["db"], r["mode"], r.get("code", "")) for r in rows},
+                   key=lambda k: (codes.index(k[2]), k[0], k[1]))
+    for n, (db, mode, code) in enumerate(lines):
+        mine = sorted((r for r in rows if (r["db"], r["mode"], r.get("code", "")) == (db, mode, code)),
+                      key=lambda r: r["gpus"])
+        style = {"after": "-", "batched": "-.", "before": "--"}[mode]
+        marker = "o" if db == "postgresql" else "s"
+        label = ", ".join(x for x in (db, mode, code) if x)
+        x = [r["gpus"] for r in mine]
+        color = colors[n % len(colors)]
+        busy.plot(x, [100 * r["busy_mean"] for r in mine], style, marker=marker, color=color, label=label)
+        steady = [(r["gpus"], 100 * r["busy_steady_mean"]) for r in mine if r.get("steady_s")]
+        if steady:
+            busy.plot(*zip(*steady), ":", marker=marker, color=color, alpha=0.6, markersize=4)
+        rate.plot(x, [r["trials_per_s"] for r in mine], style, marker=marker, color=color, label=label)
     gpus = sorted({r["gpus"] for r in rows})
     busy.axhline(90, color="grey", linewidth=0.8, linestyle=":")
     rate.plot(gpus, [g / 0.031 for g in gpus], color="grey", linewidth=0.8, linestyle=":",
@@ -135,12 +144,12 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [str(g) for g in gpus])
         ax.set_xlabel("simulated GPUs (one coordinator)")
-    busy.set_ylabel("GPU busy share of the study's wall (mean, %)")
+    busy.set_ylabel("GPU busy share, % (solid: of the wall; dotted: steady)")
     rate.set_ylabel("measured trials per second")
     rate.set_yscale("log")
-    busy.legend(fontsize=8)
-    rate.legend(fontsize=8)
-    fig.suptitle("attention 4x8x512x64 fp16 causal replayed on simulated GPUs (2-core machine)")
+    busy.legend(fontsize=7)
+    rate.legend(fontsize=7)
+    fig.suptitle(f"attention 4x8x512x64 fp16 causal on simulated GPUs ({landscape}; 2-core machine)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -158,10 +167,20 @@ def main() -> int:
                         help="where the PNG goes (\"\": none)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--profile", type=int, metavar="GPUS", help="cProfile the after run on GPUS")
+    parser.add_argument("--replot", nargs="+", metavar="JSON:LABEL", help="no runs: the PNG of rows "
+                        "written by --json, each file's rows labelled (before and after a change, say)")
     parser.add_argument("--landscape", type=Path, default=LANDSCAPE, help="the landscape replayed (of "
                         "4x8x512x64 fp16 causal attention; docs/scripts/synthetic_landscape.py makes one of "
                         "every valid config, for runs longer than its 743 recorded trials)")
     args = parser.parse_args()
+    if args.replot:
+        rows = []
+        for spec in args.replot:
+            path, _, label = spec.partition(":")
+            rows += [{**row, "code": label} for row in json.loads(Path(path).read_text())]
+        plot(rows, args.png, args.landscape.name)
+        print(f"wrote {args.png}")
+        return 0
 
     import logging
 
@@ -198,7 +217,7 @@ def main() -> int:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
-        plot(rows, args.png)
+        plot(rows, args.png, args.landscape.name)
         print(f"wrote {args.png}")
     return 0
 
