@@ -70,7 +70,7 @@ logger = logging.getLogger("tuner")
 
 MAX_IDLE_ASKS = 500
 # While the sampler is asked, the pool is served (``WorkerPool.serve``) at most this often: each
-# GPU holds only its running trial and the next, and a trial stopped early ends in milliseconds.
+# GPU holds only its running trial and a few more, and a trial stopped early ends in milliseconds.
 SERVE_EVERY_S = 0.005
 # A candidate whose first repetitions take longer than this times the best so far is clearly
 # behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.

@@ -44,9 +44,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
 from workers.calibrate import CALIBRATE_EVERY, CalibrationSchedule
-from workers.depth import MAX_DEPTH, ActorDepth
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
+from workers.depth import MAX_DEPTH, ActorDepth
 from workers.errors import NoGPUError, WorkerError
 from workers.ray_session import start_ray, stop_ray
 from workers.replay import params_key
@@ -476,8 +476,8 @@ class WorkerPool:
         """Between the coordinator's asks, without waiting: what finished is taken in (finished
         trials come out of the next :meth:`poll`) and compiled configs go to the GPUs that have
         room. A coordinator that asks a while (a slow sampler, many results at once) keeps its
-        GPUs fed: a GPU holds its running trial and the next, and a short trial ends in tens of
-        milliseconds. Simulated GPUs take their work by the poll (``Mailbox``), not here."""
+        GPUs fed: a GPU holds its running trial and one to three more, and a short trial ends in
+        tens of milliseconds. Simulated GPUs take their work by the poll (``Mailbox``), not here."""
         self._depth.entered(time.monotonic())
         self._pump()
         refs = list(self._compiling) + list(self._owners)
