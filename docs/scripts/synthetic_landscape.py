@@ -15,6 +15,7 @@ to their configs, so such a landscape measures the coordinator, not the search.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -32,8 +33,6 @@ def main() -> None:
     from storage import params_key
     from templates import get_family
     from workers.replay import load_landscape, save_landscape
-
-    import json
 
     family_name = json.loads(args.recorded.read_text())["family"]
     land = load_landscape(args.recorded, family_name)
