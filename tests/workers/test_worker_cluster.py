@@ -105,7 +105,10 @@ def head():
         [RAY, "start", "--head", f"--port={gcs}", "--num-cpus=1", f"--ray-client-server-port={client}",
          f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false",
          "--disable-usage-stats"],
-        env=dict(env, RAY_AUTH_MODE="token"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # a ray:// client gets a server process of its own, which must answer within this many
+        # seconds (Ray's default, 30, was once too few on a loaded 2-core CI machine)
+        env=dict(env, RAY_AUTH_MODE="token", RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="120"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
     try:
@@ -127,9 +130,15 @@ def test_every_address_form_joins_the_head(head, form):
     env, gcs, client = head
     address = form.format(gcs=gcs, client=client)
     done = _join(address, env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:] + _client_server_logs(Path(env["RAY_TMPDIR"]))
     assert "joined 42" in done.stdout
     assert "InvalidAuthToken" not in done.stderr and "Token authentication" not in done.stderr
+
+
+def _client_server_logs(tmp: Path) -> str:
+    """The head's logs of the servers it started for ray:// clients (why one failed to start)."""
+    logs = sorted(tmp.glob("**/ray_client_server*.err")) + sorted(tmp.glob("**/ray_client_server*.out"))
+    return "".join(f"\n--- {log.name}:\n{log.read_text(errors='replace')[-1500:]}" for log in logs)
 
 
 def _tune(address: str, env: dict[str, str], db: Path) -> tuple[subprocess.CompletedProcess, float]:
