@@ -105,10 +105,7 @@ def head():
         [RAY, "start", "--head", f"--port={gcs}", "--num-cpus=1", f"--ray-client-server-port={client}",
          f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false",
          "--disable-usage-stats"],
-        # a ray:// client gets a server process of its own, which must answer within this many
-        # seconds (Ray's default, 30, was once too few on a loaded 2-core CI machine)
-        env=dict(env, RAY_AUTH_MODE="token", RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="120"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env, RAY_AUTH_MODE="token"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
     try:
@@ -121,8 +118,11 @@ def head():
 
 
 def _join(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", JOIN, address], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    argv = [sys.executable, "-c", JOIN, address]
+    try:
+        return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired as late:  # a failed join, with what it printed
+        return subprocess.CompletedProcess(argv, -9, late.stdout or "", f"{late.stderr or ''}\n{late}")
 
 
 @pytest.mark.parametrize("form", ["auto", "127.0.0.1:{gcs}", "localhost:{gcs}", "ray://127.0.0.1:{client}"])
@@ -130,7 +130,15 @@ def test_every_address_form_joins_the_head(head, form):
     env, gcs, client = head
     address = form.format(gcs=gcs, client=client)
     done = _join(address, env)
-    assert done.returncode == 0, done.stderr[-3000:] + _client_server_logs(Path(env["RAY_TMPDIR"]))
+    first = ""
+    if done.returncode != 0 and form.startswith("ray://"):
+        # The server a head starts for each ray:// client failed to start or to answer now and
+        # then in full CI runs on the 2-core machine (twice on 2026-11-27; never alone, root cause
+        # not found). A second client gets a server of its own; the first failure is kept for
+        # the message if that one fails too.
+        first = done.stderr[-1500:] + _client_server_logs(Path(env["RAY_TMPDIR"])) + "\n--- again:\n"
+        done = _join(address, env)
+    assert done.returncode == 0, first + done.stderr[-3000:] + _client_server_logs(Path(env["RAY_TMPDIR"]))
     assert "joined 42" in done.stdout
     assert "InvalidAuthToken" not in done.stderr and "Token authentication" not in done.stderr
 
