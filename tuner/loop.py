@@ -64,6 +64,7 @@ from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.normalize import GpuScale
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
+from workers.depth import MIN_DEPTH
 from workers.results import Measurement
 
 logger = logging.getLogger("tuner")
@@ -138,7 +139,7 @@ def default_lookahead(pool: Pool) -> int:
     """Compile workers plus as many trials per GPU as a GPU may hold at once (the one it runs
     and those queued behind it: ``workers.depth``, 2 to 4), so no GPU waits for a compile."""
     compilers = getattr(pool, "compile_workers", None) or os.cpu_count() or 1
-    depth = int(getattr(pool, "max_actor_depth", 2))
+    depth = int(getattr(pool, "max_actor_depth", MIN_DEPTH))
     return int(compilers) + depth * max(1, int(getattr(pool, "num_gpus", 1) or 1))
 
 

@@ -443,12 +443,7 @@ class WorkerPool:
         finally:
             self._depth.left(time.monotonic())
 
-    @property
-    def actor_depth(self) -> int:
-        """Measurements each GPU actor holds at once now (``workers.depth``)."""
-        return self._depth.value
-
-    max_actor_depth = MAX_DEPTH
+    max_actor_depth = MAX_DEPTH  # measurements a GPU actor may hold at once (``workers.depth``)
 
     def _poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         end = time.monotonic() + max(timeout, 0.0)

@@ -174,6 +174,8 @@ def main() -> int:
                         "every valid config, for runs longer than its 743 recorded trials)")
     args = parser.parse_args()
     if args.replot:
+        if not args.png:
+            parser.error("--replot writes a PNG: give --png FILE")
         rows = []
         for spec in args.replot:
             path, _, label = spec.partition(":")
