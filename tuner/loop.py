@@ -390,11 +390,16 @@ class Coordinator:
         while idle_rounds < 4:
             if self._stop_reason() is not None or self._full:
                 return
-            free = self.lookahead - len(self._in_flight)
+            slots = self.lookahead - len(self._in_flight)
+            left = slots  # trials the study still lacks beyond those in flight
             if self.trials is not None:
                 measured = self._previous + self._shared + self.progress.counts.measured
-                free = min(free, self.trials - measured - len(self._in_flight))
-            if free <= 0 or (free < self._min_batch() and self._in_flight):
+                left = self.trials - measured - len(self._in_flight)
+            free = min(slots, left)
+            # a small batch waits for more slots, unless it is what the study lacks: at its end a
+            # trial that failed or shared another's cubin is asked again at once, not once every
+            # trial in flight has come back (the GPUs idled 0.7-1.6 s for each such trial)
+            if free <= 0 or (free < self._min_batch() and left > slots and self._in_flight):
                 return
             ready = [r for r in map(self._screen, self._propose(free)) if r is not None]
             granted = self._mirror.record_many([(r[0], r[1]) for r in ready], limit=self.trials)

@@ -72,6 +72,19 @@ def test_the_pool_is_served_between_asks(toy, db, pools, monkeypatch, batch):
     assert calls.count("serve") >= 20
 
 
+def test_a_study_asks_its_last_trials_while_others_are_in_flight(toy, db, pools):
+    # a lookahead of 34 (32 compile workers, 2 on the GPU): while trials are in flight, a batch
+    # waits for 4 free slots (an eighth), but not past what the study lacks: the last 2 of 40
+    # were asked only once every trial in flight had come back, while the GPUs idled
+    pool = FakePool(per_poll=1)
+    pool.compile_workers = 32
+    pools.queued.append(pool)
+    result = _tune(trials=40, db=db, sampler="random")
+    assert result.measured == 40 == len(pool.submitted)
+    lookahead = loop.default_lookahead(pool)
+    assert lookahead == 34 and min(pool.in_flight_at_submit[-5:]) >= lookahead - lookahead // 8
+
+
 def test_invalid_configs_are_told_without_compiling_and_do_not_count(toy, db, pools, monkeypatch):
     # the samplers propose among the family's listed valid configs: a family that lists more
     # than its check accepts gets the rest rejected

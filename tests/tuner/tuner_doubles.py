@@ -202,6 +202,7 @@ class FakePool:
         self.interrupt_after_polls = interrupt_after_polls
         self.clock = clock or FakeClock()
         self.submitted: list[dict[str, Any]] = []
+        self.in_flight_at_submit: list[int] = []  # trials submitted and not yet answered, at each submit
         self.sources: list[str] = []
         self.queue: list[tuple[int, dict[str, Any]]] = []
         self.polls = 0
@@ -213,6 +214,7 @@ class FakePool:
     def submit(self, ticket, params, source, launch, options) -> None:
         assert isinstance(launch, Launch) and source is None and "-O3" in options  # the pool renders
         self.submitted.append(dict(params))
+        self.in_flight_at_submit.append(len(self.queue))
         self.queue.append((ticket, dict(params)))
 
     def pending(self) -> int:
