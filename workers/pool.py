@@ -43,7 +43,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
-from workers.calibrate import CALIBRATE_EVERY, CalibrationSchedule
+from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSchedule
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.depth import MAX_DEPTH, ActorDepth
@@ -623,7 +623,9 @@ class WorkerPool:
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
         options = dict(self._measure_options)
-        if self._abort_above_ms is not None and not item.calibration:  # the incumbent is timed in full
+        if item.calibration:  # the incumbent, never stopped early, and with fewer repetitions
+            options.update({k: min(v, options.get(k, v)) for k, v in CALIBRATE_TIMING.items()})
+        elif self._abort_above_ms is not None:
             options.setdefault("abort_above_ms", self._abort_above_ms)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s

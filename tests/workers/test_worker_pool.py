@@ -218,6 +218,24 @@ def test_a_trial_goes_to_an_idle_gpu_before_a_place_behind_a_running_one(pool_fa
     assert sorted(results) == [0, 1, 2] and len({m.detail.split()[0] for m in results.values()}) == 2
 
 
+def test_the_incumbent_is_timed_on_each_gpu_with_fewer_repetitions_and_never_stopped_early(pool_factory):
+    pool = pool_factory(worker_cls=TwoFakeBenches)
+    pool.set_abort_above(5.0)
+    pool.set_incumbent({"behaviour": "ok", "tag": 99}, _source(99), LAUNCH, ())
+    for ticket in range(2):
+        _submit(pool, ticket)
+    results, calibrations = _drain(pool), []
+    end = time.monotonic() + 30
+    while len(calibrations) < 2 and time.monotonic() < end:
+        pool.poll(timeout=0.2)
+        calibrations += pool.calibrations()
+    assert sorted(c.round for c in calibrations) == [1, 1]  # one round: the incumbent on each GPU
+    for c in calibrations:
+        assert "abort_above_ms=None max_reps=50 target_ms=75.0" in c.measurement.detail
+    for m in results.values():  # the trials: the bench's own timing, with the early-stop bar
+        assert "abort_above_ms=5.0 max_reps=None target_ms=None" in m.detail
+
+
 def test_equal_cubins_are_measured_once(pool_factory):
     pool = pool_factory(worker_cls=TwoFakeBenches)
     source = _source(7)

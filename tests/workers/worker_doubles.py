@@ -54,6 +54,7 @@ class FakeBench:
                            max_abs_error=0.0, gpu_seconds=0.5, kernel_seconds=0.4, flush_seconds=0.05,
                            detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
                                   f"abort_above_ms={options.get('abort_above_ms')} "
+                                  f"max_reps={options.get('max_reps')} target_ms={options.get('target_ms')} "
                                   f"start={started:.3f} end={time.time():.3f}")
 
 
