@@ -30,6 +30,20 @@ def test_absences_as_long_as_the_trials_queue_more_up_to_the_maximum():
     assert _fed(absence_s=1.0, trial_s=0.03).value == MAX_DEPTH
 
 
+def test_trials_stopped_early_among_long_ones_queue_more():
+    # one trial in five stopped early (40 ms) among quarter-second ones: a queued short trial
+    # must cover the coordinator's absence too
+    depth, now = ActorDepth(), 0.0
+    for i in range(40):
+        depth.entered(now)
+        now += 0.001
+        depth.left(now)
+        now += 0.06  # an ask of TPE
+        depth.measured(0.04 if i % 5 == 0 else 0.25)
+    assert depth.value == MAX_DEPTH  # 1 + ceil(2 * 60 / 40)
+    assert _fed(absence_s=0.06, trial_s=0.25).value == MIN_DEPTH  # every trial a long one
+
+
 def test_the_depth_waits_for_samples_and_ignores_trials_without_gpu_time():
     assert _fed(absence_s=1.0, trial_s=0.03, n=SAMPLES - 2).value == MIN_DEPTH
     depth = _fed(absence_s=0.03, trial_s=0.24)
