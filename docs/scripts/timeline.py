@@ -10,7 +10,10 @@ GPU worker (or the replay worker) is swapped for a subclass that writes the star
 Each gap between two measurements is put down to the first thing the next trial lacked when the
 previous measurement ended: ``queued`` (it was already sent: Ray's and the actor's own latency),
 ``ask`` (not yet asked), ``compile`` (asked, not compiled) or ``send`` (compiled, not yet sent).
-One JSON line per study (``TIMELINE {...}``), seconds.
+With several GPUs (one file per actor), each GPU's gaps are put down to its own next trial;
+``gpus`` lists each GPU's measurements, and ``largest_gaps`` the longest gaps. A study's fifth
+word, if any, is its sampler (``"2,8,1024,64 fp16 1 100 random"``; default tpe). One JSON line
+per study (``TIMELINE {...}``), seconds.
 """
 import functools
 import glob
@@ -76,7 +79,8 @@ P._compiled = _stamp("compiled", lambda item: item.params)(P._compiled)
 P._dispatch = _stamp("sent", lambda slot, item: item.params)(P._dispatch)
 P.poll = _summed("poll", P.poll)
 C = loop_module.Coordinator
-C._ask_one = _summed("ask", C._ask_one)
+C._ask_one = _summed("ask", C._ask_one)  # one at a time (batch=False)
+C._propose = _summed("ask", C._propose)  # in batches (the default)
 C._finish = _summed("finish", C._finish)
 C._retime = _summed("retime", C._retime)
 _run = C.run
@@ -90,23 +94,31 @@ def _stamped_run(self):
 C.run = _stamped_run
 loop_module.MirroredStudy.record = _summed("record", loop_module.MirroredStudy.record)
 loop_module.MirroredStudy.finish = _summed("store", loop_module.MirroredStudy.finish)
+loop_module.MirroredStudy.record_many = _summed("record", loop_module.MirroredStudy.record_many)
+loop_module.MirroredStudy.finish_many = _summed("store", loop_module.MirroredStudy.finish_many)
 
 
 def summarize(label: str, start: float, end: float, result) -> dict:
-    runs = []
-    for path in glob.glob(f"{OUT}/timeline_*.jsonl"):
+    per_gpu: list[list[dict]] = []  # each GPU actor's measurements (one file per actor process)
+    for path in sorted(glob.glob(f"{OUT}/timeline_*.jsonl")):
         with open(path) as log:
-            runs += [json.loads(line) for line in log]
+            mine = [json.loads(line) for line in log]
         os.remove(path)
-    runs = sorted((r for r in runs if start <= r["start"] <= end), key=lambda r: r["start"])
+        mine = sorted((r for r in mine if start <= r["start"] <= end), key=lambda r: r["start"])
+        if mine:
+            per_gpu.append(mine)
+    runs = sorted((r for mine in per_gpu for r in mine), key=lambda r: r["start"])
     gaps: dict[str, float] = defaultdict(float)
-    for before, after in zip(runs, runs[1:]):
-        gap = max(0.0, after["start"] - before["end"])
-        marks = events.get(after["key"], {})
-        cause = next((step for step in ("ask", "compile", "send")
-                      if marks.get({"ask": "asked", "compile": "compiled", "send": "sent"}[step], 0) > before["end"]),
-                     "queued")
-        gaps[cause] += gap
+    largest: list[tuple[float, int, float, str]] = []  # (gap, GPU, seconds from the start, cause)
+    for gpu, mine in enumerate(per_gpu):  # a GPU's gap is put down to what its own next trial lacked
+        for before, after in zip(mine, mine[1:]):
+            gap = max(0.0, after["start"] - before["end"])
+            marks = events.get(after["key"], {})
+            cause = next((step for step in ("ask", "compile", "send")
+                          if marks.get({"ask": "asked", "compile": "compiled", "send": "sent"}[step], 0)
+                          > before["end"]), "queued")
+            gaps[cause] += gap
+            largest.append((gap, gpu, before["end"] - start, cause))
     busy = sum(r["end"] - r["start"] for r in runs)
     begun = totals.pop("run_start", start)
     firsts = {step: round(min((m[step] for m in events.values() if step in m), default=begun) - begun, 2)
@@ -117,14 +129,19 @@ def summarize(label: str, start: float, end: float, result) -> dict:
         "busy": round(busy, 2), "kernels": round(sum(r["kernel"] for r in runs), 2),
         "head": round(runs[0]["start"] - start, 2) if runs else None,  # from the call's start
         "tail": round(end - runs[-1]["end"], 2) if runs else None,
+        "gpus": [{"measures": len(mine), "busy": round(sum(r["end"] - r["start"] for r in mine), 2),
+                  "first": round(mine[0]["start"] - start, 2), "last": round(end - mine[-1]["end"], 2)}
+                 for mine in per_gpu],
         "first": firsts,  # seconds from the coordinator's start to the first trial's steps
         "gaps": {k: round(v, 2) for k, v in sorted(gaps.items())},
+        "largest_gaps": [{"s": round(g, 3), "gpu": i, "at": round(at, 2), "cause": c}
+                         for g, i, at, c in sorted(largest, reverse=True)[:8]],
         "coordinator": {k: round(v, 2) for k, v in sorted(totals.items())},
         "trials_per_min": round(60 * result.measured / result.elapsed_s, 1),
         # over the study's own clock (the coordinator's run, as tune reports it)
         "elapsed": round(result.elapsed_s, 2),
-        "busy_share": round(result.gpu_busy_s / result.elapsed_s, 3),
-        "kernel_share": round(result.kernel_busy_s / result.elapsed_s, 3),
+        "busy_share": round(result.gpu_busy_s / (max(1, len(per_gpu)) * result.elapsed_s), 3),
+        "kernel_share": round(result.kernel_busy_s / (max(1, len(per_gpu)) * result.elapsed_s), 3),
     }
     events.clear()
     totals.clear()
@@ -138,13 +155,13 @@ def main(argv: list[str]) -> None:
         replay, argv = argv[1], argv[2:]
     with shared_ray():
         for i, study in enumerate(argv):
-            shape, dtype, causal, trials = study.split()
+            shape, dtype, causal, trials, *sampler = study.split()
             db = f"{OUT}/timeline_{i}.db"
             if os.path.exists(db):
                 os.remove(db)
             start = time.time()
             r = tuner.tune("attention", shape, dtype, {"causal": causal == "1"}, trials=int(trials),
-                           db=f"sqlite:///{db}", seed=0, replay=replay)
+                           db=f"sqlite:///{db}", seed=0, replay=replay, sampler=(sampler or ["tpe"])[0])
             print("TIMELINE " + json.dumps(summarize(f"{shape} {dtype} causal={causal}", start, time.time(), r)),
                   flush=True)
 
