@@ -15,7 +15,8 @@ TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, wit
 GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
 first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
 tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
-(PostgreSQL when asked, else SQLite), its top functions printed.
+(PostgreSQL when asked, else SQLite), its top functions printed (by cumulative time; another
+pstats order by ``PROFILE_SORT``, e.g. ``tottime``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
            "load_before": round(load, 1), **result.throughput.to_json()}
     if profiler is not None:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(30)
         row["profile"] = out.getvalue()
     return row
 
