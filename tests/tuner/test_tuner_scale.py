@@ -26,6 +26,21 @@ LANDSCAPE = "tests/data/attention_4x8x512x64-fp16-causal_h200.json"
 SIMULATED = ("attention", "4,8,512,64", "fp16", {"causal": True})
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _ray_of_their_own():
+    """These tests start a local Ray with simulated GPUs (Ray's custom resources), which a Ray
+    already up in this process lacks: the workers' session Ray, where tests/workers ran first in
+    one pytest run. That one is stopped for them and started again after, as it was."""
+    import ray
+
+    was_up = ray.is_initialized()
+    if was_up:
+        ray.shutdown()
+    yield
+    if was_up and not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+
+
 def _stored_keys(db: str, name: str) -> list[str]:
     repo = open_repository(db)
     study = next(s for s in repo.studies() if s.name == name)
