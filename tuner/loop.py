@@ -396,9 +396,9 @@ class Coordinator:
                 measured = self._previous + self._shared + self.progress.counts.measured
                 left = self.trials - measured - len(self._in_flight)
             free = min(slots, left)
-            # a small batch waits for more slots, unless it is what the study lacks: at its end a
-            # trial that failed or shared another's cubin is asked again at once, not once every
-            # trial in flight has come back (the GPUs idled 0.7-1.6 s for each such trial)
+            # a small batch waits for more free slots, unless it is all the study still lacks:
+            # waiting gains nothing then, and the study's last trials were asked only once every
+            # trial in flight had come back, while the GPUs idled (0.4-1.7 s a study)
             if free <= 0 or (free < self._min_batch() and left > slots and self._in_flight):
                 return
             ready = [r for r in map(self._screen, self._propose(free)) if r is not None]

@@ -8,7 +8,8 @@ be made one set (``tuner.normalize`` turns the rounds into each GPU's ratio to t
     schedule.counted()                 # a trial measured: every `every` trials a GPU, a new round
 
 A round is one config timed by every GPU, each between two of its own trials (the pool sends it
-ahead of the trials queued, with ``CALIBRATE_TIMING``: fewer repetitions than a trial's). Rounds start: the first as soon as there is an incumbent; then
+ahead of the trials queued, with ``CALIBRATE_TIMING``: fewer repetitions than a trial's). Rounds
+start: the first as soon as there is an incumbent; then
 after ``every`` trials a GPU (``every`` times the GPUs, counted over the pool) or ``seconds``,
 whichever comes first, with the incumbent of that moment. An incumbent that changes meanwhile
 waits for the next round: so every GPU times the same config in a round, and a new incumbent
@@ -22,9 +23,11 @@ from typing import Any, Callable
 
 CALIBRATE_EVERY = 40  # trials a GPU measures between two timings of the incumbent
 # A round's timing of the incumbent is shorter than a trial's (GpuBench.measure: 300 ms of
-# repetitions, 200 at most): its median then moves by about 0.1%, far less than the GPUs' clocks
-# drift between rounds (1-2%, docs/BENCHMARKS.md), and a round costs a GPU a quarter of a trial
-# (a 200-trial study on two GPUs spent 2.8% of their time on three full rounds).
+# repetitions, 200 at most), so a round costs a GPU a quarter of a trial (a 200-trial study on two
+# GPUs spent 2.8% of their time on three full rounds). From the trials' spread (an IQR of about
+# 0.5% of the median), the median of 50 repetitions moves by about 0.1%, less than the GPUs' clocks
+# drift between rounds (1-4%); how the ratios fare against full rounds was not measured on a GPU
+# (docs/BENCHMARKS.md, twentieth session).
 CALIBRATE_TIMING = {"target_ms": 75.0, "max_reps": 50}
 
 
