@@ -108,6 +108,53 @@ def test_an_earlier_versions_sampler_study_is_replaced_by_the_copy(toy, pools, d
     assert {t.state for t in copy.trials} <= {TrialState.COMPLETE, TrialState.FAIL}
 
 
+def test_while_the_study_runs_the_copy_waits_after_each_write_as_long_as_it_took(db, monkeypatch):
+    """The copy leaves the database free half the time while the coordinator writes to it too
+    (on SQLite a copy writing trial after trial kept the coordinator's writes waiting up to 0.6 s);
+    once the coordinator closes the pipe that says it runs, the rest is written without waits."""
+    import os
+    import pickle
+
+    from storage import TrialOutcome, open_repository
+    from tuner import dashboard
+
+    repo = open_repository(db)
+    device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",
+              "driver_version": "580.65", "cuda_version": "13.0"}
+    waits = []
+    monkeypatch.setattr(dashboard.time, "sleep", waits.append)
+    for name, study_runs in (("running", True), ("closed", False)):
+        record = repo.open_study(name, family="toy", template_hash="0123456789abcdef",
+                                 space={"A": [1, 2, 3]}, shape=[1, 2], dtype="fp16", flags={},
+                                 device=device, sampler="random", replay=False, settings={})
+        for a in (1, 2, 3):
+            number = repo.claim_trial(record.id, {"A": a}, owner="me:1")
+            repo.record_trial(record.id, number, {"A": a}, TrialOutcome("ok", median_ms=0.5 * a), owner="me:1")
+        trials = repo.trials(record.id)
+        stream = io.BytesIO()
+        pickle.dump((db, record, trials[:1]), stream)  # one trial missing from the copy at its start
+        for trial in trials[1:]:  # then two as a study stores them
+            pickle.dump(trial, stream)
+        pickle.dump(None, stream)
+        stream.seek(0)
+        read_end, write_end = os.pipe()
+        if not study_runs:
+            os.close(write_end)  # the coordinator closed the copy (or is gone)
+        waits.clear()
+        try:
+            assert dashboard.serve(stream, read_end) == 3
+        finally:
+            os.close(read_end)
+            if study_runs:
+                os.close(write_end)
+        if study_runs:
+            assert len(waits) == 3 and all(w > 0 for w in waits)  # each write followed by its own length
+        else:
+            assert waits == []
+        assert len(optuna.load_study(study_name=name, storage=db).trials) == 3
+    repo.close()
+
+
 # -- tuner report ------------------------------------------------------------------------------------
 def test_report_writes_one_png_of_the_study(toy, db, tuned, tmp_path, capsys):
     from tuner.cli import main
