@@ -58,8 +58,11 @@ class ActorDepth:
     def _update(self) -> None:
         if len(self._absences) < SAMPLES or len(self._trials) < SAMPLES:
             return
-        absences = sorted(self._absences)
-        absence = absences[int(0.9 * (len(absences) - 1))]
-        trials = sorted(self._trials)
-        trial = trials[int(0.1 * (len(trials) - 1))]
+        absence, trial = _percentile(self._absences, 0.9), _percentile(self._trials, 0.1)
         self.value = max(self.minimum, min(self.maximum, 1 + math.ceil(2 * absence / trial)))
+
+
+def _percentile(values: deque[float], q: float) -> float:
+    """The value at fraction ``q`` of ``values`` in order (nearest below)."""
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
