@@ -76,13 +76,17 @@ class DashboardCopy:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # our modules
         # on SQLite (one writer at a time), a pipe open while the study runs: the copy paces its writes
         running, self._running = os.pipe() if url.startswith("sqlite") else (-1, -1)
+        passed = (running,) if running >= 0 else ()
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "tuner.dashboard", *([str(running)] if running >= 0 else [])],
-                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(running,) if running >= 0 else ())
+            self._process = subprocess.Popen([sys.executable, "-m", "tuner.dashboard", *map(str, passed)],
+                                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             pass_fds=passed)
+        except BaseException:
+            self._end_pacing()
+            raise
         finally:
-            if running >= 0:
-                os.close(running)
+            for fd in passed:
+                os.close(fd)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._queue.put((url, study, list(missing)))
         self._feeder = threading.Thread(target=self._feed, name="optuna-copy-feeder", daemon=True)
@@ -95,9 +99,7 @@ class DashboardCopy:
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Wait (up to ``timeout`` s) for the trials put so far to be written, without pauses:
         the study no longer writes."""
-        if self._running >= 0:
-            os.close(self._running)
-            self._running = -1
+        self._end_pacing()
         self._queue.put(None)
         self._feeder.join(timeout)
         try:
@@ -111,6 +113,12 @@ class DashboardCopy:
         out = self._process.stdout.read().split()  # the process's last word: trials added
         self._process.stdout.close()
         self.written = int(out[-1]) if out and out[-1].isdigit() else 0
+
+    def _end_pacing(self) -> None:
+        """Close this end of the pipe that says the study runs (once): the copy stops pacing."""
+        if self._running >= 0:
+            os.close(self._running)
+            self._running = -1
 
     def _feed(self) -> None:
         """Pickle what is put to the process's stdin, in order; None closes it."""
