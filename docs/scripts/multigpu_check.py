@@ -25,7 +25,11 @@ cold 200-trial study took 51 s on one GPU and 27 s on two):
    ratio of the incumbent (the study's best) timed beside them (target: within 1%). Then the same
    configs timed in turns on each GPU (``GpuBench.retime``: A B C ... A B C ..., ``--turns``
    rounds, as the final re-timing), each normalized by the incumbent's median of the same turns:
-   a GPU's drift of clocks during the timings then moves every config alike.
+   a GPU's drift of clocks during the timings then moves every config alike;
+3. with ``--round-noise N``: the two-GPU study's best config timed N times on each GPU (both at
+   once, each in its own process) as a calibration round times it (``CALIBRATE_TIMING``) and as a
+   trial does, the two kinds alternating: how much the other GPU's ratio to the reference moves
+   from one timing to the next with each kind (a round's ratio is one such pair).
 
 It prints a short table, then one JSON line (``MULTIGPU {...}``) with every number.
 """
@@ -41,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 
@@ -53,7 +58,10 @@ def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tup
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
            "TUNER_CACHE": str(cache)}
     env.pop("TUNER_DB", None)
-    cmd = [sys.executable, "-m", "tuner", "tune", "attention", "--shape", args.shape, "--dtype",
+    # --full-rounds: the study's calibration rounds time the incumbent as a trial does
+    run = ["-c", "import sys, workers.calibrate as c; c.CALIBRATE_TIMING.clear(); "
+           "from tuner.cli import main; sys.exit(main())"] if args.full_rounds else ["-m", "tuner"]
+    cmd = [sys.executable, *run, "tune", "attention", "--shape", args.shape, "--dtype",
            args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
            "--db", db, "--seed", "0", "--sampler", args.sampler, "--json"]
     log = folder / "tune.log"  # the study's progress lines, as it runs
@@ -97,20 +105,10 @@ def phases(db: str, result: dict) -> dict:
 
 def time_configs(spec_path: str) -> None:
     """In a process that sees one GPU: time the configs of ``spec_path``; print JSON."""
-    from templates import get_family
-    from workers.compile import compile_cubin
     from workers.gpu import GpuBench
-    from workers.results import CompileRequest
 
     spec = json.loads(Path(spec_path).read_text())
-    family = get_family("attention")
-    problem = family.parse_problem(spec["shape"], spec["dtype"], {"causal": spec["causal"]})
-    kernels = []
-    for params in spec["configs"]:
-        launch = family.launch(params, problem)
-        request = CompileRequest(family.render(params, problem), launch.kernel,
-                                 tuple(family.compile_options(params, problem)))
-        kernels.append((compile_cubin(request, cache_dir=spec["cache"]), launch))
+    _, problem, kernels = _compiled(spec)
     bench = GpuBench(0)
     try:
         info = bench.device_info()
@@ -133,14 +131,87 @@ def time_configs(spec_path: str) -> None:
                       "clocks": {"before": before, "after": after}}))
 
 
+def _compiled(spec: dict) -> tuple[Any, Any, list]:
+    """The attention problem of ``spec`` and its configs compiled: (family, problem, kernels)."""
+    from templates import get_family
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    family = get_family("attention")
+    problem = family.parse_problem(spec["shape"], spec["dtype"], {"causal": spec["causal"]})
+    kernels = []
+    for params in spec["configs"]:
+        launch = family.launch(params, problem)
+        request = CompileRequest(family.render(params, problem), launch.kernel,
+                                 tuple(family.compile_options(params, problem)))
+        kernels.append((compile_cubin(request, cache_dir=spec["cache"]), launch))
+    return family, problem, kernels
+
+
+def time_rounds(spec_path: str) -> None:
+    """In a process that sees one GPU: the first config of ``spec_path`` timed ``rounds`` times as a
+    calibration round does and as a trial does, alternating (which kind goes first alternates too);
+    print JSON."""
+    from workers.calibrate import CALIBRATE_TIMING
+    from workers.gpu import GpuBench
+
+    spec = json.loads(Path(spec_path).read_text())
+    _, problem, kernels = _compiled(spec)
+    binary, launch = kernels[0]
+    bench = GpuBench(0)
+    kinds = {"round": dict(CALIBRATE_TIMING), "trial": {}}
+    medians: dict[str, list[float]] = {k: [] for k in kinds}
+    try:
+        info = bench.device_info()
+        for i in range(spec["rounds"]):
+            for kind in (("round", "trial") if i % 2 == 0 else ("trial", "round")):
+                m = bench.measure(binary, launch, "attention", problem, seed=0, **kinds[kind])
+                if not m.ok:
+                    sys.exit(f"the config failed on {info.uuid}: {m.failure}: {m.reason}")
+                medians[kind].append(m.timing.median_ms)
+    finally:
+        bench.close()
+    print(json.dumps({"gpu": info.identity, "medians": medians}))
+
+
+def round_noise(db: str, two: dict, cache: Path, folder: Path, args: argparse.Namespace) -> dict:
+    """Step 3: the study's best config timed on both GPUs at once, as rounds and as trials; prints
+    each kind's spread of the other GPU's ratio and returns the numbers."""
+    import tuner
+
+    trials = [t for t in tuner.show(two["study"], db=db).trials if t.ok]
+    reference = next(t.gpu_uuid for t in trials if t.gpu_ratio == 1.0)
+    other = next(t.gpu_uuid for t in trials if t.gpu_uuid != reference)
+    best = min(trials, key=lambda t: t.normalized_ms or t.median_ms)
+    spec = {"shape": args.shape, "dtype": args.dtype, "causal": args.causal, "configs": [best.params],
+            "rounds": args.round_noise, "cache": str(cache)}
+    ref, oth = _on_both(reference, other, spec, folder / "rounds.json", "--time-rounds")
+    out = {}
+    print(f"trial #{best.number} timed {args.round_noise} times on each GPU at once, as a round "
+          f"and as a trial (alternating): the other GPU's ratio to the reference")
+    for kind in ("round", "trial"):
+        ratios = [a / b for a, b in zip(ref["medians"][kind], oth["medians"][kind])]
+        steps = [abs(b / a - 1) for a, b in zip(ratios, ratios[1:])]
+        out[kind] = {"ratios": ratios, "reference_ms": ref["medians"][kind], "other_ms": oth["medians"][kind]}
+        print(f"  {kind:>5}: ratio median {statistics.median(ratios):.4f}, stdev "
+              f"{100 * statistics.pstdev(ratios) / statistics.mean(ratios):.2f}%, range "
+              f"{100 * (max(ratios) / min(ratios) - 1):.2f}%, median step {100 * statistics.median(steps):.2f}%")
+    return out
+
+
 def time_on_both(reference: str, other: str, configs: list[dict], folder: Path, cache: str,
                  args: argparse.Namespace) -> tuple[dict, dict]:
     """The configs timed on each GPU (by uuid), both at once, each in its own process."""
-    spec = folder / "configs.json"
-    spec.write_text(json.dumps({"shape": args.shape, "dtype": args.dtype, "causal": args.causal,
-                                "configs": configs, "rounds": args.rounds, "turns": args.turns,
-                                "cache": cache}))
-    procs = [subprocess.Popen([sys.executable, str(HERE), "--time-configs", str(spec)],
+    spec = {"shape": args.shape, "dtype": args.dtype, "causal": args.causal, "configs": configs,
+            "rounds": args.rounds, "turns": args.turns, "cache": cache}
+    return _on_both(reference, other, spec, folder / "configs.json", "--time-configs")
+
+
+def _on_both(reference: str, other: str, spec: dict, path: Path, flag: str) -> tuple[dict, dict]:
+    """``flag``'s timing of ``spec`` on each GPU (by uuid), both at once, each in its own process."""
+    path.write_text(json.dumps(spec))
+    cache = spec["cache"]
+    procs = [subprocess.Popen([sys.executable, str(HERE), flag, str(path)],
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "TUNER_CACHE": cache},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for uuid in (reference, other)]
@@ -172,43 +243,75 @@ def main() -> None:
     parser.add_argument("--study-timeout", type=float, default=600, help="seconds a study may take")
     parser.add_argument("--folder", type=Path, help="where the studies' databases and logs go "
                         "(default: a new temporary folder)")
+    parser.add_argument("--full-rounds", action="store_true",
+                        help="the studies' calibration rounds time the incumbent as a trial does")
+    parser.add_argument("--one-gpu", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the one-GPU study (--no-one-gpu: the two-GPU study alone)")
+    parser.add_argument("--round-noise", type=int, default=0, metavar="N",
+                        help="time the best config N times on each GPU as a round and as a trial")
     parser.add_argument("--time-configs", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.add_argument("--time-rounds", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.time_configs:
         time_configs(args.time_configs)
+        return
+    if args.time_rounds:
+        time_rounds(args.time_rounds)
         return
 
     folder = args.folder or Path(tempfile.mkdtemp(prefix="multigpu-"))
     cold = None
     if args.prime:  # a first one-GPU study fills the compile cache both timed studies share
         _, cold = study("0", folder / "prime", folder / "cache", args)
-    _, one = study("0", folder / "one", folder / ("cache" if cold else "one/cache"), args)
+    one = study("0", folder / "one", folder / ("cache" if cold else "one/cache"), args)[1] \
+        if args.one_gpu else None
     cache = folder / ("cache" if cold else "two/cache")
     db, two = study("0,1", folder / "two", cache, args)
-    per_min = {n: 60 * r["measured"] / r["elapsed_s"] for n, r in ((1, one), (2, two))}
+    per_min = {n: 60 * r["measured"] / r["elapsed_s"] for n, r in ((1, one), (2, two)) if r}
     state = "warm (cache primed)" if cold else "cold"
     print(f"{state} {args.trials}-trial study ({args.sampler}), attention {args.shape} {args.dtype}"
           f"{' causal' if args.causal else ''}:")
     if cold:
         print(f"  priming study (1 GPU, cold): {60 * cold['measured'] / cold['elapsed_s']:.0f} "
               f"trials/min")
-    print(f"  trials/min  1 GPU {per_min[1]:.0f}   2 GPUs {per_min[2]:.0f}   "
-          f"{per_min[2] / per_min[1]:.2f}x (target >= 1.9x)")
-    for n, r in ((1, one), (2, two)):
+    ran = [(n, r) for n, r in ((1, one), (2, two)) if r]
+    speedup = per_min[2] / per_min[1] if one else None
+    print("  trials/min  " + "   ".join(f"{n} GPU(s) {per_min[n]:.0f}" for n, _ in ran)
+          + (f"   {speedup:.2f}x (target >= 1.9x)" if speedup else ""))
+    for n, r in ran:
         ph = r["phases"]
         print(f"  {n} GPU(s): wall {r['elapsed_s']:.1f} s, trials stored over {ph['span_s']:.1f} s "
               f"(outside that {ph['outside_span_s']:.1f} s), steady {ph['steady_per_min']} trials/min, "
               f"GPU busy {100 * ph['busy_share']:.0f}% (kernels {100 * ph['kernel_share']:.0f}%), "
               f"compile {ph['compile_cpu_s']:.0f} CPU s, per GPU {ph['trials_per_gpu']}")
     rates = {"problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
-             "sampler": args.sampler,
-             "trials_per_min": {"1": round(per_min[1], 1), "2": round(per_min[2], 1)},
-             "speedup": round(per_min[2] / per_min[1], 3), "primed": bool(cold),
+             "sampler": args.sampler, "full_rounds": args.full_rounds,
+             "trials_per_min": {str(n): round(per_min[n], 1) for n, _ in ran},
+             "speedup": round(speedup, 3) if speedup else None, "primed": bool(cold),
              "studies": {str(n): {k: r[k] for k in ("study", "measured", "elapsed_s", "call_s", "phases")}
-                         for n, r in ((1, one), (2, two))}}
+                         for n, r in ran}}
+    rates["stored_ratios"] = stored_ratios(db, two)
     if args.configs > 0:
         rates.update(compare_configs(db, two, cache, folder, args))
+    if args.round_noise > 0:
+        rates["round_noise"] = round_noise(db, two, cache, folder, args)
     print("MULTIGPU " + json.dumps(rates))
+
+
+def stored_ratios(db: str, two: dict) -> list[float]:
+    """The other GPU's ratios to the reference as the two-GPU study stored them on its trials, each
+    new value once, in trial order; printed with how far they moved."""
+    import tuner
+
+    trials = sorted((t for t in tuner.show(two["study"], db=db).trials if t.ok), key=lambda t: t.number)
+    ratios: list[float] = []
+    for t in trials:
+        if t.gpu_ratio is not None and t.gpu_ratio != 1.0 and (not ratios or ratios[-1] != t.gpu_ratio):
+            ratios.append(t.gpu_ratio)
+    if ratios:
+        print(f"  the other GPU's stored ratio: {len(ratios)} values, first {ratios[0]:.4f}, last "
+              f"{ratios[-1]:.4f}, range {100 * (max(ratios) / min(ratios) - 1):.2f}%")
+    return ratios
 
 
 def compare_configs(db: str, two: dict, cache: Path, folder: Path, args: argparse.Namespace) -> dict:
