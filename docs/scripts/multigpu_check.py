@@ -161,6 +161,7 @@ def time_rounds(spec_path: str) -> None:
     bench = GpuBench(0)
     kinds = {"round": dict(CALIBRATE_TIMING), "trial": {}}
     medians: dict[str, list[float]] = {k: [] for k in kinds}
+    clocks: dict[str, list[dict]] = {k: [] for k in kinds}  # each timing's, before and after
     try:
         info = bench.device_info()
         for i in range(spec["rounds"]):
@@ -169,9 +170,10 @@ def time_rounds(spec_path: str) -> None:
                 if not m.ok:
                     sys.exit(f"the config failed on {info.uuid}: {m.failure}: {m.reason}")
                 medians[kind].append(m.timing.median_ms)
+                clocks[kind].append(m.clocks)
     finally:
         bench.close()
-    print(json.dumps({"gpu": info.identity, "medians": medians}))
+    print(json.dumps({"gpu": info.identity, "medians": medians, "clocks": clocks}))
 
 
 def round_noise(db: str, two: dict, cache: Path, folder: Path, args: argparse.Namespace) -> dict:
@@ -192,7 +194,8 @@ def round_noise(db: str, two: dict, cache: Path, folder: Path, args: argparse.Na
     for kind in ("round", "trial"):
         ratios = [a / b for a, b in zip(ref["medians"][kind], oth["medians"][kind])]
         steps = [abs(b / a - 1) for a, b in zip(ratios, ratios[1:])]
-        out[kind] = {"ratios": ratios, "reference_ms": ref["medians"][kind], "other_ms": oth["medians"][kind]}
+        out[kind] = {"ratios": ratios, "reference_ms": ref["medians"][kind], "other_ms": oth["medians"][kind],
+                     "reference_clocks": ref["clocks"][kind], "other_clocks": oth["clocks"][kind]}
         print(f"  {kind:>5}: ratio median {statistics.median(ratios):.4f}, stdev "
               f"{100 * statistics.pstdev(ratios) / statistics.mean(ratios):.2f}%, range "
               f"{100 * (max(ratios) / min(ratios) - 1):.2f}%, median step {100 * statistics.median(steps):.2f}%")
