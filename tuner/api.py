@@ -116,7 +116,7 @@ def tune(
     coordinator kept them. ``batch=False``: ask, claim and store one trial at a time (the
     coordinator before batching; for comparison). ``constant_liar=False``: TPE proposes without
     counting the trials in flight as bad results. ``result_writer``: store the results from a
-    process of their own (:mod:`storage.writer`); None: where the coordinator has cores to spare
+    process of their own (:mod:`tuner.writer`); None: where the coordinator has cores to spare
     and many GPUs to feed (``tuner.loop.WRITER_MIN_GPUS``).
     """
     fam = lookup.family(family)

@@ -57,7 +57,6 @@ from typing import Any, Callable, Protocol, Sequence
 import optuna
 
 from storage import ClaimRefused, TrialOutcome, params_key
-from storage.writer import ResultWriter
 from templates.family import KernelFamily, Problem, TemplateError
 from tuner import search
 from tuner.faults import FaultCost
@@ -65,6 +64,7 @@ from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.normalize import GpuScale
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
+from tuner.writer import ResultWriter
 from workers.depth import MIN_DEPTH
 from workers.results import Measurement
 
@@ -78,7 +78,7 @@ SERVE_EVERY_S = 0.005
 # behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.
 EARLY_STOP_FACTOR = 1.5
 # From this many GPUs on, on a machine with this many cores, a study stores its results from a
-# process of its own (storage.writer): the coordinator's one process was the limit of 64 simulated
+# process of its own (tuner.writer): the coordinator's one process was the limit of 64 simulated
 # GPUs. With few GPUs it keeps up alone (and a process more costs a second at the start); on 2
 # cores the writer only takes CPU from the rest (docs/BENCHMARKS.md, twenty-first session).
 WRITER_MIN_GPUS = 8
@@ -522,7 +522,7 @@ class Coordinator:
             else:
                 self._measured(flight, m, outcome, value, record)
 
-    # -- the results writer (storage.writer): a process of its own stores the results --------------
+    # -- the results writer (tuner.writer): a process of its own stores the results ----------------
     @property
     def _storing_trials(self) -> int:
         """Trials measured and told, whose results the writer has not stored yet."""

@@ -47,7 +47,7 @@ class ThroughputReport:
     simulator_cpu_s: float = 0.0
     simulator_late_ms: float = 0.0  # mean overrun of a simulated GPU's sleep (machine too busy)
     cpu_s: float = 0.0  # the coordinator's CPU time (its process's threads: Ray's driver, the database's
-    # client; and its results writer's process, storage.writer, where it had one)
+    # client; and its results writer's process, tuner.writer, where it had one)
     gpu_s_per_trial: float = 0.0  # mean simulated GPU time of a measured trial
     writer_cpu_s: float = 0.0  # of cpu_s, the results writer's
 
@@ -113,7 +113,7 @@ class Meter:
     stopped: float | None = None
     cpu_started: float = 0.0
     cpu_stopped: float | None = None
-    writer_cpu_s: float = 0.0  # the results writer's process (storage.writer), where there was one
+    writer_cpu_s: float = 0.0  # the results writer's process (tuner.writer), where there was one
 
     def start(self) -> None:
         self.started = self.clock()
@@ -132,7 +132,7 @@ class Meter:
         self.tell_s += seconds
 
     def wrote(self, cpu_s: float, store_s: float, batches: int) -> None:
-        """A results writer's share (``storage.writer``): its CPU time, and its ``record_trials``
+        """A results writer's share (``tuner.writer``): its CPU time, and its ``record_trials``
         calls, counted as the coordinator's own would be."""
         self.writer_cpu_s += cpu_s
         counts = self.db.setdefault("record_trials", [0, 0.0])

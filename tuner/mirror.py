@@ -200,7 +200,7 @@ class MirroredStudy:
 
     def tell_results(self, items: Sequence[tuple[Proposal, float, Mapping[str, Any], Any]]) -> None:
         """The sampler told the results (proposal, value, params, outcome) that another process
-        stores (:class:`storage.writer.ResultWriter`): a sync does not take them in again; their
+        stores (:class:`tuner.writer.ResultWriter`): a sync does not take them in again; their
         running trials stay this run's until :meth:`settled`."""
         for proposal, value, _, _ in items:
             if proposal.number is None:

@@ -15,7 +15,7 @@ TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, wit
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
 GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
 first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
-tail left out. ``--writers``: the results stored by a process of their own (``storage.writer``) or
+tail left out. ``--writers``: the results stored by a process of their own (``tuner.writer``) or
 not, in turns (column "writer": whether the run had one; its CPU counts in "CPU ms a trial").
 ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed (by cumulative time; another
@@ -167,7 +167,7 @@ def main() -> int:
     parser.add_argument("--dbs", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
     parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "batched", "after"])
     parser.add_argument("--writers", nargs="+", default=["auto"], choices=["auto", "on", "off"],
-                        help="results stored by a process of their own (storage.writer): on, off, or as "
+                        help="results stored by a process of their own (tuner.writer): on, off, or as "
                         "the coordinator decides; several: each GPU count run with each, in turns")
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
