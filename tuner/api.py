@@ -95,7 +95,6 @@ def tune(
     simulate_gpus: int | None = None,
     batch: bool = True,
     constant_liar: bool = True,
-    result_writer: bool | None = None,
 ) -> TuneResult:
     """Search the family's space for its problem (``shape``, ``dtype`` and the family's ``flags``:
     attention's ``{"causal": True}``) on the visible GPU (or a replay file).
@@ -115,9 +114,7 @@ def tune(
     trial's GPU time (:mod:`workers.simulate`); the result's ``throughput`` says how busy the
     coordinator kept them. ``batch=False``: ask, claim and store one trial at a time (the
     coordinator before batching; for comparison). ``constant_liar=False``: TPE proposes without
-    counting the trials in flight as bad results. ``result_writer``: store the results from a
-    process of their own (:mod:`tuner.writer`); None: where the coordinator has cores to spare
-    and many GPUs to feed (``tuner.loop.WRITER_MIN_GPUS``).
+    counting the trials in flight as bad results.
     """
     fam = lookup.family(family)
     if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
@@ -134,7 +131,6 @@ def tune(
             ray_address=ray_address, replay=replay, seed=seed, measure_timeout_s=measure_timeout_s,
             warm_start=warm_start, retime=retime, early_stop=early_stop,
             simulate_gpus=simulate_gpus, batch=batch, constant_liar=constant_liar,
-            result_writer=result_writer,
         )
 
 
@@ -158,7 +154,6 @@ def tune_here(
     simulate_gpus: int | None = None,
     batch: bool = True,
     constant_liar: bool = True,
-    result_writer: bool | None = None,
 ) -> TuneResult:
     """:func:`tune` once Ray is up (its arguments checked). ``only``: measure that one config
     and nothing else (no warm start). ``skip_at_budget``: a study already at its budget
@@ -191,7 +186,7 @@ def tune_here(
             fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
             trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
             retime=retime, early_stop=early_stop, only=only, meter=meter, batch=batch,
-            constant_liar=constant_liar, writer=result_writer,
+            constant_liar=constant_liar,
         )
         throughput = meter.report(
             measured=outcome.measured, gpus=pool.num_gpus if simulate_gpus else 0,

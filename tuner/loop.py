@@ -64,7 +64,6 @@ from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.normalize import GpuScale
 from tuner.progress import Best, Progress
 from tuner.retime import DEFAULT_TOP, retime_study
-from tuner.writer import ResultWriter
 from workers.depth import MIN_DEPTH
 from workers.results import Measurement
 
@@ -77,20 +76,6 @@ SERVE_EVERY_S = 0.005
 # A candidate whose first repetitions take longer than this times the best so far is clearly
 # behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.
 EARLY_STOP_FACTOR = 1.5
-# From this many GPUs on, on a machine with this many cores, a study stores its results from a
-# process of its own (tuner.writer): the coordinator's one process was the limit of 64 simulated
-# GPUs. With few GPUs it keeps up alone (and a process more costs a second at the start); on 2
-# cores the writer only takes CPU from the rest (docs/BENCHMARKS.md, twenty-first session).
-WRITER_MIN_GPUS = 8
-WRITER_MIN_CORES = 4
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class Pool(Protocol):
@@ -185,12 +170,10 @@ class Coordinator:
         batch: bool = True,
         stored: Callable[[Any], None] | None = None,
         valid: Sequence[dict[str, Any]] | None = None,
-        writer: bool | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.meter = meter  # tuner.meter.Meter: asks and tells timed
         self.batch = batch  # claims and results stored in batches (see _fill_batch, _collect_batch)
-        self.writer = writer  # results stored by a process of their own (None: by WRITER_MIN_GPUS)
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
         self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
@@ -227,9 +210,6 @@ class Coordinator:
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
         self._served = 0.0  # time.monotonic() of the pool's last serve between asks
-        self._writer: ResultWriter | None = None  # see _start_writer
-        self._storing: dict[int, list[tuple[_InFlight, Measurement, TrialOutcome, float]]] = {}  # by batch
-        self._store_batches = itertools.count()
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -239,7 +219,6 @@ class Coordinator:
         self._resume()
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
-        self._writer = self._start_writer()
         try:
             reason = self._loop()
             status = "finished"
@@ -251,7 +230,6 @@ class Coordinator:
                 pass
         finally:
             self._release_held(force=True)  # measured: kept, whatever stopped the loop
-            self._close_writer()
             if self._in_flight:
                 logger.warning("re-queueing %d trials that were in flight", len(self._in_flight))
             self._abandon_in_flight()
@@ -311,7 +289,7 @@ class Coordinator:
 
     def _stop_reason(self) -> str | None:
         """Why no new trial should be asked now, or None."""
-        measured = self._previous + self._shared + self.progress.counts.measured + self._storing_trials
+        measured = self._previous + self._shared + self.progress.counts.measured
         if self.trials is not None and measured + len(self._in_flight) >= self.trials:
             return f"{self.trials} trials measured"
         if self.time_budget is not None and self.clock() - self._started >= self.time_budget:
@@ -415,7 +393,7 @@ class Coordinator:
             slots = self.lookahead - len(self._in_flight)
             left = slots  # trials the study still lacks beyond those in flight
             if self.trials is not None:
-                measured = self._previous + self._shared + self.progress.counts.measured + self._storing_trials
+                measured = self._previous + self._shared + self.progress.counts.measured
                 left = self.trials - measured - len(self._in_flight)
             free = min(slots, left)
             # a small batch waits for more free slots, unless it is all the study still lacks:
@@ -500,72 +478,14 @@ class Coordinator:
         if done:
             self._set_early_stop()
             self._refresh_incumbent()
-            items = [(f.proposal, value, f.params, outcome) for f, _, outcome, value in done]
-            if self._writer is not None:  # told now, stored by the writer: taken in by _take_stored
-                self._mirror.tell_results(items)
-                batch = next(self._store_batches)
-                self._storing[batch] = done
-                self._writer.put(batch, [(f.proposal.number, f.params, outcome) for f, _, outcome, _ in done])
-            else:
-                self._stored(done, self._mirror.finish_many(items))
-        if self._writer is not None:
-            self._take_stored(self._writer.done())
+            stored = self._mirror.finish_many([(f.proposal, value, f.params, outcome)
+                                               for f, _, outcome, value in done])
+            for (flight, m, outcome, value), record in zip(done, stored):
+                if isinstance(record, ClaimRefused):
+                    self._lost(flight)
+                else:
+                    self._measured(flight, m, outcome, value, record)
         self._release_held()
-
-    def _stored(self, done: Sequence[tuple[_InFlight, Measurement, TrialOutcome, float]],
-                stored: Sequence[Any]) -> None:
-        """Results and what storing them gave: a ``storage.TrialRecord``, or ClaimRefused where
-        the lease was lost meanwhile."""
-        for (flight, m, outcome, value), record in zip(done, stored):
-            if isinstance(record, ClaimRefused):
-                self._lost(flight)
-            else:
-                self._measured(flight, m, outcome, value, record)
-
-    # -- the results writer (tuner.writer): a process of its own stores the results ----------------
-    @property
-    def _storing_trials(self) -> int:
-        """Trials measured and told, whose results the writer has not stored yet."""
-        return sum(len(done) for done in self._storing.values())
-
-    def _start_writer(self) -> ResultWriter | None:
-        """A results writer where asked (``writer=True``), or by default in batch mode with
-        ``WRITER_MIN_GPUS`` GPUs or more and ``WRITER_MIN_CORES`` cores; None: the coordinator
-        stores the results itself."""
-        engine = getattr(self.repository, "engine", None)
-        if engine is None or not self.batch or self.writer is False:
-            return None
-        gpus = int(getattr(self.pool, "num_gpus", 1) or 1)
-        if self.writer is None and (gpus < WRITER_MIN_GPUS or usable_cores() < WRITER_MIN_CORES):
-            return None
-        logger.info("results stored by a process of their own (%d GPUs, %s)", gpus, engine.dialect.name)
-        return ResultWriter(engine.url.render_as_string(hide_password=False), self.record.id,
-                            owner=self._mirror.owner, records=self.stored is not None)
-
-    def _take_stored(self, answers: Any) -> None:
-        """What the writer stored: the records to whoever wants them, the progress counted."""
-        for batch, stored in answers:
-            done = self._storing.pop(batch)
-            for flight, *_ in done:
-                self._mirror.settled(flight.proposal.number)
-            self._stored(done, stored)
-
-    def _close_writer(self) -> None:
-        """Wait for the writer to store every result put, take them in, end it. Ctrl-C meanwhile
-        stops the waiting, not the writer: it stores what it holds before it ends."""
-        writer, self._writer = self._writer, None
-        if writer is None:
-            return
-        try:
-            self._take_stored(writer.drain())
-        except KeyboardInterrupt:
-            logger.warning("stopped waiting for %d results to be stored: the writer stores them as it ends",
-                           self._storing_trials)
-        finally:
-            writer.close()
-            self._storing.clear()
-            if self.meter is not None:
-                self.meter.wrote(writer.cpu_s, writer.store_s, writer.batches)
 
     def _refused(self, proposal: Proposal, key: str, why: str) -> None:
         """The config's lease was not granted: measured or held by another coordinator (its

@@ -46,10 +46,8 @@ class ThroughputReport:
     steady_s: float = 0.0  # that window's length
     simulator_cpu_s: float = 0.0
     simulator_late_ms: float = 0.0  # mean overrun of a simulated GPU's sleep (machine too busy)
-    cpu_s: float = 0.0  # the coordinator's CPU time (its process's threads: Ray's driver, the database's
-    # client; and its results writer's process, tuner.writer, where it had one)
+    cpu_s: float = 0.0  # the coordinator process's CPU time (its threads: Ray's driver, the database's client)
     gpu_s_per_trial: float = 0.0  # mean simulated GPU time of a measured trial
-    writer_cpu_s: float = 0.0  # of cpu_s, the results writer's
 
     @property
     def cpu_ms_per_trial(self) -> float:
@@ -93,7 +91,6 @@ class ThroughputReport:
             "simulator_cpu_s": round(self.simulator_cpu_s, 2),
             "simulator_late_ms": round(self.simulator_late_ms, 3),
             "cpu_s": round(self.cpu_s, 3), "cpu_ms_per_trial": round(self.cpu_ms_per_trial, 3),
-            "writer_cpu_s": round(self.writer_cpu_s, 3),
             "gpu_ms_per_trial": round(1e3 * self.gpu_s_per_trial, 3),
             "gpus_one_core_feeds": round(self.gpus_one_core_feeds, 1),
         }
@@ -113,7 +110,6 @@ class Meter:
     stopped: float | None = None
     cpu_started: float = 0.0
     cpu_stopped: float | None = None
-    writer_cpu_s: float = 0.0  # the results writer's process (tuner.writer), where there was one
 
     def start(self) -> None:
         self.started = self.clock()
@@ -130,14 +126,6 @@ class Meter:
     def told(self, seconds: float, count: int = 1) -> None:
         self.tells += count
         self.tell_s += seconds
-
-    def wrote(self, cpu_s: float, store_s: float, batches: int) -> None:
-        """A results writer's share (``tuner.writer``): its CPU time, and its ``record_trials``
-        calls, counted as the coordinator's own would be."""
-        self.writer_cpu_s += cpu_s
-        counts = self.db.setdefault("record_trials", [0, 0.0])
-        counts[0] += batches
-        counts[1] += store_s
 
     def repository(self, repository: Any) -> "MeteredRepository":
         return MeteredRepository(repository, self)
@@ -164,10 +152,8 @@ class Meter:
             busy=busy, busy_steady=busy_steady, steady_s=steady[1] - steady[0] if steady else 0.0,
             simulator_cpu_s=simulator_cpu_s,
             simulator_late_ms=1e3 * statistics.fmean(lateness) if lateness else 0.0,
-            cpu_s=(self.cpu_stopped if self.cpu_stopped is not None else time.process_time()) - self.cpu_started
-            + self.writer_cpu_s,
+            cpu_s=(self.cpu_stopped if self.cpu_stopped is not None else time.process_time()) - self.cpu_started,
             gpu_s_per_trial=sum(b - a for _, a, b in intervals) / max(len(intervals), 1),
-            writer_cpu_s=self.writer_cpu_s,
         )
 
 

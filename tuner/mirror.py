@@ -192,25 +192,17 @@ class MirroredStudy:
         ``ClaimRefused`` where its lease was lost (nothing stored for it)."""
         if not items:
             return []
-        self.tell_results(items)
-        for proposal, _, _, _ in items:
-            self._mine.discard(proposal.number)
-        return self.repository.record_trials(
-            self.study_id, [(p.number, params, outcome) for p, _, params, outcome in items], owner=self.owner)
-
-    def tell_results(self, items: Sequence[tuple[Proposal, float, Mapping[str, Any], Any]]) -> None:
-        """The sampler told the results (proposal, value, params, outcome) that another process
-        stores (:class:`tuner.writer.ResultWriter`): a sync does not take them in again; their
-        running trials stay this run's until :meth:`settled`."""
         for proposal, value, _, _ in items:
             if proposal.number is None:
                 raise ValueError("finish takes a recorded proposal")
             self._tell(proposal.trial if proposal.trial is not None else proposal, value)
-            self._taken.add(proposal.number)
-
-    def settled(self, number: int) -> None:
-        """Trial ``number``'s result was stored, or its lease found lost, by the writer."""
-        self._mine.discard(number)
+            self._mine.discard(proposal.number)
+        stored = self.repository.record_trials(
+            self.study_id, [(p.number, params, outcome) for p, _, params, outcome in items], owner=self.owner)
+        for (proposal, _, _, _), record in zip(items, stored):
+            if not isinstance(record, ClaimRefused):
+                self._taken.add(proposal.number)
+        return stored
 
     def abandon(self, proposal: Proposal) -> None:
         """Never to be told by this run: FAIL in memory; its running trial is left without an

@@ -3,7 +3,6 @@
     python3 docs/scripts/scale_sim.py [--gpus 1 8 32 64 128] [--dbs sqlite postgresql]
         [--modes before after] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]
         [--pg postgresql://postgres@127.0.0.1:5432/test] [--profile 64] [--landscape FILE]
-        [--writers off on]
 
 Each run is one ``tuner.tune`` of the shortest attention landscape (4x8x512x64 fp16 causal, kernels
 of 13-60 us: 27-36 ms of GPU time a trial, ``workers.simulate``) on N simulated GPUs, in a fresh
@@ -15,9 +14,7 @@ TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, wit
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
 GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
 first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
-tail left out. ``--writers``: the results stored by a process of their own (``tuner.writer``) or
-not, in turns (column "writer": whether the run had one; its CPU counts in "CPU ms a trial").
-``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
+tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed (by cumulative time; another
 pstats order by ``PROFILE_SORT``, e.g. ``tottime``).
 """
@@ -64,7 +61,7 @@ def fresh_database(kind: str, pg: str, tmp: Path) -> tuple[str, object]:
 
 
 def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
-        landscape: Path = LANDSCAPE, writer: str = "auto") -> dict:
+        landscape: Path = LANDSCAPE) -> dict:
     import tuner
     import tuner.loop as loop
 
@@ -82,11 +79,10 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
     try:
         result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(landscape), db=db,
                             seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode != "before",
-                            sampler="tpe-batch" if mode == "after" else "tpe",
-                            result_writer={"auto": None, "on": True, "off": False}[writer])
+                            sampler="tpe-batch" if mode == "after" else "tpe")
     finally:
         loop.Coordinator._loop = original
-    row = {"gpus": gpus, "mode": mode, "writer": writer, "status": result.status, "reason": result.reason,
+    row = {"gpus": gpus, "mode": mode, "status": result.status, "reason": result.reason,
            "load_before": round(load, 1), **result.throughput.to_json()}
     if profiler is not None:
         out = io.StringIO()
@@ -102,13 +98,12 @@ def _steady(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| db | mode | writer | GPUs | trials | wall s | trials/s | busy min | busy mean | busy steady "
-            "| asks/s | ms an ask | DB writes/s | DB ms a trial | CPU ms a trial | sim late ms | load |")
-    lines = [head, "|---" * 17 + "|"]
+    head = ("| db | mode | GPUs | trials | wall s | trials/s | busy min | busy mean | busy steady | asks/s "
+            "| ms an ask | DB writes/s | DB ms a trial | CPU ms a trial | sim late ms | load |")
+    lines = [head, "|---" * 16 + "|"]
     for r in rows:
-        writer = "yes" if r.get("writer_cpu_s") else "no"
         lines.append(
-            f"| {r['db']} | {r['mode']} | {writer} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
+            f"| {r['db']} | {r['mode']} | {r['gpus']} | {r['measured']} | {r['wall_s']:.1f} | "
             f"{r['trials_per_s']:.0f} | {100 * r['busy_min']:.0f}% | {100 * r['busy_mean']:.0f}% | "
             f"{_steady(r)} | {r['asks_per_s']:.0f} | {r['ask_ms']:.2f} | "
             f"{r['db_writes_per_s']:.0f} | {r['db_ms_per_trial']:.2f} | {r['cpu_ms_per_trial']:.2f} | "
@@ -166,9 +161,6 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--dbs", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
     parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "batched", "after"])
-    parser.add_argument("--writers", nargs="+", default=["auto"], choices=["auto", "on", "off"],
-                        help="results stored by a process of their own (tuner.writer): on, off, or as "
-                        "the coordinator decides; several: each GPU count run with each, in turns")
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
     parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
@@ -205,19 +197,18 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for db_kind in args.dbs:
                 for mode in args.modes:
-                    for gpus, writer in ((g, w) for g in args.gpus for w in args.writers):
+                    for gpus in args.gpus:
                         url, drop = fresh_database(db_kind, args.pg, Path(tmp))
                         try:
                             profile = args.profile == gpus and mode == "after" and db_kind == args.dbs[-1]
-                            row = run(gpus, url, mode, args.trials, args.time_limit, profile, args.landscape,
-                                      writer)
+                            row = run(gpus, url, mode, args.trials, args.time_limit, profile, args.landscape)
                         finally:
                             drop()
                         row["db"] = db_kind
                         rows.append(row)
-                        print(f"{db_kind} {mode} {gpus} (writer {writer}): {row['measured']} trials, "
-                              f"{row['trials_per_s']:.0f}/s, busy mean {100 * row['busy_mean']:.0f}%, "
-                              f"steady {_steady(row)}", flush=True)
+                        print(f"{db_kind} {mode} {gpus}: {row['measured']} trials, {row['trials_per_s']:.0f}/s, "
+                              f"busy mean {100 * row['busy_mean']:.0f}%, steady {_steady(row)}",
+                              flush=True)
     finally:
         stop_ray()
     print(table(rows))
