@@ -63,9 +63,9 @@ class BatchedTrials:
         with self._session(f"cannot start {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             queries.lock_study(session, study_id)
             measured = set(session.scalars(select(Trial.config_key).where(
-                Trial.study_id == study_id, queries.among(session, Trial.config_key, set(keys)))))
+                Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
-                RunningTrial.study_id == study_id, queries.among(session, RunningTrial.config_key, set(keys))))}
+                RunningTrial.study_id == study_id, RunningTrial.config_key.in_(set(keys))))}
             counts = session.execute(select(*(  # one round trip: each table's count and last number
                 select(column).where(model.study_id == study_id).scalar_subquery()
                 for model in (Trial, RunningTrial)
@@ -116,14 +116,14 @@ class BatchedTrials:
         with self._session(f"cannot record {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             study = queries.touch_study(session, study_id, now)  # the row held from here on
             mine = set(session.scalars(delete(RunningTrial).where(
-                RunningTrial.study_id == study_id, queries.among(session, RunningTrial.number, [t["number"] for t in made]),
+                RunningTrial.study_id == study_id, RunningTrial.number.in_([t["number"] for t in made]),
                 *([RunningTrial.owner == owner] if owner is not None else [])).returning(RunningTrial.number)))
             kept = [t for t in made if owner is None or t["number"] in mine]
             records: dict[int, TrialRecord] = {}
             if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
                 session.execute(insert(Trial.__table__), kept)
                 ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
-                    Trial.study_id == study_id, queries.among(session, Trial.number, [t["number"] for t in kept])))}
+                    Trial.study_id == study_id, Trial.number.in_([t["number"] for t in kept])))}
                 records = {t["number"]: rows.trial_record_of(ids[t["number"]], t) for t in kept}
             for trial in made:
                 if trial["number"] not in records:

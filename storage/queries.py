@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ARRAY, Select, any_, case, func, literal, select, update
+from sqlalchemy import Select, case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -123,16 +123,6 @@ def study(session: Session, study_id: int, *, lock: bool = False) -> Study:
     if found is None:
         raise StorageError(f"no study with id {study_id}")
     return found
-
-
-def among(session: Session, column: Any, values: Collection[Any]) -> Any:
-    """``column`` is one of ``values``: ``= ANY(array)`` on PostgreSQL, else ``IN (...)``.
-    PostgreSQL plans ``IN`` with one parameter a value anew for each list length, and once
-    psycopg prepares such a statement (its fifth run) the generic plan of 80 keys took 12-17 ms
-    against 0.6-1.0 ms for ``ANY`` (docs/BENCHMARKS.md, twenty-first session)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return column == any_(literal(list(values), ARRAY(column.type)))
-    return column.in_(values)
 
 
 def lock_study(session: Session, study_id: int) -> None:

@@ -24,10 +24,10 @@ from typing import Any, Callable
 CALIBRATE_EVERY = 40  # trials a GPU measures between two timings of the incumbent
 # A round's timing of the incumbent is shorter than a trial's (GpuBench.measure: 300 ms of
 # repetitions, 200 at most), so a round costs a GPU a quarter of a trial (a 200-trial study on two
-# GPUs spent 2.8% of their time on three full rounds). From the trials' spread (an IQR of about
-# 0.5% of the median), the median of 50 repetitions moves by about 0.1%, less than the GPUs' clocks
-# drift between rounds (1-4%); how the ratios fare against full rounds was not measured on a GPU
-# (docs/BENCHMARKS.md, twentieth session).
+# GPUs spent 2.8% of their time on three full rounds). Timed 20 times each way on two H100s at
+# once, the second GPU's ratio moved as much with a trial's timing as with a round's (1.0-1.6%
+# stdev): the GPUs' clocks set that noise, not the repetitions (docs/BENCHMARKS.md, twentieth and
+# twenty-first sessions).
 CALIBRATE_TIMING = {"target_ms": 75.0, "max_reps": 50}
 
 
