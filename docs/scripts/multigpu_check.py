@@ -2,7 +2,7 @@
 
     PYTHONPATH=<checkout> python3 docs/scripts/multigpu_check.py [--trials 200]
         [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--sampler tpe] [--configs 10] [--rounds 3]
-        [--prime] [--folder DIR] [--study-timeout S]
+        [--prime] [--folder DIR] [--study-timeout S] [--round-noise N] [--full-rounds] [--no-one-gpu]
 
 On a machine with two GPUs, in one call (about two minutes for the defaults on two H100s: a
 cold 200-trial study took 51 s on one GPU and 27 s on two):
@@ -16,7 +16,9 @@ cold 200-trial study took 51 s on one GPU and 27 s on two):
    wall time went is printed beside (the steady rate, the GPUs' busy share, the seconds outside the
    span of the stored trials: start and final re-timing). TPE's configs depend on the order results
    come back, so the two studies measure different mixes of fast and slow configs; ``--sampler
-   random`` measures the same configs on both (``--configs 0``: the rates only);
+   random`` measures the same configs on both (``--configs 0``: the rates only). ``--no-one-gpu``:
+   the two-GPU study alone; ``--full-rounds``: its incumbent's rounds timed as a trial is, not with
+   ``CALIBRATE_TIMING``. The ratio the study stored for the other GPU is printed as it moved;
 2. the two-GPU study's ``--configs`` fastest configs (by normalized median, distinct cubins),
    timed again on each GPU, the two GPUs at once, each in its own process (``GpuBench.measure``
    as a trial times them, ``--rounds`` rounds, the median): the other GPU's medians over the
@@ -182,8 +184,7 @@ def round_noise(db: str, two: dict, cache: Path, folder: Path, args: argparse.Na
     import tuner
 
     trials = [t for t in tuner.show(two["study"], db=db).trials if t.ok]
-    reference = next(t.gpu_uuid for t in trials if t.gpu_ratio == 1.0)
-    other = next(t.gpu_uuid for t in trials if t.gpu_uuid != reference)
+    reference, other = _reference_and_other(trials)
     best = min(trials, key=lambda t: t.normalized_ms or t.median_ms)
     spec = {"shape": args.shape, "dtype": args.dtype, "causal": args.causal, "configs": [best.params],
             "rounds": args.round_noise, "cache": str(cache)}
@@ -301,15 +302,22 @@ def main() -> None:
     print("MULTIGPU " + json.dumps(rates))
 
 
+def _reference_and_other(trials: list) -> tuple[str, str]:
+    """The two-GPU study's GPUs (uuids): the reference (its trials' ratio is 1) and the other."""
+    reference = next(t.gpu_uuid for t in trials if t.gpu_ratio == 1.0)
+    return reference, next(t.gpu_uuid for t in trials if t.gpu_uuid and t.gpu_uuid != reference)
+
+
 def stored_ratios(db: str, two: dict) -> list[float]:
     """The other GPU's ratios to the reference as the two-GPU study stored them on its trials, each
     new value once, in trial order; printed with how far they moved."""
     import tuner
 
     trials = sorted((t for t in tuner.show(two["study"], db=db).trials if t.ok), key=lambda t: t.number)
+    _, other = _reference_and_other(trials)
     ratios: list[float] = []
     for t in trials:
-        if t.gpu_ratio is not None and t.gpu_ratio != 1.0 and (not ratios or ratios[-1] != t.gpu_ratio):
+        if t.gpu_uuid == other and t.gpu_ratio is not None and (not ratios or ratios[-1] != t.gpu_ratio):
             ratios.append(t.gpu_ratio)
     if ratios:
         print(f"  the other GPU's stored ratio: {len(ratios)} values, first {ratios[0]:.4f}, last "
@@ -326,8 +334,7 @@ def compare_configs(db: str, two: dict, cache: Path, folder: Path, args: argpars
     trials = tuner.show(two["study"], db=db).trials
     ok = [t for t in trials if t.ok]
     gpus = {t.gpu_uuid: t.gpu_index for t in ok}
-    reference = next(t.gpu_uuid for t in ok if t.gpu_ratio == 1.0)
-    other = next(uuid for uuid in gpus if uuid != reference)
+    reference, other = _reference_and_other(ok)
     study_ratio = [t.gpu_ratio for t in sorted(ok, key=lambda t: t.number)
                    if t.gpu_uuid == other and t.gpu_ratio is not None][-1]
     picked = candidates(ok, args.configs)
