@@ -121,9 +121,9 @@ def test_a_batch_stores_every_trial_once_and_returns_what_reads_back(repo, study
 
 
 def test_batches_of_one_size_keep_their_answers_once_the_server_prepares_them(repo, study_args):
-    """psycopg prepares a statement on its fifth run (PostgreSQL then plans it once, for any
-    parameters): ten batches of one size, each half new configs and half measured ones, with one
-    lease lost, get every answer a first run would give, on SQLite and PostgreSQL."""
+    """psycopg prepares a statement on its fifth run (PostgreSQL may then run one generic plan
+    for any parameters): ten batches of one size, each half new configs and half measured ones,
+    with one lease lost, get every answer a first run would give, on SQLite and PostgreSQL."""
     study = repo.open_study("s", **study_args())
     measured: list[dict] = []
     for batch in range(10):
