@@ -17,30 +17,20 @@ from pathlib import Path
 
 import tuner
 import tuner.loop as loop_module
+from call_time import summed
 
 ROOT = Path(__file__).resolve().parents[2]
 LANDSCAPE = ROOT / "tests" / "data" / "attention_2x8x2048x128-fp16_h200.json"
 totals: dict[str, float] = {}
 
 
-def _timed(name, method):
-    def timed(*args, **kwargs):
-        began = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            took = time.perf_counter() - began
-            totals[name] = totals.get(name, 0.0) + took
-            totals[f"{name}_longest"] = max(totals.get(f"{name}_longest", 0.0), took)
-    return timed
-
-
 def main() -> None:
     gpus = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     trials = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     folder = Path(sys.argv[3]) if len(sys.argv) > 3 else Path(tempfile.mkdtemp(prefix="copy-cost-"))
-    loop_module.MirroredStudy.record_many = _timed("claims", loop_module.MirroredStudy.record_many)
-    loop_module.MirroredStudy.finish_many = _timed("stores", loop_module.MirroredStudy.finish_many)
+    mirror = loop_module.MirroredStudy
+    mirror.record_many = summed(totals, "claims", mirror.record_many, longest=True)
+    mirror.finish_many = summed(totals, "stores", mirror.finish_many, longest=True)
     db = folder / f"copy{os.environ.get('TUNER_OPTUNA_COPY', '1')}-{os.getpid()}.db"
     began = time.monotonic()
     result = tuner.tune("attention", "2,8,2048,128", "fp16", {"causal": False}, trials=trials,

@@ -29,6 +29,7 @@ import tuner.loop as loop_module
 import workers.gpu as gpu_module
 import workers.pool as pool_module
 import workers.replay as replay_module
+from call_time import summed
 from storage import params_key
 from workers.ray_session import shared_ray
 
@@ -61,14 +62,7 @@ def _stamp(name, get_params):
 
 
 def _summed(name, method):
-    @functools.wraps(method)
-    def summed(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            totals[name] += time.perf_counter() - start
-    return summed
+    return summed(totals, name, method)
 
 
 gpu_module.GpuBench = _timed_measure(gpu_module.GpuBench)
