@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,6 +49,8 @@ from storage.records import (
     TrialRecord,
     params_key,
 )
+
+_NUMBERS_A_STATEMENT = 500  # trials read by number: an IN list of at most this many
 
 
 def one_line(error: BaseException) -> str:
@@ -288,12 +290,25 @@ class Repository(BatchedTrials):
                 RunningTrial.study_id == study_id, RunningTrial.number == number))
             return bool(done.rowcount)
 
-    def trials(self, study_id: int) -> list[TrialRecord]:
-        """The trials of a study, ordered by number."""
+    def trials(self, study_id: int, numbers: Collection[int] | None = None) -> list[TrialRecord]:
+        """The trials of a study, ordered by number; ``numbers``: those of these numbers only."""
         with self._session(f"cannot read the trials of study {study_id}") as session:
             queries.study(session, study_id)
             stmt = select(Trial).where(Trial.study_id == study_id).order_by(Trial.number)
-            return [rows.trial_record(trial) for trial in session.scalars(stmt)]
+            if numbers is None:
+                return [rows.trial_record(trial) for trial in session.scalars(stmt)]
+            wanted = sorted(set(numbers))
+            return [rows.trial_record(trial) for start in range(0, len(wanted), _NUMBERS_A_STATEMENT)
+                    for trial in session.scalars(stmt.where(
+                        Trial.number.in_(wanted[start:start + _NUMBERS_A_STATEMENT])))]
+
+    def trial_numbers(self, study_id: int) -> list[int]:
+        """The numbers of a study's stored trials, in order: what a coordinator reads to find
+        the trials it lacks (reading every trial grew with the study: 4,000 took tens of ms)."""
+        with self._session(f"cannot read the trials of study {study_id}") as session:
+            queries.study(session, study_id)
+            return list(session.scalars(select(Trial.number).where(Trial.study_id == study_id)
+                                        .order_by(Trial.number)))
 
     def measured(self, study_id: int) -> dict[str, TrialRecord]:
         """The trials of a study keyed by :func:`params_key`; a config measured twice maps to

@@ -50,6 +50,7 @@ class Proposal:
     trial: Trial | None
     number: int | None = None
     encoded: dict[str, Any] | None = None
+    checked: bool = False  # drawn from the family's valid configs: its check would pass
 
     @property
     def params(self) -> dict[str, Any]:
@@ -105,10 +106,11 @@ class MirroredStudy:
         self.meter.asked(time.perf_counter() - began)
         return proposal
 
-    def proposed(self, encoded: Mapping[str, Any]) -> Proposal:
+    def proposed(self, encoded: Mapping[str, Any], *, checked: bool = False) -> Proposal:
         """A config (as Optuna holds it) proposed outside the sampler's ask: no trial in the memory
-        study (Optuna's ask and tell cost 1 ms a config); told, it joins :meth:`observed`."""
-        return Proposal(None, encoded=dict(encoded))
+        study (Optuna's ask and tell cost 1 ms a config); told, it joins :meth:`observed`.
+        ``checked``: drawn from the family's valid configs."""
+        return Proposal(None, encoded=dict(encoded), checked=checked)
 
     def _tell(self, trial: Trial | Proposal | None, value: float | None = None,
               state: TrialState | None = None) -> None:
@@ -220,6 +222,16 @@ class MirroredStudy:
             self.repository.drop_trial(self.study_id, proposal.number)
             self._mine.discard(proposal.number)
 
+    def _untaken(self) -> list[Any]:
+        """The stored trials the memory study lacks (and perhaps some it holds): their numbers
+        read first, then those trials alone, where most are held already."""
+        if not self._taken:
+            return self.repository.trials(self.study_id)
+        new = [n for n in self.repository.trial_numbers(self.study_id) if n not in self._taken]
+        if len(new) > len(self._taken):
+            return self.repository.trials(self.study_id)
+        return self.repository.trials(self.study_id, numbers=new) if new else []
+
     def sync(self, force: bool = False) -> Synced | None:
         """Take the stored trials the memory study lacks into it (those of earlier runs and of
         other coordinators); read the running trials of others. None (nothing read) within
@@ -229,7 +241,7 @@ class MirroredStudy:
             return None
         self._last_sync = now
         finished = []
-        for trial in self.repository.trials(self.study_id):
+        for trial in self._untaken():
             if trial.number in self._taken:
                 continue
             self._taken.add(trial.number)

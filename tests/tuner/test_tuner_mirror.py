@@ -124,6 +124,32 @@ def test_sync_brings_in_what_another_coordinator_measured_or_measures(repo, stud
     assert theirs.sync(force=True).running == ()  # its own running trials are not another's
 
 
+def test_a_sync_reads_in_full_only_the_trials_its_memory_lacks(repo, study_id, monkeypatch):
+    """Once the memory holds the study's trials, a sync reads their numbers and then the new
+    trials alone: its cost follows what others stored, not the study's size."""
+    mine = _mirror(repo, study_id)
+    for a in (1, 2, 3):
+        mine.enqueue({"A": a, "B": (1, 2)})
+        proposal = mine.ask(SPACE.distributions)
+        params = SPACE.decode(proposal.params)
+        mine.record(proposal, params)
+        mine.finish(proposal, 0.5, params, _result())
+    theirs = _mirror(repo, study_id, owner="elsewhere:7")
+    theirs.enqueue({"A": 4, "B": (1, 2)})
+    done = theirs.ask(SPACE.distributions)
+    theirs.record(done, SPACE.decode(done.params))
+    theirs.finish(done, 0.25, SPACE.decode(done.params), _result(0.25))
+    reads = []
+    original = repo.trials
+    monkeypatch.setattr(repo, "trials", lambda study, numbers=None: reads.append(numbers) or original(study, numbers))
+    synced = mine.sync(force=True)
+    assert [t.number for t in synced.finished] == [done.number]
+    assert reads == [[done.number]]  # the new trial alone, by its number
+    assert mine.sync(force=True).finished == () and reads == [[done.number]]  # nothing new: nothing read
+    assert sorted(t.number for t in original(study_id, [done.number, 0, 99])) == [0, done.number]
+    assert repo.trial_numbers(study_id) == [t.number for t in original(study_id)]
+
+
 def test_abandoned_trials_are_left_ownerless_and_dropped_ones_forgotten(repo, study_id):
     mirror = _mirror(repo, study_id)
     left, dropped = mirror.ask(SPACE.distributions), mirror.ask(SPACE.distributions)
