@@ -355,7 +355,7 @@ class Coordinator:
             self.progress.reused()
             self._idle += 1
             return None
-        reason = self.family.check(params, self.problem, self.pool.limits)
+        reason = None if proposal.checked else self.family.check(params, self.problem, self.pool.limits)
         if reason is None:
             try:
                 launch = self.family.launch(params, self.problem)
@@ -439,7 +439,8 @@ class Coordinator:
             self.meter.asked(time.perf_counter() - began, len(picks))
         if not picks and not self._in_flight:  # every valid config of the space is measured
             self._unmeasured.clear()
-        return [self._mirror.proposed(pick) for pick in picks]
+        # the batch proposer draws from the family's valid configs (``valid_configs``): checked
+        return [self._mirror.proposed(pick, checked=True) for pick in picks]
 
     def _serve_pool(self) -> None:
         """Between asks: the pool hands compiled configs to its GPUs and takes in what finished

@@ -70,6 +70,26 @@ def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twi
         assert calls["claim_trial"][0] == 30 and calls["record_trial"][0] == 30
 
 
+def test_the_batch_proposers_picks_are_not_checked_again(toy, db, pools, monkeypatch):
+    """Its picks are the family's valid configs, checked once when the study lists them; the
+    samplers that propose anywhere in the space have each proposal checked."""
+    checked = Counter()
+    original = type(toy).check
+
+    def counting(self, params, problem, limits):
+        checked[params_key(params)] += 1
+        return original(self, params, problem, limits)
+
+    monkeypatch.setattr(type(toy), "check", counting)
+    space_size = search.SearchSpace(toy.params).size
+    tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=3, warm_start=0, sampler="tpe-batch")
+    assert sum(checked.values()) == space_size  # the listing's checks alone: one a config
+    checked.clear()
+    tuner.tune("toy", *PROBLEM, trials=20, db=db.replace("tuner.db", "other.db"), seed=3, warm_start=0,
+               sampler="tpe")
+    assert sum(checked.values()) > space_size  # and then each proposal's
+
+
 def test_a_batched_study_resumes_to_a_larger_count_and_finds_what_tpe_finds(toy, db, pools):
     first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1, sampler="tpe-batch")
     again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1, sampler="tpe-batch")
