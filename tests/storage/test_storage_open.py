@@ -110,3 +110,37 @@ def test_missing_sqlite_file_names_the_file_a_url_would_create(tmp_path):
     for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?mode=ro&uri=true", "sqlite://",
                 "sqlite:///:memory:", "postgresql://nobody@127.0.0.1:1/x", "not a url"):
         assert missing_sqlite_file(url) is None, url
+
+
+def test_a_server_connection_dropped_while_idle_is_replaced_and_a_busy_one_is_not_pinged(url, monkeypatch):
+    """PostgreSQL: the pool pings a connection idle ``PING_IDLE_S`` or more before its
+    transaction (one the server dropped is replaced: the call succeeds); one used again sooner
+    goes without the ping's round trip."""
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite has no server to drop a connection")
+    from sqlalchemy import event, text
+
+    repo = open_repository(url)
+    try:
+        statements = []
+        event.listen(repo.engine, "before_cursor_execute",
+                     lambda _c, _cur, statement, *_: statements.append(statement))
+        pings = []
+        original = repo.engine.dialect.do_ping
+        monkeypatch.setattr(repo.engine.dialect, "do_ping", lambda conn: pings.append(1) or original(conn))
+        assert repo.studies() == []
+        assert repo.studies() == [] and pings == []  # used again at once: no ping
+        with repo.engine.connect() as connection:  # the pooled connection, as a server drops it
+            pid = connection.execute(text("SELECT pg_backend_pid()")).scalar()
+        admin = engine.make_engine(url)
+        with admin.connect() as connection:
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            connection.commit()
+        admin.dispose()
+        monkeypatch.setattr(engine, "PING_IDLE_S", 0.0)
+        assert repo.studies() == []  # pinged, found dead, replaced
+        assert len(pings) == 1
+        with repo.engine.connect() as connection:
+            assert connection.execute(text("SELECT pg_backend_pid()")).scalar() != pid
+    finally:
+        repo.close()
