@@ -18,7 +18,8 @@ resumes, and takes in those that other coordinators sharing it (PostgreSQL) stor
     mirror.finish(proposal, 0.0213, params, outcome)  # told in memory, stored in place of the running one
     mirror.abandon(proposal)                      # never measured: left to the next run
 
-``sync`` reads the stored and running trials at most every ``sync_interval_s``. ``record``
+``sync`` reads the stored and running trials at most every ``sync_interval_s`` (the stored ones
+by number: those the memory lacks). ``record``
 raises ``storage.ClaimRefused`` where the config's lease is not granted (measured, held by
 another coordinator, or the study's trial count reached), and ``finish`` where it was lost.
 """
