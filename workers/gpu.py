@@ -31,6 +31,7 @@ from workers.hold import StreamHold, compile_hold
 from workers.nvml import NvmlClocks
 from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
+from workers.request import TakesRequests
 from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
@@ -92,7 +93,7 @@ def read_clocks(uuid: str = "") -> dict[str, Any]:
         return {}
 
 
-class GpuBench:
+class GpuBench(TakesRequests):
     """The GPU side of a worker: one device, its primary context, one stream."""
 
     def __init__(self, device_ordinal: int = 0) -> None:

@@ -50,6 +50,7 @@ from workers.depth import MAX_DEPTH, ActorDepth
 from workers.errors import NoGPUError, WorkerError
 from workers.ray_session import start_ray, stop_ray
 from workers.replay import params_key
+from workers.request import pack
 from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
@@ -237,6 +238,7 @@ class WorkerPool:
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")
+        self._requests = hasattr(cls, "measure_request")  # one pickled argument a trial (workers.request)
         self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
         infos = []
         for i, slot in enumerate(self._slots):
@@ -632,8 +634,12 @@ class WorkerPool:
         if self._mail is not None:  # sent with the poll's others (Mailbox.flush)
             slot.sent.append((item, self._mail.post(slot.actor, item.params, options.get("abort_above_ms"))))
             return
-        ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
-                                        params=item.params, seed=self._seed, **options)
+        if self._requests:
+            ref = slot.actor.measure_request.remote(self._shipment.ref, pack(
+                item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options}))
+        else:
+            ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
+                                            params=item.params, seed=self._seed, **options)
         slot.sent.append((item, ref))
         self._owners[ref] = slot
 

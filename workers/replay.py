@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from templates.family import Launch, Problem
 from workers.errors import WorkerError
+from workers.request import TakesRequests
 from workers.results import (
     Binary,
     DeviceInfo,
@@ -136,7 +137,7 @@ def _completion(family: Any) -> Any:
         return dict
 
 
-class ReplayBench:
+class ReplayBench(TakesRequests):
     """GpuBench's interface, answered from a landscape by params. Needs no GPU."""
 
     dead = False

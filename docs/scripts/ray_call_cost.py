@@ -1,6 +1,6 @@
-"""What one Ray actor call costs the caller's CPU: with the pool's arguments, with two small ones,
-and a trial's share when a batch of trials goes in one call (issue 16 §2; docs/BENCHMARKS.md,
-"Scale by simulation", 2026-11-27).
+"""What one Ray actor call costs the caller's CPU: with the pool's arguments (separate, and packed
+as one request: ``workers.request``), with two small ones, and a trial's share when a batch of
+trials goes in one call (issue 16 §2; docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27).
 
     python3 docs/scripts/ray_call_cost.py [--calls 2000]
 
@@ -27,6 +27,7 @@ def main() -> int:
 
     from templates import get_family
     from templates.family import H100_LIMITS
+    from workers.request import pack
 
     fam = get_family("attention")
     problem = fam.parse_problem("4,8,512,64", "fp16", {"causal": True})
@@ -36,7 +37,10 @@ def main() -> int:
 
     @ray.remote(num_cpus=0)
     class Host:
-        async def measure(self, binary, launch, family, problem, *, gpu, params=None, **options):
+        async def measure(self, binary, launch, family, problem, *, gpu=0, params=None, **options):
+            return 1
+
+        async def measure_request(self, family, request):
             return 1
 
         async def light(self, gpu, params):
@@ -62,6 +66,14 @@ def main() -> int:
     timed("one call a trial, the pool's arguments",
           lambda i: host.measure.remote(None, launch, ship, problem, gpu=i % 64, params=pick(i), seed=0,
                                         abort_above_ms=1.0), calls)
+    for size in (0, 60_000):  # no cubin, and a 60 KB stand-in
+        binary = b"\x7fELF" * (size // 4) or None
+        timed(f"one call a trial, the pool's arguments, {size // 1000} KB binary",
+              lambda i: host.measure.remote(binary, launch, "attention", problem, params=pick(i), seed=0,
+                                            abort_above_ms=1.0), calls)
+        timed(f"one call a trial, packed (workers.request), {size // 1000} KB binary",
+              lambda i: host.measure_request.remote("attention", pack(binary, launch, problem, pick(i),
+                                                                      {"seed": 0, "abort_above_ms": 1.0})), calls)
     timed("one call a trial, two arguments", lambda i: host.light.remote(i % 64, pick(i)), calls)
     for batch in (16, 64):
         timed(f"{batch} trials a call", lambda i: host.many.remote(

@@ -67,3 +67,33 @@ def test_configs_recorded_before_the_space_grew_are_completed(tmp_path):
     assert bench.measure(None, None, "attention", PROBLEM, params=old).ok
     tma = dict(family.default_params(), LOADS="tma")
     assert bench.measure(None, None, "attention", PROBLEM, params=tma).reason == "not in the recorded landscape"
+
+
+def test_a_packed_request_measures_what_the_pools_separate_arguments_would(tmp_path):
+    """The pool sends a bench one pickled request a trial (``workers.request``): the bench's
+    ``measure`` gets the same binary, launch, problem, params and options as from separate
+    arguments, and a replay answers the same."""
+    from templates.family import KernelArg, Launch, TensorMap
+    from workers.request import TakesRequests, pack
+    from workers.results import Binary
+
+    class Recording(TakesRequests):
+        def measure(self, binary, launch, family_ref, problem, *, params=None, **options):
+            return binary, launch, family_ref, problem, params, options
+
+    binary = Binary(cubin=b"\x7fELF" + bytes(range(256)) * 4, kernel="attn", resources=Resources(96, 0, 0, 0, 0),
+                    source_hash="s" * 64, cubin_hash="c" * 64, toolkit="nvrtc 13.0", options=("-O3",),
+                    compile_seconds=0.4)
+    launch = Launch("attn", (8, 1, 1), (384, 1, 1), 99_000,
+                    (KernelArg("tensormap", TensorMap("q", 2, (64, 512, 32), (128, 65536), (64, 128, 1))),
+                     KernelArg("buffer", "o"), KernelArg("i32", 512), KernelArg("f32", 0.18)))
+    options = {"seed": 3, "abort_above_ms": 0.25, "flush_l2": True}
+    sent = (binary, launch, PROBLEM, {"a": 1, "b": (2, 3)}, options)
+    got = Recording().measure_request("attention", pack(*sent))
+    assert got == (binary, launch, "attention", PROBLEM, {"a": 1, "b": (2, 3)}, options)
+    ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
+    path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
+                          template_hash="h", entries=[({"a": 1, "b": 2}, ok)])
+    bench = ReplayBench(path)
+    direct = bench.measure(None, None, "attention", PROBLEM, params={"a": 1, "b": 2}, seed=3)
+    assert bench.measure_request("attention", pack(None, None, PROBLEM, {"a": 1, "b": 2}, {"seed": 3})) == direct
