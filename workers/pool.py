@@ -636,7 +636,8 @@ class WorkerPool:
             return
         if self._requests:
             ref = slot.actor.measure_request.remote(self._shipment.ref, pack(
-                item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options}))
+                item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
+                by_value=not isinstance(self._shipment.ref, str)))
         else:
             ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
                                             params=item.params, seed=self._seed, **options)

@@ -4,8 +4,8 @@
 
 Ray serializes each argument of an actor call on its own (the cubin, the launch, the problem,
 the params and every keyword); on a 2-core machine one call with the pool's five arguments and
-its keywords cost the coordinator 340-430 us of CPU, one with the family's reference and these
-pickled together 205-285 us (``docs/scripts/ray_call_cost.py``). A bench class takes requests
+its keywords cost the coordinator 260-440 us of CPU, one with the family's reference and these
+pickled together 140-270 us (``docs/scripts/ray_call_cost.py``). A bench class takes requests
 by deriving from :class:`TakesRequests` (``GpuBench``, ``ReplayBench``); the pool calls
 ``measure`` as before on one that does not (a test's double).
 """
@@ -16,13 +16,18 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
+from ray import cloudpickle
+
 
 def pack(binary: Any, launch: Any, problem: Any, params: Mapping[str, Any] | None,
-         options: Mapping[str, Any]) -> bytes:
-    """``measure``'s arguments but the family's reference, as one request (plain pickle: they
-    are frozen dataclasses of ``workers`` and ``templates``, the params and options plain)."""
-    return pickle.dumps((binary, launch, problem, None if params is None else dict(params), dict(options)),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+         options: Mapping[str, Any], *, by_value: bool = False) -> bytes:
+    """``measure``'s arguments but the family's reference, as one request: plain pickle (frozen
+    dataclasses of ``workers`` and ``templates``, plain params and options; 13 us for a 60 KB
+    binary). ``by_value``: the family is shipped by value (``workers.shipping``), and its
+    module's classes, a launch's among them, must travel by value too: Ray's cloudpickle (33 us)."""
+    dumps = cloudpickle.dumps if by_value else pickle.dumps
+    return dumps((binary, launch, problem, None if params is None else dict(params), dict(options)),
+                 protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class TakesRequests:

@@ -89,8 +89,9 @@ def test_a_packed_request_measures_what_the_pools_separate_arguments_would(tmp_p
                      KernelArg("buffer", "o"), KernelArg("i32", 512), KernelArg("f32", 0.18)))
     options = {"seed": 3, "abort_above_ms": 0.25, "flush_l2": True}
     sent = (binary, launch, PROBLEM, {"a": 1, "b": (2, 3)}, options)
-    got = Recording().measure_request("attention", pack(*sent))
-    assert got == (binary, launch, "attention", PROBLEM, {"a": 1, "b": (2, 3)}, options)
+    for by_value in (False, True):  # plain pickle, or Ray's cloudpickle (a family shipped by value)
+        got = Recording().measure_request("attention", pack(*sent, by_value=by_value))
+        assert got == (binary, launch, "attention", PROBLEM, {"a": 1, "b": (2, 3)}, options)
     ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
     path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
                           template_hash="h", entries=[({"a": 1, "b": 2}, ok)])
