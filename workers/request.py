@@ -4,8 +4,8 @@
 
 Ray serializes each argument of an actor call on its own (the cubin, the launch, the problem,
 the params and every keyword); on a 2-core machine one call with the pool's five arguments and
-its keywords cost the coordinator 260-440 us of CPU, one with the family's reference and these
-pickled together 140-270 us (``docs/scripts/ray_call_cost.py``). A bench class takes requests
+its keywords cost the coordinator 230-440 us of CPU, one with the family's reference and these
+pickled together 120-270 us (``docs/scripts/ray_call_cost.py``). A bench class takes requests
 by deriving from :class:`TakesRequests` (``GpuBench``, ``ReplayBench``); the pool calls
 ``measure`` as before on one that does not (a test's double).
 """
