@@ -86,7 +86,8 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
            "load_before": round(load, 1), **result.throughput.to_json()}
     if profiler is not None:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(int(os.environ.get("PROFILE_LINES", "30")))
+        stats = pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "cumulative"))
+        stats.print_stats(int(os.environ.get("PROFILE_LINES", "30")))
         row["profile"] = out.getvalue()
     return row
 

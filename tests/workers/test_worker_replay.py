@@ -81,8 +81,8 @@ def test_a_packed_request_measures_what_the_pools_separate_arguments_would(tmp_p
         def measure(self, binary, launch, family_ref, problem, *, params=None, **options):
             return binary, launch, family_ref, problem, params, options
 
-    binary = Binary(cubin=b"\x7fELF" + bytes(range(256)) * 4, kernel="attn", resources=Resources(96, 0, 0, 0, 0),
-                    source_hash="s" * 64, cubin_hash="c" * 64, toolkit="nvrtc 13.0", options=("-O3",),
+    binary = Binary(cubin=b"\x7fELF" + bytes(range(256)) * 4, kernel="attn",
+                    resources=Resources(96, 0, 0, 0, 0), source_hash="s" * 64, cubin_hash="c" * 64, toolkit="nvrtc 13.0", options=("-O3",),
                     compile_seconds=0.4)
     launch = Launch("attn", (8, 1, 1), (384, 1, 1), 99_000,
                     (KernelArg("tensormap", TensorMap("q", 2, (64, 512, 32), (128, 65536), (64, 128, 1))),
