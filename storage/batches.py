@@ -66,12 +66,12 @@ class BatchedTrials:
                 Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.config_key.in_(set(keys))))}
-            counts = session.execute(select(*(  # one round trip: each table's count and last number
-                select(column).where(model.study_id == study_id).scalar_subquery()
-                for model in (Trial, RunningTrial)
-                for column in (func.count(model.id), func.max(model.number))))).one()
-            count = (counts[0] or 0) + (counts[2] or 0)
-            number = max((n for n in (counts[1], counts[3]) if n is not None), default=-1) + 1
+            number, count = _numbers(session, study_id)
+            # ``count`` is a bound (the study's trial numbers differ): they are counted (a scan
+            # of the study's rows, 0.5 ms at 4,000 on PostgreSQL) only where this batch may reach
+            # the limit
+            if limit is not None and count + len(plain) > limit:
+                count = _trial_count(session, study_id)
             now = utcnow()
             granted: set[str] = set()
             leases: list[dict[str, Any]] = []  # inserted at the end, in one statement (no unit of work)
@@ -135,3 +135,23 @@ class BatchedTrials:
             if ok:  # the fastest alone: offering each in turn ends the same (ties: the first)
                 queries.offer_best(session, study, min(ok, key=lambda t: t.median_ms))
             return out
+
+
+def _numbers(session: Any, study_id: int) -> tuple[int, int]:
+    """The number a study's next trial takes (one past the last, measured or running), and a
+    bound of how many trials it has (the span of their numbers, which differ), in one round
+    trip that each table's index on (study_id, number) answers."""
+    ends = session.execute(select(*(select(func.min(model.number) if low else func.max(model.number))
+                                    .where(model.study_id == study_id).scalar_subquery()
+                                    for model in (Trial, RunningTrial) for low in (True, False)))).one()
+    lows, highs = [n for n in ends[0::2] if n is not None], [n for n in ends[1::2] if n is not None]
+    if not highs:
+        return 0, 0
+    return max(highs) + 1, max(highs) - min(lows) + 1
+
+
+def _trial_count(session: Any, study_id: int) -> int:
+    """A study's trials, measured and running, in one round trip."""
+    counts = session.execute(select(*(select(func.count(model.id)).where(model.study_id == study_id)
+                                      .scalar_subquery() for model in (Trial, RunningTrial)))).one()
+    return sum(n or 0 for n in counts)

@@ -203,9 +203,14 @@ class _RunningSum:
 
     def of(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:
         want = Counter(rows)
-        for row in set(want) | set(self._counted):
-            change = want.get(row, 0) - self._counted.get(row, 0)
-            if change:
+        counted = self._counted
+        for row in want.keys() | counted.keys():
+            change = want.get(row, 0) - counted.get(row, 0)
+            if change == 1:  # in place: no array made for the product
+                np.add(self._total, self._column(row), out=self._total)
+            elif change == -1:
+                np.subtract(self._total, self._column(row), out=self._total)
+            elif change:
                 self._total += change * self._column(row)
         self._counted = want
         return self._total.copy()

@@ -27,6 +27,7 @@ MIN_DEPTH = 2
 MAX_DEPTH = 4
 WINDOW = 64  # absences and trials remembered
 SAMPLES = 8  # of each, before the depth moves from MIN_DEPTH
+HOLD_SHARE = 0.5  # of the coordinator's median absence, a collect sent as it leaves gathers for
 
 
 class ActorDepth:
@@ -54,6 +55,14 @@ class ActorDepth:
         if gpu_seconds > 0:
             self._trials.append(gpu_seconds)
             self._update()
+
+    def hold(self) -> float:
+        """How long a collect of results sent as the coordinator leaves should gather before it
+        answers: half its median absence, so that the answer is there when it comes back (0
+        until ``SAMPLES`` absences are known)."""
+        if len(self._absences) < SAMPLES:
+            return 0.0
+        return HOLD_SHARE * _percentile(self._absences, 0.5)
 
     def _update(self) -> None:
         if len(self._absences) < SAMPLES or len(self._trials) < SAMPLES:

@@ -127,9 +127,11 @@ class SimulatedGpus:
         self._finished.append((letter, result))
         self._signal().set()
 
-    async def collect(self, timeout: float) -> list[tuple[int, Measurement]]:
-        """The results finished since the last call, (letter, measurement); waits up to
-        ``timeout`` seconds for the first."""
+    async def collect(self, timeout: float, hold: float = 0.0) -> list[tuple[int, Measurement]]:
+        """The results finished since the last call, (letter, measurement), ``hold`` seconds
+        from now; waits up to ``timeout`` seconds more for the first."""
+        if hold > 0:
+            await asyncio.sleep(hold)
         arrived = self._signal()
         if not self._finished:
             try:
@@ -228,12 +230,14 @@ class Mailbox:
             self._hosts[host].enqueue.remote(self._family, self._problem, letters)
         self._posted.clear()
 
-    def collecting(self) -> list[Any]:
-        """The ``collect`` refs to wait on: one a host with letters out (made where none is)."""
-        waiting = set(self._collects.values())
-        for host, count in self._outstanding.items():
-            if count and host not in waiting:
-                self._collects[self._hosts[host].collect.remote(self.COLLECT_WAIT_S)] = host
+    def collecting(self, *, hold: float = 0.0, issue: bool = True) -> list[Any]:
+        """The ``collect`` refs to wait on: one a host with letters out, made where none is
+        (``issue``), answering ``hold`` seconds from now at the earliest."""
+        if issue:
+            waiting = set(self._collects.values())
+            for host, count in self._outstanding.items():
+                if count and host not in waiting:
+                    self._collects[self._hosts[host].collect.remote(self.COLLECT_WAIT_S, hold)] = host
         return list(self._collects)
 
     def owns(self, ref: Any) -> bool:

@@ -88,6 +88,8 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "cumulative"))
         stats.print_stats(int(os.environ.get("PROFILE_LINES", "30")))
+        if os.environ.get("PROFILE_CALLERS"):  # a regex: who calls the functions it matches
+            stats.print_callers(os.environ["PROFILE_CALLERS"])
         row["profile"] = out.getvalue()
     return row
 

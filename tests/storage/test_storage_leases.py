@@ -38,6 +38,34 @@ def test_the_trial_count_counts_measured_and_running_trials(repo, study_args):
     assert repo.claim_trial(study.id, {"a": 2}, owner="h:1", limit=3) == 2
 
 
+def test_trials_are_counted_only_where_a_batch_may_reach_the_count_and_gaps_still_count(repo, study_args):
+    """A claim bounds the study's trials by the span of their numbers and scans them only when
+    the batch may pass the limit: far from it, no count is run; near it, trials dropped from
+    the middle (gaps in the numbers) leave room that is granted, and no more."""
+    from sqlalchemy import event
+
+    study = repo.open_study("s", **study_args())
+    counts: list[str] = []
+
+    def seen(conn, cursor, statement, *args) -> None:
+        if "count(" in statement.lower():
+            counts.append(statement)
+
+    event.listen(repo.engine, "before_cursor_execute", seen)
+    try:
+        assert repo.claim_trials(study.id, [{"a": i} for i in range(5)], owner="h:1", limit=100) == [0, 1, 2, 3, 4]
+        assert counts == []  # 0 + 5 and then 5 + 5 are far from 100
+        assert repo.claim_trials(study.id, [{"a": 5}], owner="h:1", limit=100) == [5]
+        assert counts == []
+        assert repo.drop_trial(study.id, 1) and repo.drop_trial(study.id, 3)  # numbers 0-5 hold 4
+        granted = repo.claim_trials(study.id, [{"a": i} for i in range(6, 10)], owner="h:1", limit=7)
+        assert counts  # 6 (the span) + 4 passes 7: counted
+        assert granted[:3] == [6, 7, 8] and isinstance(granted[3], ClaimRefused) and granted[3].why == "full"
+    finally:
+        event.remove(repo.engine, "before_cursor_execute", seen)
+    assert len(repo.running(study.id)) == 7
+
+
 def test_a_stale_or_abandoned_lease_is_taken_over_and_its_owner_cannot_store(repo, study_args, url):
     study = repo.open_study("s", **study_args())
     old = repo.claim_trial(study.id, {"a": 1}, owner="killed:1")

@@ -255,6 +255,16 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_ea
         assert mail.collecting() == []  # nothing out: no collect
         began = time.monotonic()
         assert ray.get(host.collect.remote(0.2)) == [] and time.monotonic() - began >= 0.15
+        # a collect sent ahead with a hold answers no sooner, and with what finished meanwhile
+        letter = mail.post(gpus[0], configs[0], None)
+        mail.flush()
+        began = time.monotonic()
+        (ref,) = mail.collecting(hold=0.5)
+        assert mail.collecting(hold=0.5) == [ref]  # one a host
+        ready, _ = ray.wait([ref], timeout=0.3)
+        assert not ready  # the measurement took 30-50 ms; the collect holds
+        ((opened, measurement),) = mail.open(ray.get(ref, timeout=30), ref)
+        assert opened is letter and measurement.ok and time.monotonic() - began >= 0.45
     finally:
         stop_ray()
 

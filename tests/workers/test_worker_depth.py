@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.depth import MAX_DEPTH, MIN_DEPTH, SAMPLES, ActorDepth
+from workers.depth import HOLD_SHARE, MAX_DEPTH, MIN_DEPTH, SAMPLES, ActorDepth
 
 
 def _fed(absence_s: float, trial_s: float, n: int = SAMPLES) -> ActorDepth:
@@ -50,6 +50,11 @@ def test_the_depth_waits_for_samples_and_ignores_trials_without_gpu_time():
     for _ in range(100):
         depth.measured(0.0)  # shared or screened results: no GPU time
     assert depth.value == MIN_DEPTH
+
+
+def test_a_collect_sent_as_the_coordinator_leaves_holds_for_half_its_usual_absence():
+    assert _fed(absence_s=0.05, trial_s=0.03, n=SAMPLES - 1).hold() == 0.0  # too few absences yet
+    assert _fed(absence_s=0.05, trial_s=0.03).hold() == pytest.approx(HOLD_SHARE * 0.05) == 0.025
 
 
 def test_a_bad_range_is_refused():
