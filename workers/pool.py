@@ -22,6 +22,11 @@ are measured once. ``retime`` times several configs again, interleaved on one GP
 (``GpuBench.retime``), once nothing is in flight. ``replacements()`` says which tickets took a
 worker down and how long its replacement took to be ready (the time a fault cost beyond its trial).
 
+From ``workers.agent.AGENTS_FROM_GPUS`` GPU actors on (or as ``node_agents`` says), the pool
+calls them through one agent a node (:mod:`workers.agent`): a poll's measurements for a node in
+one call, what finished in one call (:mod:`workers.mailbox`), instead of one call a trial;
+faults end as they do without agents (a dead agent is replaced, and its GPUs' actors with it).
+
 The family is a reference every actor resolves in its own process (a name, a path, module:ATTR;
 see ``workers.shipping``), or a family object, shipped by value. Each new actor is asked to load
 it before its first trial: a node that cannot is a one-line WorkerError naming what to install.
@@ -54,7 +59,9 @@ from workers.request import pack
 from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
-from workers.simulate import Mailbox, simulated_resources
+from workers.agent import AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node
+from workers.mailbox import Mailbox
+from workers.simulate import simulated_resources
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,8 @@ class _Slot:
     gpu: dict[str, Any] = field(default_factory=dict)  # which GPU: {"uuid", "index", "name"}
     calibrated: int = 0  # the latest calibration round sent to it
     simulate: tuple[int, float] | None = None  # a replay standing for GPU i, factor f (tests)
+    post_to: Any = None  # with a mailbox: what its measurements are posted to (.host, .index)
+    generation: int = 0  # its actors started so far, less one (a node agent's letters name it)
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,7 @@ class WorkerPool:
         calibrate_seconds: float | None = None,
         replay_gpus: Sequence[float] | None = None,
         simulate_gpus: int | None = None,
+        node_agents: bool | None = None,
     ) -> None:
         """``ship_folder``: a family given as a folder goes to the actors through Ray's
         ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
@@ -147,11 +157,18 @@ class WorkerPool:
         ``replay``, that many simulated GPUs that each take a trial's GPU time
         (:mod:`workers.simulate`), on Ray's custom resource ``sim_gpu`` (the pool's own Ray
         gets it; a Ray started elsewhere must have it); they are one GPU model, the landscape's
-        (no calibration, no ratios between them)."""
+        (no calibration, no ratios between them).
+
+        ``node_agents``: call the GPU actors through one agent a node (:mod:`workers.agent`),
+        one call a node a poll instead of one a trial; None: from ``AGENTS_FROM_GPUS`` GPU
+        actors on, or as the environment's ``TUNER_NODE_AGENTS`` (1 or 0) says."""
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
-        self._mail: Mailbox | None = None  # simulated GPUs: measurements posted a host at a time
+        self._mail: Mailbox | None = None  # simulated GPUs or node agents: posted a host at a time
+        self._posted: dict[int, _Slot] = {}  # id(slot.post_to) -> its slot
+        self._agents: list[Any] = []
+        self._node_agents = node_agents
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
@@ -255,12 +272,68 @@ class WorkerPool:
             self._check_family()
         for slot in self._slots:  # after device_info: the pool does not wait for it
             self._prepare(slot)
+        if self._wants_agents():
+            self._start_agents()
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
         if len(self._slots) > 1:
             every, seconds = self._calibrate
             self._schedule = CalibrationSchedule(len(self._slots), every=every, seconds=seconds)
+
+    def _wants_agents(self) -> bool:
+        """Whether the GPU actors are called through node agents (see ``node_agents``)."""
+        if not self._requests:  # an agent sends packed requests (workers.request)
+            return False
+        if self._node_agents is not None:
+            return self._node_agents
+        told = os.environ.get("TUNER_NODE_AGENTS", "").strip()
+        return told == "1" if told in ("0", "1") else len(self._slots) >= AGENTS_FROM_GPUS
+
+    def _start_agents(self) -> None:
+        """One :class:`workers.agent.NodeAgent` on each node of the GPU actors, each slot posted
+        to its node's agent."""
+        try:
+            nodes = ray.get([slot.actor.__ray_call__.remote(node_id) for slot in self._slots],
+                            timeout=_START_TIMEOUT_S)
+        except RayError as exc:
+            raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+        on: dict[str, dict[int, _Slot]] = {}
+        for index, (slot, node) in enumerate(zip(self._slots, nodes)):
+            on.setdefault(node, {})[index] = slot
+        agents = {node: self._new_agent(node, {i: slot.actor for i, slot in slots.items()})
+                  for node, slots in on.items()}
+        for node, slots in on.items():
+            for index, slot in slots.items():
+                slot.post_to = AgentGpu(agents[node], index)
+        try:  # each agent connected to its actors before a trial's time runs
+            ray.get([agent.ready.remote() for agent in agents.values()], timeout=_START_TIMEOUT_S)
+        except RayError as exc:
+            raise WorkerError(f"a node agent failed to start: {_one_line(exc)}") from None
+        self._mail = Mailbox((self._shipment.ref,), None)
+        self._posted = {id(slot.post_to): slot for slot in self._slots}
+        logger.info("%d GPU workers called through %d node agents", len(self._slots), len(agents))
+
+    def _new_agent(self, node: str | None, actors: Mapping[int, Any]) -> Any:
+        """A node agent calling ``actors`` (slot number -> actor), on ``node`` where it can."""
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+        if node is not None:
+            options["scheduling_strategy"] = on_node(node)
+        agent = ray.remote(NodeAgent).options(**options).remote(dict(actors))
+        self._agents.append(agent)
+        return agent
+
+    def _agent_lost(self, host: Any, why: str) -> None:
+        """A node agent died (its node, say): a new one takes its slots, whose actors are
+        replaced (the measurements they held go again, as a dead actor's do)."""
+        logger.warning("a node agent died: %s", why)
+        self._mail.forget(host)  # type: ignore[union-attr]
+        agent = self._new_agent(None, {})
+        for slot in [s for s in self._slots if s.post_to.host is host]:
+            del self._posted[id(slot.post_to)]
+            slot.post_to = AgentGpu(agent, slot.post_to.index)
+            self._posted[id(slot.post_to)] = slot
+            self._replace(slot, f"its node agent died: {why}", count=False)
 
     def _start_simulated(self, replay: str, gpus: int) -> None:
         """``gpus`` simulated GPUs on host actors (:mod:`workers.simulate`), a slot each."""
@@ -278,7 +351,9 @@ class WorkerPool:
         self._actor_cls, self._actor_args, self._prepares = None, (), False
         self._mail = Mailbox(self._shipment.ref, self.problem)
         self._slots = [_Slot(SimulatedGpu(host, i)) for host, count in self._hosts for i in range(count)]
-        self._simulated_slots = {id(slot.actor): slot for slot in self._slots}
+        for slot in self._slots:
+            slot.post_to = slot.actor
+        self._posted = {id(slot.post_to): slot for slot in self._slots}
         try:
             infos = ray.get([host.device_info.remote() for host, _ in self._hosts], timeout=_START_TIMEOUT_S)
         except RayError as exc:
@@ -352,6 +427,9 @@ class WorkerPool:
                 raise WorkerError(f"every worker died {_MAX_STARTS} times in a row; last: {why}")
             return
         slot.actor = self._actor_cls.remote(*self._actor_args)
+        slot.generation += 1
+        if slot.post_to is not None:  # its node agent calls the new actor from now on
+            slot.post_to.host.adopt.remote(slot.post_to.index, slot.generation, slot.actor)
         if slot.simulate is not None:  # the same simulated GPU (calls run in order: before any trial)
             slot.actor.simulate.remote(*slot.simulate)
         self._prepare(slot)
@@ -405,7 +483,7 @@ class WorkerPool:
         self._known.add(ticket)
         item = _Ticket(ticket, dict(params), source, launch, tuple(options))
         (self._measure_queue if self._replay else self._compile_queue).append(item)
-        if self._mail is None:  # simulated GPUs get their work by the poll (Mailbox.flush)
+        if not self._simulate:  # simulated GPUs get their work by the poll (Mailbox.flush)
             self._pump()
 
     def set_abort_above(self, ms: float | None) -> None:
@@ -479,12 +557,19 @@ class WorkerPool:
         trials come out of the next :meth:`poll`) and compiled configs go to the GPUs that have
         room. A coordinator that asks a while (a slow sampler, many results at once) keeps its
         GPUs fed: a GPU holds its running trial and one to three more, and a short trial ends in
-        tens of milliseconds. Simulated GPUs take their work by the poll (``Mailbox``), not here."""
+        tens of milliseconds. With a mailbox (node agents, simulated GPUs) what was posted
+        goes, and a collect that answered is taken in (a host with letters out and no collect
+        gets one)."""
         self._depth.entered(time.monotonic())
         self._pump()
         refs = list(self._compiling) + list(self._owners)
+        if self._mail is not None:
+            self._mail.flush()
+            refs += self._mail.collecting()
         if refs and self._take_in(refs):
             self._pump()
+            if self._mail is not None:
+                self._mail.flush()
         self._depth.left(time.monotonic())
 
     def _take_in(self, refs: list[Any]) -> int:
@@ -597,6 +682,8 @@ class WorkerPool:
             ray.kill(slot.actor, no_restart=True)
         for host, _ in getattr(self, "_hosts", []):
             ray.kill(host, no_restart=True)
+        for agent in getattr(self, "_agents", []):
+            ray.kill(agent, no_restart=True)
         if self._owns_ray:
             stop_ray()
 
@@ -636,13 +723,16 @@ class WorkerPool:
             options.setdefault("abort_above_ms", self._abort_above_ms)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
-        if self._mail is not None:  # sent with the poll's others (Mailbox.flush)
-            slot.sent.append((item, self._mail.post(slot.actor, item.params, options.get("abort_above_ms"))))
+        if self._simulate:  # sent with the poll's others (Mailbox.flush)
+            slot.sent.append((item, self._mail.post(slot.post_to, item.params, options.get("abort_above_ms"))))
             return
         if self._requests:
-            ref = slot.actor.measure_request.remote(self._shipment.ref, pack(
-                item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
-                by_value=not isinstance(self._shipment.ref, str)))
+            request = pack(item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
+                           by_value=not isinstance(self._shipment.ref, str))
+            if self._mail is not None:  # to its node's agent, with the poll's others
+                slot.sent.append((item, self._mail.post(slot.post_to, slot.generation, request)))
+                return
+            ref = slot.actor.measure_request.remote(self._shipment.ref, request)
         else:
             ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
                                             params=item.params, seed=self._seed, **options)
@@ -704,42 +794,64 @@ class WorkerPool:
             else:
                 self._ready(slot)
             return
-        running = bool(slot.sent) and slot.sent[0][1] is ref
-        item = self._received(slot, ref)
         try:
-            measurement = ray.get(ref)
+            result: Measurement | Undelivered = ray.get(ref)
         except RayActorError as exc:
-            if not running and slot.sent:
-                # Ray may report a queued measurement's loss before the running one's: the one
-                # that died with the actor is the running one; this one never ran, and goes again
-                if item.calibration:
-                    slot.calibrated = min(slot.calibrated, item.calibration - 1)
-                else:
-                    self._measure_queue.appendleft(item)
-                item, culprit_ref = slot.sent.popleft()
-                self._owners.pop(culprit_ref, None)
-            self._replace(slot, f"the worker process died: {_one_line(exc)}", ticket=_culprit(item))
-            measurement = Measurement.failed("worker", "the worker process died; it was replaced",
-                                             detail=_one_line(exc))
+            result = Undelivered("died", _one_line(exc))
         except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
-            measurement = Measurement.failed("worker", _one_line(exc.cause or exc), detail=str(exc)[-2000:])
-        else:
+            result = Undelivered("raised", _one_line(exc.cause or exc), str(exc)[-2000:])
+        self._settle(slot, ref, result)
+
+    def _settle(self, slot: _Slot, key: Any, result: Measurement | Undelivered) -> None:
+        """A measurement sent to ``slot`` (``key``: its ref or letter) answered, or failed."""
+        running = bool(slot.sent) and slot.sent[0][1] is key
+        item = self._received(slot, key)
+        if isinstance(result, Measurement):
+            measurement = result
             slot.deaths = 0
             if measurement.failure == "crash":  # the CUDA context is gone with the kernel
                 self._replace(slot, f"ticket {item.ticket}: {measurement.reason}", count=False,
                               ticket=_culprit(item))
+        elif result.kind == "died":
+            if not running and slot.sent:
+                # Ray may report a queued measurement's loss before the running one's: the one
+                # that died with the actor is the running one; this one never ran, and goes again
+                self._again(slot, item)
+                item, culprit_key = slot.sent.popleft()
+                self._owners.pop(culprit_key, None)
+            self._replace(slot, f"the worker process died: {result.text}", ticket=_culprit(item))
+            measurement = Measurement.failed("worker", "the worker process died; it was replaced",
+                                             detail=result.text)
+        elif result.kind == "raised":  # the bench raised: the trial fails, the worker stays
+            measurement = Measurement.failed("worker", result.text, detail=result.detail)
+        else:  # posted for an actor replaced since (its letters left the slot then): again
+            self._again(slot, item)
+            return
         self._done(slot, item, measurement)
 
+    def _again(self, slot: _Slot, item: _Ticket) -> None:
+        """A measurement that never ran goes again (the incumbent: in the slot's next round)."""
+        if item.calibration:
+            slot.calibrated = min(slot.calibrated, item.calibration - 1)
+        else:
+            self._measure_queue.appendleft(item)
+
     def _delivered(self, ref: Any) -> None:
-        """A simulated host's ``collect`` answered: each result to its slot."""
+        """A host's ``collect`` answered (a node agent's, simulated GPUs'): each result to its
+        slot; one for a measurement the slot no longer holds (its actor was replaced, or the
+        measurement ran past its time) is dropped."""
+        assert self._mail is not None
         try:
             answer = ray.get(ref)
         except RayError as exc:
-            raise WorkerError(f"a simulated GPU host failed: {_one_line(exc)}") from None
-        assert self._mail is not None
-        for letter, measurement in self._mail.open(answer, ref):
-            slot = self._simulated_slots[id(letter.gpu)]
-            self._done(slot, self._received(slot, letter), measurement)
+            if self._simulate:
+                raise WorkerError(f"a simulated GPU host failed: {_one_line(exc)}") from None
+            self._agent_lost(self._mail.host_of(ref), _one_line(exc))
+            return
+        for letter, result in self._mail.open(answer, ref):
+            slot = self._posted.get(id(letter.gpu))
+            if slot is not None and any(sent is letter for _, sent in slot.sent):
+                self._settle(slot, letter, result)
 
     def _position(self, ref: Any) -> int:
         """Where a measurement is in its actor's order (-1: a compile or a start)."""

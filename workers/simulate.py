@@ -14,11 +14,9 @@ measurement takes its GPU's lock, sleeps for the trial's GPU time (:func:`gpu_ti
 answers the recorded measurement (:class:`workers.replay.ReplayBench`), so a GPU runs one trial
 at a time in the order the pool sent them, as a GPU actor does. The pool sees one slot per
 simulated GPU (:class:`SimulatedGpu`, called as an actor handle is) and drives them as it drives
-real GPU actors (two measurements sent to each), except for the calls: the pool posts its
-measurements for a host in one call a poll and collects what finished in one call a poll
-(:class:`Mailbox`: ``enqueue`` and ``collect``), as an agent on a GPU node would, instead of
-one Ray call a trial (on a 2-core machine one actor call cost 0.36-0.84 ms of the coordinator's
-CPU; a batch of 16-64, 0.014-0.05 ms a trial).
+real GPU actors behind node agents (:mod:`workers.agent`): the pool posts its measurements for
+a host in one call a poll and collects what finished in one call a poll
+(:mod:`workers.mailbox`: ``enqueue`` and ``collect``).
 
 A trial's GPU time, from the recorded measurement (landscapes hold medians, not wall times):
 ``WARMUP_S`` (the GPU worker's 25 ms warm-up) + 5 launches (3 for the warm-up's estimate, 2 checked
@@ -33,11 +31,11 @@ On an H200 the worker alone measured 28-42 ms a trial for microsecond kernels (d
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from workers.mailbox import Outbox
 from workers.replay import ReplayBench
 from workers.results import Measurement
 
@@ -77,17 +75,16 @@ def host_counts(gpus: int, per_host: int = GPUS_PER_HOST) -> list[int]:
     return [gpus // hosts + (1 if i < gpus % hosts else 0) for i in range(hosts)]
 
 
-class SimulatedGpus:
+class SimulatedGpus(Outbox):
     """An async Ray actor hosting ``count`` simulated GPUs of one landscape."""
 
     def __init__(self, landscape: str, family: Any, count: int) -> None:
+        super().__init__()
         self._bench = ReplayBench(landscape, family)
         self._count = count
         self._locks: list[asyncio.Lock] | None = None  # made in the actor's event loop
         self._intervals: list[tuple[int, float, float]] = []
         self._late: list[float] = []  # how much later than asked each sleep ended (event loop busy)
-        self._finished: list[tuple[int, Measurement]] = []  # (letter, result) not yet collected
-        self._arrived: asyncio.Event | None = None
 
     def device_info(self) -> Any:
         return self._bench.device_info()
@@ -113,7 +110,7 @@ class SimulatedGpus:
     async def enqueue(self, family: Any, problem: Any,
                       letters: Sequence[tuple[int, int, Mapping[str, Any], float | None]]) -> None:
         """Measurements posted at once, each (letter, gpu, params, abort_above_ms): each runs on
-        its GPU in the order posted; :meth:`collect` hands their results over."""
+        its GPU in the order posted; ``collect`` hands their results over."""
         loop = asyncio.get_running_loop()
         for letter, gpu, params, abort in letters:
             loop.create_task(self._run_letter(letter, gpu, family, problem, params, abort))
@@ -124,28 +121,7 @@ class SimulatedGpus:
             result = await self._measure(family, problem, gpu, params, abort)
         except Exception as exc:  # noqa: BLE001 - the trial fails, as a GPU actor's would
             result = Measurement.failed("worker", f"{type(exc).__name__}: {exc}"[:300])
-        self._finished.append((letter, result))
-        self._signal().set()
-
-    async def collect(self, timeout: float, hold: float = 0.0) -> list[tuple[int, Measurement]]:
-        """The results finished since the last call, (letter, measurement), ``hold`` seconds
-        from now; waits up to ``timeout`` seconds more for the first."""
-        if hold > 0:
-            await asyncio.sleep(hold)
-        arrived = self._signal()
-        if not self._finished:
-            try:
-                await asyncio.wait_for(arrived.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-        arrived.clear()
-        out, self._finished = self._finished, []
-        return out
-
-    def _signal(self) -> asyncio.Event:
-        if self._arrived is None:  # made in the actor's event loop
-            self._arrived = asyncio.Event()
-        return self._arrived
+        self._deliver(letter, result)
 
     def retime(self, kernels: Any, family_name: str, problem: Any, *, gpu: int, **options: Any) -> Any:
         """The recorded measurements (as a replay re-times); no GPU time is simulated for it."""
@@ -177,7 +153,7 @@ class _Bound:
 class SimulatedGpu:
     """One simulated GPU of a host actor, called as a GPU actor's handle is for what is not
     posted (``gpu.retime.remote(...)``, ``gpu.device_info.remote()``); ``host`` is the actor,
-    ``index`` the GPU in it. Its measurements go through the pool's :class:`Mailbox`."""
+    ``index`` the GPU in it. Its measurements go through the pool's ``workers.mailbox.Mailbox``."""
 
     _PER_GPU = ("retime",)
 
@@ -187,67 +163,6 @@ class SimulatedGpu:
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.host, name)
         return _Bound(method, self.index) if name in self._PER_GPU else method
-
-
-@dataclass(eq=False)
-class Letter:
-    """A measurement posted to a simulated GPU: the pool keeps it where a GPU actor's would
-    keep the call's object ref."""
-
-    number: int
-    gpu: SimulatedGpu
-
-
-class Mailbox:
-    """The pool's side of the hosts' ``enqueue`` and ``collect``: measurements posted during a
-    poll go to their host in one call (:meth:`flush`), and each host with measurements out has
-    one ``collect`` call outstanding (:meth:`collecting`), whose answer :meth:`open` turns back
-    into letters."""
-
-    COLLECT_WAIT_S = 1.0  # how long a host's collect waits for a first result
-
-    def __init__(self, family: Any, problem: Any) -> None:
-        self._family, self._problem = family, problem
-        self._numbers = itertools.count()
-        self._posted: dict[int, list[tuple[int, int, Mapping[str, Any], float | None]]] = {}
-        self._hosts: dict[int, Any] = {}
-        self._out: dict[int, Letter] = {}  # letter number -> letter, posted and not yet opened
-        self._outstanding: dict[int, int] = {}  # host -> letters out
-        self._collects: dict[Any, int] = {}  # collect ref -> host
-
-    def post(self, gpu: SimulatedGpu, params: Mapping[str, Any], abort_above_ms: float | None) -> Letter:
-        letter = Letter(next(self._numbers), gpu)
-        host = id(gpu.host)
-        self._hosts[host] = gpu.host
-        self._posted.setdefault(host, []).append((letter.number, gpu.index, dict(params), abort_above_ms))
-        self._out[letter.number] = letter
-        self._outstanding[host] = self._outstanding.get(host, 0) + 1
-        return letter
-
-    def flush(self) -> None:
-        """Send what was posted: one ``enqueue`` call a host."""
-        for host, letters in self._posted.items():
-            self._hosts[host].enqueue.remote(self._family, self._problem, letters)
-        self._posted.clear()
-
-    def collecting(self, *, hold: float = 0.0, issue: bool = True) -> list[Any]:
-        """The ``collect`` refs to wait on: one a host with letters out, made where none is
-        (``issue``), answering ``hold`` seconds from now at the earliest."""
-        if issue:
-            waiting = set(self._collects.values())
-            for host, count in self._outstanding.items():
-                if count and host not in waiting:
-                    self._collects[self._hosts[host].collect.remote(self.COLLECT_WAIT_S, hold)] = host
-        return list(self._collects)
-
-    def owns(self, ref: Any) -> bool:
-        return ref in self._collects
-
-    def open(self, answer: Sequence[tuple[int, Measurement]], ref: Any) -> list[tuple[Letter, Measurement]]:
-        """A ``collect`` call's answer, as (letter, measurement)."""
-        host = self._collects.pop(ref)
-        self._outstanding[host] -= len(answer)
-        return [(self._out.pop(number), result) for number, result in answer]
 
 
 def busy_shares(intervals: list[tuple[int, float, float]], gpus: int, start: float, end: float) -> list[float]:

@@ -228,7 +228,8 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_ea
 
     from workers.ray_session import start_ray, stop_ray
     from workers.replay import load_landscape
-    from workers.simulate import RESOURCE, Mailbox, SimulatedGpu, SimulatedGpus
+    from workers.mailbox import Mailbox
+    from workers.simulate import RESOURCE, SimulatedGpu, SimulatedGpus
 
     landscape = load_landscape(LANDSCAPE, "attention")
     configs = [params for params, m in landscape.entries if m.ok][:5]

@@ -28,13 +28,13 @@ def _recorded(tag: int) -> Measurement:
     return Measurement(ok=True, timing=Timing(ms, ms * 0.99, ms * 1.01, ms * 0.01, 50), error=1e-7)
 
 
-@pytest.fixture
-def two_gpus(ray_session, tmp_path):
+@pytest.fixture(params=[False, True], ids=["direct", "agents"])
+def two_gpus(request, ray_session, tmp_path):
     path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
                           problem=PROBLEM, template_hash="abc",
                           entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
     pool = WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.04),
-                      calibrate_every=2, measure_timeout_s=10.0)
+                      calibrate_every=2, measure_timeout_s=10.0, node_agents=request.param)
     yield pool
     pool.close()
 

@@ -12,6 +12,7 @@ from templates.family import Problem
 from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches
 from workers import NoGPUError, WorkerPool
 from workers.replay import save_landscape
+from workers.request import TakesRequests
 from workers.results import Measurement, Timing
 
 PROBLEM = Problem((1024,), "fp32")
@@ -41,12 +42,18 @@ def _drain(pool, deadline_s=60.0) -> dict[int, Measurement]:
     return results
 
 
-@pytest.fixture
-def pool_factory(ray_session, tmp_path):
+@pytest.fixture(params=["direct", "agents"])
+def pool_factory(request, ray_session, tmp_path):
+    """Pools whose actors the pool calls itself, and pools that call them through node agents
+    (``workers.agent``: the doubles take packed requests, as GpuBench does)."""
     pools = []
 
     def make(worker_cls=FakeBench, **kw):
         kw.setdefault("measure_timeout_s", TIMEOUT)
+        if request.param == "agents":
+            if worker_cls is not None:  # None: a replay's own bench, which takes requests
+                worker_cls = type(f"{worker_cls.__name__}Requests", (TakesRequests, worker_cls), {})
+            kw["node_agents"] = True
         pool = WorkerPool(worker_family.NAME, PROBLEM, worker_cls=worker_cls, backend="nvrtc",
                           cache_dir=tmp_path / "cache", **kw)
         pools.append(pool)
@@ -380,3 +387,24 @@ def test_retime_replays_the_landscape(pool_factory, tmp_path):
     found, missing = retiming.measurements
     assert retiming.replayed and retiming.rounds == 0 and found.replayed and missing.replayed
     assert found.timing == recorded.timing and missing.failure == "invalid"
+
+
+def test_a_dead_node_agent_is_replaced_and_its_gpus_measurements_go_again(pool_factory):
+    """A node agent killed with measurements out (its node lost, say): a new agent takes its
+    slots, their actors are replaced, and every ticket is measured, none failed."""
+    import ray
+
+    pool = pool_factory(worker_cls=TwoFakeBenches)
+    if not pool._agents:
+        pytest.skip("a pool with node agents only")
+    for ticket in range(4):
+        _submit(pool, ticket, "slow")
+    end = time.monotonic() + 60
+    while sum(len(slot.sent) for slot in pool._slots) < 4 and time.monotonic() < end:
+        assert not pool.poll(timeout=0.05)
+    first = pool._agents[0]
+    ray.kill(first, no_restart=True)
+    results = _drain(pool)
+    assert sorted(results) == [0, 1, 2, 3] and all(m.ok for m in results.values())
+    assert len(pool._agents) == 2 and all(slot.post_to.host is pool._agents[1] for slot in pool._slots)
+    assert sorted(r.why.split(":")[0] for r in pool.replacements()) == ["its node agent died"] * 2
