@@ -31,7 +31,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from workers.mailbox import Outbox
 
-AGENTS_FROM_GPUS = 16  # a pool of this many GPU actors or more calls them through node agents
+AGENTS_FROM_GPUS = 32  # a pool of this many GPU actors or more calls them through node agents
 
 
 @dataclass(frozen=True)

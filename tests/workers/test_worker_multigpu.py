@@ -11,6 +11,7 @@ import worker_family
 from templates.family import Problem
 from worker_doubles import FAKE_DEVICE
 from workers import WorkerPool
+from workers.agent import AGENTS_FROM_GPUS
 from workers.replay import save_landscape
 from workers.results import Measurement, Timing
 
@@ -97,3 +98,28 @@ def test_the_retiming_runs_on_the_first_gpu(two_gpus):
 def test_replay_gpus_needs_a_replay(ray_session):
     with pytest.raises(ValueError, match="replay_gpus goes with replay"):
         WorkerPool(worker_family.NAME, PROBLEM, replay_gpus=(1.0, 1.04))
+
+
+@pytest.mark.parametrize("told, gpus, agents", [("1", 2, True), ("0", 3, False), ("", 2, False), ("", 3, True)])
+def test_node_agents_come_from_a_count_of_gpus_or_as_the_environment_says(
+        ray_session, tmp_path, monkeypatch, told, gpus, agents):
+    """Agents from ``AGENTS_FROM_GPUS`` GPUs on (3 here, for a short test), or as
+    ``TUNER_NODE_AGENTS`` says; a measurement goes through either way."""
+    import workers.pool
+
+    path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
+                          problem=PROBLEM, template_hash="abc",
+                          entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
+    assert AGENTS_FROM_GPUS > 3
+    monkeypatch.setattr(workers.pool, "AGENTS_FROM_GPUS", 3)
+    monkeypatch.setenv("TUNER_NODE_AGENTS", told)
+    pool = WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0,) * gpus)
+    try:
+        assert bool(pool._agents) is agents
+        if agents:  # the slots of one node, one agent
+            assert len(pool._agents) == 1 and {slot.post_to.host for slot in pool._slots} == {pool._agents[0]}
+        pool.submit(0, _config(TAGS[0]), None, LAUNCH, ())
+        (ticket, measurement), = _until(pool, lambda results, _: results)[0].items()
+        assert ticket == 0 and measurement.ok
+    finally:
+        pool.close()
