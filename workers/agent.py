@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from ray.exceptions import RayActorError, RayTaskError
 
+from workers.errors import one_line
 from workers.mailbox import Outbox
 
 AGENTS_FROM_GPUS = 32  # a pool of this many GPU actors or more calls them through node agents
@@ -65,11 +66,6 @@ def on_node(node: str) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=node, soft=True)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
 
 
 class NodeAgent(Outbox):
@@ -118,11 +114,11 @@ class NodeAgent(Outbox):
         try:
             result: Any = await call
         except RayTaskError as exc:
-            result = Undelivered("raised", _one_line(exc.cause or exc), str(exc)[-2000:])
+            result = Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
         except RayActorError as exc:
-            result = Undelivered("died", _one_line(exc))
+            result = Undelivered("died", one_line(exc))
         except Exception as exc:  # noqa: BLE001 - any other loss of the call: the actor is replaced
-            result = Undelivered("died", _one_line(exc))
+            result = Undelivered("died", one_line(exc))
         self._deliver(letter, result)
 
     async def ready(self) -> int:

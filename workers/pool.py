@@ -48,19 +48,19 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
+from workers.agent import AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node
 from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSchedule
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.depth import MAX_DEPTH, ActorDepth
-from workers.errors import NoGPUError, WorkerError
+from workers.errors import NoGPUError, WorkerError, one_line
+from workers.mailbox import Mailbox
 from workers.ray_session import start_ray, stop_ray
 from workers.replay import params_key
 from workers.request import pack
 from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
 from workers.shipping import check_family, missing, runtime_env, ship
-from workers.agent import AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node
-from workers.mailbox import Mailbox
 from workers.simulate import simulated_resources
 
 logger = logging.getLogger(__name__)
@@ -114,11 +114,6 @@ class _Hashes:
     done: dict[str, Measurement] = field(default_factory=dict)
     owner: dict[str, int] = field(default_factory=dict)  # hash -> ticket measuring it
     waiters: dict[str, list[_Ticket]] = field(default_factory=dict)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
 
 
 class WorkerPool:
@@ -267,7 +262,7 @@ class WorkerPool:
                     slot.simulate = (i, self._replay_gpus[i])
                     slot.gpu = ray.get(slot.actor.simulate.remote(*slot.simulate), timeout=_START_TIMEOUT_S)
             except RayError as exc:
-                raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+                raise WorkerError(f"a worker failed to start: {one_line(exc)}") from None
         if replay is None:  # a replay answers from its landscape: its actors need no family
             self._check_family()
         for slot in self._slots:  # after device_info: the pool does not wait for it
@@ -297,7 +292,7 @@ class WorkerPool:
             nodes = ray.get([slot.actor.__ray_call__.remote(node_id) for slot in self._slots],
                             timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a worker failed to start: {_one_line(exc)}") from None
+            raise WorkerError(f"a worker failed to start: {one_line(exc)}") from None
         on: dict[str, dict[int, _Slot]] = {}
         for index, (slot, node) in enumerate(zip(self._slots, nodes)):
             on.setdefault(node, {})[index] = slot
@@ -309,7 +304,7 @@ class WorkerPool:
         try:  # each agent connected to its actors before a trial's time runs
             ray.get([agent.ready.remote() for agent in agents.values()], timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a node agent failed to start: {_one_line(exc)}") from None
+            raise WorkerError(f"a node agent failed to start: {one_line(exc)}") from None
         self._mail = Mailbox((self._shipment.ref,), None)
         self._posted = {id(slot.post_to): slot for slot in self._slots}
         logger.info("%d GPU workers called through %d node agents", len(self._slots), len(agents))
@@ -357,7 +352,7 @@ class WorkerPool:
         try:
             infos = ray.get([host.device_info.remote() for host, _ in self._hosts], timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a simulated GPU host failed to start: {_one_line(exc)}") from None
+            raise WorkerError(f"a simulated GPU host failed to start: {one_line(exc)}") from None
         self.device = infos[0]
 
     def busy_intervals(self) -> list[tuple[int, float, float]]:
@@ -391,7 +386,7 @@ class WorkerPool:
             try:
                 why = ray.get(ref, timeout=_START_TIMEOUT_S)
             except RayError as exc:
-                why = _one_line(exc.cause if isinstance(exc, RayTaskError) and exc.cause else exc)
+                why = one_line(exc.cause if isinstance(exc, RayTaskError) and exc.cause else exc)
             if why is not None:
                 raise missing(self._shipment, why)
 
@@ -621,7 +616,7 @@ class WorkerPool:
                 ray.cancel(ref, force=True)
                 result = Measurement.failed("compile", f"compile ran past {self._compile_timeout_s:g} s")
             except RayError as exc:
-                result = Measurement.failed("worker", f"compile task died: {_one_line(exc)}")
+                result = Measurement.failed("worker", f"compile task died: {one_line(exc)}")
             if isinstance(result, CompileFailure):
                 result = Measurement.failed("compile", result.reason, detail=result.log[-4000:])
             out.append(result)
@@ -650,11 +645,11 @@ class WorkerPool:
             self._replace_quietly(slot, f"the re-timing ran past {deadline:g} s", count=False)
             return failed("timeout", f"the re-timing ran past {deadline:g} s; the worker was replaced")
         except RayActorError as exc:
-            self._replace_quietly(slot, f"the worker process died: {_one_line(exc)}")
+            self._replace_quietly(slot, f"the worker process died: {one_line(exc)}")
             return failed("worker", "the worker process died during the re-timing; it was replaced",
-                          detail=_one_line(exc))
+                          detail=one_line(exc))
         except RayTaskError as exc:  # the bench raised: the re-timing fails, the worker stays
-            return failed("worker", _one_line(exc.cause or exc), detail=str(exc)[-2000:])
+            return failed("worker", one_line(exc.cause or exc), detail=str(exc)[-2000:])
         if any(m.failure == "crash" for m in retiming.measurements):
             self._replace_quietly(slot, "the CUDA context died during the re-timing", count=False)
         return retiming if retiming.gpu else replace(retiming, gpu=dict(slot.gpu))
@@ -769,7 +764,7 @@ class WorkerPool:
                 if item.calibration:
                     self._incumbent_compiled(item, None)
                     return
-                self._resolve(item, Measurement.failed("worker", f"compile task died: {_one_line(exc)}"))
+                self._resolve(item, Measurement.failed("worker", f"compile task died: {one_line(exc)}"))
                 return
             if item.calibration:
                 self._incumbent_compiled(item, result)
@@ -790,16 +785,16 @@ class WorkerPool:
             try:
                 ray.get(ref)
             except RayError as exc:
-                self._replace(slot, f"the worker failed to start: {_one_line(exc)}")
+                self._replace(slot, f"the worker failed to start: {one_line(exc)}")
             else:
                 self._ready(slot)
             return
         try:
             result: Measurement | Undelivered = ray.get(ref)
         except RayActorError as exc:
-            result = Undelivered("died", _one_line(exc))
+            result = Undelivered("died", one_line(exc))
         except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
-            result = Undelivered("raised", _one_line(exc.cause or exc), str(exc)[-2000:])
+            result = Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
         self._settle(slot, ref, result)
 
     def _settle(self, slot: _Slot, key: Any, result: Measurement | Undelivered) -> None:
@@ -845,8 +840,8 @@ class WorkerPool:
             answer = ray.get(ref)
         except RayError as exc:
             if self._simulate:
-                raise WorkerError(f"a simulated GPU host failed: {_one_line(exc)}") from None
-            self._agent_lost(self._mail.host_of(ref), _one_line(exc))
+                raise WorkerError(f"a simulated GPU host failed: {one_line(exc)}") from None
+            self._agent_lost(self._mail.host_of(ref), one_line(exc))
             return
         for letter, result in self._mail.open(answer, ref):
             slot = self._posted.get(id(letter.gpu))
