@@ -38,7 +38,6 @@ from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
     LEASE_TTL_S,
     STUDY_STATUSES,
-    TRIAL_STATUSES,
     BestRecord,
     RetimeEntry,
     RetimeRecord,

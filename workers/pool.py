@@ -156,7 +156,7 @@ class WorkerPool:
 
         ``node_agents``: call the GPU actors through one agent a node (:mod:`workers.agent`),
         one call a node a poll instead of one a trial; None: from ``AGENTS_FROM_GPUS`` GPU
-        actors on, or as the environment's ``TUNER_NODE_AGENTS`` (1 or 0) says."""
+        actors on, or as the environment's ``TUNER_NODE_AGENTS`` (1, 0 or auto) says."""
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
@@ -282,8 +282,12 @@ class WorkerPool:
             return False
         if self._node_agents is not None:
             return self._node_agents
-        told = os.environ.get("TUNER_NODE_AGENTS", "").strip()
-        return told == "1" if told in ("0", "1") else len(self._slots) >= AGENTS_FROM_GPUS
+        told = os.environ.get("TUNER_NODE_AGENTS", "").strip().lower()
+        if told in ("", "auto"):
+            return len(self._slots) >= AGENTS_FROM_GPUS
+        if told not in ("0", "1"):
+            raise WorkerError(f"TUNER_NODE_AGENTS={told!r} is not 1, 0 or auto")
+        return told == "1"
 
     def _start_agents(self) -> None:
         """One :class:`workers.agent.NodeAgent` on each node of the GPU actors, each slot posted

@@ -10,7 +10,7 @@ import pytest
 import worker_family
 from templates.family import Problem
 from worker_doubles import FAKE_DEVICE
-from workers import WorkerPool
+from workers import WorkerError, WorkerPool
 from workers.agent import AGENTS_FROM_GPUS
 from workers.replay import save_landscape
 from workers.results import Measurement, Timing
@@ -123,3 +123,12 @@ def test_node_agents_come_from_a_count_of_gpus_or_as_the_environment_says(
         assert ticket == 0 and measurement.ok
     finally:
         pool.close()
+
+
+def test_a_node_agents_setting_that_is_not_1_0_or_auto_is_one_line(ray_session, tmp_path, monkeypatch):
+    path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
+                          problem=PROBLEM, template_hash="abc",
+                          entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
+    monkeypatch.setenv("TUNER_NODE_AGENTS", "Yes")
+    with pytest.raises(WorkerError, match=r"^TUNER_NODE_AGENTS='yes' is not 1, 0 or auto$"):
+        WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.0))
