@@ -49,6 +49,14 @@ class Undelivered:
     detail: str = ""
 
 
+def undelivered(exc: BaseException) -> Undelivered:
+    """Why a call to a GPU actor brought no Measurement: its process is gone (``died``: any loss
+    of the call but the bench's own error) or the bench raised (``raised``)."""
+    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+        return Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
+    return Undelivered("died", one_line(exc))
+
+
 @dataclass(frozen=True)
 class AgentGpu:
     """A GPU slot as the mailbox posts to it: its node's agent (``host``) and its slot number."""
@@ -116,12 +124,8 @@ class NodeAgent(Outbox):
     async def _answer(self, letter: int, call: Any) -> None:
         try:
             result: Any = await call
-        except RayTaskError as exc:
-            result = Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
-        except RayActorError as exc:
-            result = Undelivered("died", one_line(exc))
-        except Exception as exc:  # noqa: BLE001 - any other loss of the call: the actor is replaced
-            result = Undelivered("died", one_line(exc))
+        except Exception as exc:  # noqa: BLE001 - any loss of the call is told to the pool
+            result = undelivered(exc)
         self._deliver(letter, result)
 
     async def ready(self) -> int:
@@ -130,7 +134,3 @@ class NodeAgent(Outbox):
         for _, actor in list(self._actors.values()):
             await actor.__ray_ready__.remote()
         return len(self._actors)
-
-    def slots(self) -> list[int]:
-        """The slots this agent calls (tests)."""
-        return sorted(self._actors)

@@ -48,7 +48,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
-from workers.agent import AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node
+from workers.agent import (AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node,
+                           undelivered)
 from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSchedule
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
@@ -795,10 +796,8 @@ class WorkerPool:
             return
         try:
             result: Measurement | Undelivered = ray.get(ref)
-        except RayActorError as exc:
-            result = Undelivered("died", one_line(exc))
-        except RayTaskError as exc:  # the bench raised: the trial fails, the worker stays
-            result = Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
+        except (RayActorError, RayTaskError) as exc:  # a dead worker, or the bench raised
+            result = undelivered(exc)
         self._settle(slot, ref, result)
 
     def _settle(self, slot: _Slot, key: Any, result: Measurement | Undelivered) -> None:
