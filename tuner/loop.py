@@ -58,7 +58,7 @@ import optuna
 
 from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
-from tuner import search
+from tuner import collector, search
 from tuner.faults import FaultCost
 from tuner.mirror import MirroredStudy, Proposal, Synced, objective
 from tuner.normalize import GpuScale
@@ -220,7 +220,8 @@ class Coordinator:
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
-            reason = self._loop()
+            with collector.quiet():
+                reason = self._loop()
             status = "finished"
         except KeyboardInterrupt:
             reason = "interrupted by the user"

@@ -4,6 +4,7 @@ the template hash covers (``AttentionFamily.kernel_files``)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jinja2
@@ -85,6 +86,7 @@ def launch(params: Params, problem: Problem) -> Launch:
                   workspace=((TILE_COUNTER, 8),), blocks_per_sm_cap=_space.blocks_per_sm(params))
 
 
+@functools.lru_cache(maxsize=256)  # a study asks for the same few for each config it screens
 def tensor_map(buffer: str, rows: int, problem: Problem) -> TensorMap:
     """A (B, H, S, D) tensor as the 3-D map {D, S, B*H}: a box is 64 columns of ``rows`` rows of
     one head, 128-byte swizzled; rows past S read as zeros and are never written."""

@@ -342,3 +342,20 @@ def test_owner_liveness():
     assert not search.owner_alive("elsewhere:12", now - timedelta(minutes=2), now)  # not renewed
     assert not search.owner_alive(f"{here}:{os.getppid()}", now - timedelta(minutes=2), now)
     assert not search.owner_alive(None, now, now)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools, monkeypatch, batch):
+    import gc
+
+    before, seen = gc.get_threshold(), []
+    real_poll = FakePool.poll
+
+    def poll(self, timeout):
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return real_poll(self, timeout)
+
+    monkeypatch.setattr(FakePool, "poll", poll)
+    assert _tune(trials=12, db=db, batch=batch).measured == 12
+    assert seen and all(young >= tuner.collector.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
