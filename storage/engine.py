@@ -21,9 +21,9 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 
-from storage.errors import StorageError
+from storage.errors import StorageError, one_line
 from storage.migrate import current_revision, head_revision, refuse_newer, upgrade
-from storage.repository import Repository, one_line
+from storage.repository import Repository
 
 # PostgreSQL's driver is an extra: SQLite users need none.
 POSTGRES_DRIVER = ("PostgreSQL's driver is not installed: pip install 'kernel-tuner-service[postgres]' "

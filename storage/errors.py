@@ -1,6 +1,13 @@
-"""The one error type of the storage package."""
+"""The one error type of the storage package, and the one line it shows of a driver's error."""
 
 from __future__ import annotations
+
+
+def one_line(error: BaseException) -> str:
+    """The driver's message of ``error`` (not SQLAlchemy's wrapper), on one line."""
+    message = str(getattr(error, "orig", None) or error)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines) or type(error).__name__
 
 
 class StorageError(Exception):

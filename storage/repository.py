@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.batches import BatchedTrials
-from storage.errors import ClaimRefused, StorageError
+from storage.errors import ClaimRefused, StorageError, one_line
 from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
 from storage.records import (
     LEASE_TTL_S,
@@ -50,13 +50,6 @@ from storage.records import (
 )
 
 _NUMBERS_A_STATEMENT = 500  # trials read by number: an IN list of at most this many
-
-
-def one_line(error: BaseException) -> str:
-    """The driver's message of ``error`` (not SQLAlchemy's wrapper), on one line."""
-    message = str(getattr(error, "orig", None) or error)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return " ".join(lines) or type(error).__name__
 
 
 class Repository(BatchedTrials):

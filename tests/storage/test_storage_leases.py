@@ -168,3 +168,42 @@ def test_batches_of_one_size_keep_their_answers_once_the_server_prepares_them(re
         measured += new if batch != 7 else new[:1]
     assert sorted(config_key(t.params) for t in repo.trials(study.id)) == sorted(map(config_key, measured))
     assert repo.running(study.id) == []
+
+
+def test_the_claim_that_takes_a_study_past_each_doubling_analyzes_the_trial_tables(repo, study_args, monkeypatch):
+    """PostgreSQL plans a claim's lookups from its statistics of the trial tables: they are taken
+    again by the claim whose trials pass ANALYZE_FROM, twice it, four times it..., and by no
+    other (PostgreSQL's row estimate, pg_class.reltuples, changes only then). SQLite: none."""
+    from storage import batches
+
+    monkeypatch.setattr(batches, "ANALYZE_FROM", 4)
+    study = repo.open_study("s", **study_args())
+    postgres = repo.engine.dialect.name == "postgresql"
+
+    def estimates() -> tuple[float, float] | None:
+        with repo.engine.connect() as connection:
+            if not postgres:
+                stat = connection.execute(text("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_stat1'"))
+                assert stat.scalar() == 0  # never analyzed
+                return None
+            return tuple(connection.execute(text(
+                "SELECT (SELECT reltuples FROM pg_class WHERE oid = 'tuner_trials'::regclass), "
+                "(SELECT reltuples FROM pg_class WHERE oid = 'tuner_running_trials'::regclass)")).one())
+
+    def batch(first: int) -> None:  # three configs claimed, then stored: trials first..first+2
+        configs = [{"a": first + i} for i in range(3)]
+        numbers = repo.claim_trials(study.id, configs, owner="h:1")
+        assert numbers == [first, first + 1, first + 2]
+        repo.record_trials(study.id, [(n, c, TrialOutcome(status="ok", median_ms=1.0 + n))
+                                      for n, c in zip(numbers, configs)], owner="h:1")
+
+    never = estimates()
+    batch(0)  # 0-2: below 4
+    assert estimates() == never
+    batch(3)  # 3-5 passes 4: analyzed after the claim, when 3 were stored and 3 running
+    assert estimates() == ((3.0, 3.0) if postgres else None)
+    batch(6)  # 6-8 passes 8: 6 stored, 3 running
+    assert estimates() == ((6.0, 3.0) if postgres else None)
+    batch(9)  # 9-11: no doubling passed
+    assert estimates() == ((6.0, 3.0) if postgres else None)
+    assert len(repo.trials(study.id)) == 12 and repo.running(study.id) == []
