@@ -188,6 +188,7 @@ class Coordinator:
             record.name, trials=trials, time_budget=time_budget, clock=clock
         )
         self._known: dict[str, float] = {}  # params_key -> objective told to Optuna
+        self._best_known: tuple[float, str] | None = None  # the least finite (value, key) of _known
         self._in_flight: dict[int, _InFlight] = {}  # pool ticket -> trial
         self._in_flight_keys: dict[str, int] = {}
         self._tickets = itertools.count()
@@ -504,7 +505,7 @@ class Coordinator:
 
     def _reject(self, proposal: Proposal, key: str, reason: str) -> None:
         """Tell a config the family rejected: ``inf`` at once, nothing compiled or stored."""
-        self._known[key] = search.FAILED_VALUE
+        self._know(key, search.FAILED_VALUE)
         self._unmeasured.discard(key)
         self._mirror.tell(proposal, search.FAILED_VALUE)
         self.progress.invalid()
@@ -517,7 +518,7 @@ class Coordinator:
         for trial in synced.finished:
             self._shared += 1
             if trial.key not in self._known:
-                self._known[trial.key] = objective(trial)
+                self._know(trial.key, objective(trial))
                 self._unmeasured.discard(trial.key)
         self._elsewhere = {t.key for t in synced.running if not self._settle(t)}
         if synced.finished:
@@ -605,7 +606,7 @@ class Coordinator:
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         if normalized is not None:
             value = normalized
-        self._known[flight.key] = value
+        self._know(flight.key, value)
         return outcome, value
 
     def _lost(self, flight: _InFlight) -> None:
@@ -644,7 +645,8 @@ class Coordinator:
         assert synced is not None
         best: Best | None = None
         for trial in synced.finished:
-            self._known.setdefault(trial.key, objective(trial))
+            if trial.key not in self._known:
+                self._know(trial.key, objective(trial))
             self._previous += 1
             ranked = trial.ranked_ms
             if trial.ok and ranked is not None and (best is None or ranked < best.median_ms):
@@ -668,10 +670,20 @@ class Coordinator:
         """Tell the pool a timing may stop once it is clearly behind the best so far."""
         if not self.early_stop:
             return
-        finite = [v for v in self._known.values() if math.isfinite(v)]
         set_bar = getattr(self.pool, "set_abort_above", None)
-        if finite and set_bar is not None:
-            set_bar(EARLY_STOP_FACTOR * min(finite))
+        if self._best_known is not None and set_bar is not None:
+            set_bar(EARLY_STOP_FACTOR * self._best_known[0])
+
+    def _know(self, key: str, value: float) -> None:
+        """A config's objective, as told to the sampler; the fastest finite one kept as it comes
+        (a scan of every known config at each poll grew with the study)."""
+        replaced = self._known.get(key)
+        self._known[key] = value
+        if replaced is not None and self._best_known == (replaced, key) and value != replaced:
+            finite = [(v, k) for k, v in self._known.items() if math.isfinite(v)]  # rare: measured again
+            self._best_known = min(finite) if finite else None
+        elif math.isfinite(value) and (self._best_known is None or (value, key) < self._best_known):
+            self._best_known = (value, key)
 
     # -- several GPUs: one set of timings (tuner.normalize) ----------------------------------
     def _normalized(self, m: Measurement) -> tuple[float | None, float | None]:
@@ -724,10 +736,9 @@ class Coordinator:
         now and then (several GPUs only)."""
         if self._scale is None:
             return
-        finite = [(value, key) for key, value in self._known.items() if math.isfinite(value)]
-        if not finite:  # nothing told yet: a held result serves (its GPU waits for a round)
-            finite = [(m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items()
-                      if m.timing is not None]
+        finite = [self._best_known] if self._best_known is not None else [
+            # nothing told yet: a held result serves (its GPU waits for a round)
+            (m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items() if m.timing is not None]
         if not finite or min(finite)[1] == self._incumbent:
             return
         key = min(finite)[1]

@@ -359,3 +359,24 @@ def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools,
     assert _tune(trials=12, db=db, batch=batch).measured == 12
     assert seen and all(young >= tuner.collector.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_the_fastest_known_config_is_kept_as_results_come_and_found_again_when_remeasured():
+    """The early-stop bar and the incumbent read the fastest finite objective kept as each comes
+    (no scan of every known config a poll); a config told again slower than it was, the best,
+    has the best found again among the rest."""
+    from math import inf
+
+    c = loop.Coordinator.__new__(loop.Coordinator)  # only the bookkeeping of known objectives
+    c._known, c._best_known = {}, None
+    c._know("a", inf)
+    assert c._best_known is None
+    for key, value in (("b", 2.0), ("c", 3.0), ("d", 1.5), ("e", 1.5)):
+        c._know(key, value)
+    assert c._best_known == (1.5, "d")  # ties: the least key, as min() over (value, key) gives
+    c._know("d", 4.0)  # measured again, slower
+    assert c._best_known == (1.5, "e")
+    c._know("e", inf)
+    assert c._best_known == (2.0, "b")
+    c._know("c", 0.5)
+    assert c._best_known == (0.5, "c") == min((v, k) for k, v in c._known.items())
