@@ -90,6 +90,7 @@ class MirroredStudy:
         self._mine: set[int] = set()  # running trials this mirror recorded
         self._interval, self._clock = sync_interval_s, clock
         self._last_sync = self._last_renew = -math.inf
+        self._waiting = 0  # configs enqueued and not asked yet (Optuna's ask takes them first)
 
     @property
     def sampler(self) -> optuna.samplers.BaseSampler:
@@ -98,8 +99,11 @@ class MirroredStudy:
     def enqueue(self, params: Mapping[str, Any]) -> None:
         """Ask ``params`` (decoded, of the space) before anything the sampler proposes."""
         self.memory.enqueue_trial(self.space.encode(params))
+        self._waiting += 1
 
     def ask(self, distributions: Mapping[str, BaseDistribution]) -> Proposal:
+        """The sampler's proposal, or the first config enqueued and not asked yet."""
+        self._waiting = max(0, self._waiting - 1)
         if self.meter is None:
             return Proposal(self.memory.ask(dict(distributions)))
         began = time.perf_counter()
@@ -148,8 +152,10 @@ class MirroredStudy:
         return granted
 
     def waiting(self) -> int:
-        """Configs enqueued and not asked yet (they come before the sampler's proposals)."""
-        return len(self.memory.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        """Configs enqueued and not asked yet (they come before the sampler's proposals): counted
+        as they are enqueued and asked (Optuna would list the memory study's trials, all of a
+        resumed study's, at each batch)."""
+        return self._waiting
 
     def observed(self) -> list[tuple[dict[str, Any], float]]:
         """Every config told with a value, by the sampler's asks, outside them (a batch's

@@ -169,6 +169,25 @@ def test_enqueued_configs_are_asked_first(repo, study_id):
     assert SPACE.decode(mirror.ask(SPACE.distributions).params) == {"A": 3, "B": (2, 1)}
 
 
+def test_the_configs_waiting_are_counted_as_optuna_holds_them(repo, study_id):
+    mirror = _mirror(repo, study_id, search.make_sampler("tpe", SPACE, seed=0))
+
+    def held() -> int:
+        return len(mirror.memory.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    assert mirror.waiting() == held() == 0
+    for a in (1, 2, 3):
+        mirror.enqueue({"A": a, "B": (1, 2)})
+    assert mirror.waiting() == held() == 3
+    asked = [SPACE.decode(mirror.ask(SPACE.distributions).params)["A"] for _ in range(2)]
+    assert asked == [1, 2] and mirror.waiting() == held() == 1
+    mirror.ask(SPACE.distributions)
+    mirror.ask(SPACE.distributions)  # the sampler's own: nothing was waiting
+    assert mirror.waiting() == held() == 0
+    mirror.enqueue({"A": 4, "B": (2, 1)})
+    assert mirror.waiting() == held() == 1
+
+
 def test_sqlite_paths_are_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert absolute_sqlite("sqlite:///tuner.db") == f"sqlite:///{tmp_path / 'tuner.db'}"
