@@ -16,9 +16,10 @@ config named twice in one list is granted once.
 A claim looks its configs up among the study's measured and running trials, and a result its
 trial's number: index lookups while PostgreSQL's statistics of the two tables know the study's
 size. A study that outgrew them (a new database, or a new study among many older trials) has its
-rows read whole by each lookup, growing with the study: claims of 100 configs took 11 ms at 1,000
-trials and 170 ms at 40,000 (docs/BENCHMARKS.md). So the claim that takes a study past 1,000
-trials, 2,000, 4,000 and each doubling on has the two tables analyzed, after its commit.
+rows read whole by each lookup, growing with the study: on a fresh database claims of 100 configs
+took 10 ms at 1,000 trials and 169 ms at 40,000 (docs/BENCHMARKS.md). So the claim that takes a
+study past 1,000 trials, 2,000, 4,000 and each doubling on has the two tables analyzed, after its
+commit.
 """
 
 from __future__ import annotations
