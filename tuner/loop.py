@@ -736,12 +736,14 @@ class Coordinator:
         now and then (several GPUs only)."""
         if self._scale is None:
             return
-        finite = [self._best_known] if self._best_known is not None else [
-            # nothing told yet: a held result serves (its GPU waits for a round)
-            (m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items() if m.timing is not None]
-        if not finite or min(finite)[1] == self._incumbent:
+        best = self._best_known
+        if best is None:  # nothing told yet: a held result serves (its GPU waits for a round)
+            held = [(m.timing.median_ms, self._in_flight[t].key) for t, m in self._held.items()
+                    if m.timing is not None]
+            best = min(held) if held else None
+        if best is None or best[1] == self._incumbent:
             return
-        key = min(finite)[1]
+        key = best[1]
         params = json.loads(key)
         try:
             source = self.family.render(params, self.problem)
