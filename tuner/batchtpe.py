@@ -37,6 +37,11 @@ from tuner import search
 N_CANDIDATES = 24  # TPE's n_ei_candidates
 N_STARTUP = search.N_STARTUP_TRIALS
 GAMMA = 0.1  # the share of observations that make l(x), as TPE's default_gamma
+# the observations' kernels kept (the latest used): a column is one float a valid config, so all of
+# them grow with the square of the space (95 MB for 3,448 valid configs, 20 GB for 50,000); those
+# used again soon (the trials in flight, the best 25) fit in a few hundred
+COLUMNS_BYTES = 64 << 20
+MIN_COLUMNS = 256
 
 
 class BatchProposer:
@@ -60,9 +65,10 @@ class BatchProposer:
         # (1[choice] + 1/k) / 2; a column is the product of one factor a parameter
         self._factors = [np.stack([((self._points[:, p] == c) + 1.0 / self._k[p]) / 2.0
                                    for c in range(len(ch))]) for p, ch in enumerate(self._choices)]
-        # each observation's kernel over every valid config, computed once: a batch then sums
-        # columns instead of multiplying (configs x observations x parameters) again
-        self._columns: dict[tuple[int, ...], np.ndarray] = {}
+        # each observation's kernel over every valid config, computed once while kept: a batch
+        # then sums columns instead of multiplying (configs x observations x parameters) again
+        self._columns: dict[tuple[int, ...], np.ndarray] = {}  # in the order last used
+        self._columns_kept = max(MIN_COLUMNS, COLUMNS_BYTES // (8 * max(1, self._points.shape[0])))
         self._observed = _Observations(self)
         self._flying = _RunningSum(self._points.shape[0], self._column)  # every trial in flight's
 
@@ -101,7 +107,7 @@ class BatchProposer:
         above_sum = obs.total - below_sum
         if self.liar:
             above_sum = above_sum + self._flying.of(flying)
-        g_sum = above_sum[free] + prior
+        g_sum = above_sum + prior  # over every valid config: a pick's column is added in place
         g_count = len(obs.rows) - len(below) + (len(flying) if self.liar else 0) + 1
         # each pick draws from l(x) over the configs not yet picked: drawn from the batch's
         # fixed l(x), the picked ones drawn again (the same distribution as renormalizing)
@@ -109,37 +115,41 @@ class BatchProposer:
         cumulative = np.cumsum(weights)
         alive = np.ones(x.shape[0], dtype=bool)
         picks = []
-        for _ in range(min(count, x.shape[0])):
-            candidates = np.empty(0, dtype=np.int64)
-            for _ in range(8):
-                draws = self._rng.random(N_CANDIDATES) * cumulative[-1]
-                drawn = np.searchsorted(cumulative, draws, side="right")
-                candidates = np.minimum(drawn, x.shape[0] - 1)
-                candidates = candidates[alive[candidates]]
+        many = min(count, x.shape[0])
+        drawn_all = np.minimum(np.searchsorted(cumulative, self._rng.random((many, N_CANDIDATES)) * cumulative[-1],
+                                               side="right"), x.shape[0] - 1)
+        for drawn in drawn_all:
+            candidates = drawn[alive[drawn]]
+            for _ in range(7):  # every draw picked already: drawn again
                 if candidates.size:
                     break
+                drawn = np.searchsorted(cumulative, self._rng.random(N_CANDIDATES) * cumulative[-1], side="right")
+                drawn = np.minimum(drawn, x.shape[0] - 1)
+                candidates = drawn[alive[drawn]]
             if not candidates.size:  # l(x)'s mass is on picked configs: the rest, by l(x)
                 idx = np.flatnonzero(alive)
                 candidates = idx[np.argsort(-log_l[idx])[:N_CANDIDATES]]
-            score = log_l[candidates] - np.log(g_sum[candidates] / g_count)
+            score = log_l[candidates] - np.log(g_sum[free[candidates]] / g_count)
             best = int(candidates[int(np.argmax(score))])
             picks.append(self._encoded(x[best]))
             alive[best] = False
             if self.liar:  # in flight counts as bad until told (its column serves it in flight)
-                g_sum += self._column(tuple(x[best].tolist()))[free]
+                np.add(g_sum, self._column(tuple(x[best].tolist())), out=g_sum)
                 g_count += 1
         return picks
 
     def _column(self, row: tuple[int, ...]) -> np.ndarray:
-        """One observation's kernel at every valid config, computed once."""
-        column = self._columns.get(row)
+        """One observation's kernel at every valid config; the latest ``_columns_kept`` kept."""
+        column = self._columns.pop(row, None)
         if column is None:
             pairs = iter(zip(self._factors, row))
             factors, choice = next(pairs)
             column = factors[choice].copy()  # as 1.0 times it: the same numbers, one pass fewer
             for factors, choice in pairs:
                 column *= factors[choice]
-            self._columns[row] = column
+            if len(self._columns) >= self._columns_kept:  # the least recently used goes
+                del self._columns[next(iter(self._columns))]
+        self._columns[row] = column
         return column
 
     def _summed(self, rows: Sequence[tuple[int, ...]]) -> np.ndarray:

@@ -143,6 +143,32 @@ def test_the_batch_proposer_reads_a_growing_list_of_observations_as_a_whole_one(
     assert picks_after(told[:12], told[:5]) == picks_after(told[:5])  # shorter: read again
 
 
+def test_the_batch_proposer_keeps_few_kernels_and_proposes_as_if_it_kept_all(toy, monkeypatch):
+    """Columns dropped and made again are the same numbers: a proposer keeping 3 proposes, batch
+    after batch (observations told, trials in flight coming and going), exactly what one keeping
+    every column proposes, and never holds more than 3."""
+    import tuner.batchtpe as batchtpe
+
+    def run(kept: int) -> tuple[list[list[dict]], int]:
+        monkeypatch.setattr(batchtpe, "MIN_COLUMNS", kept)
+        monkeypatch.setattr(batchtpe, "COLUMNS_BYTES", 0)
+        space, proposer = _proposer(toy)
+        observed, flying, batches, most = [], [], [], 0
+        for _ in range(12):
+            picks = proposer.propose(observed=observed, pending=flying, count=4)
+            batches.append(picks)
+            most = max(most, len(proposer._columns))
+            flying += picks
+            done, flying = flying[:3], flying[3:]
+            observed += [(p, latency_ms(space.decode(p))) for p in done]
+        return batches, most
+
+    few, held = run(3)
+    every, held_all = run(10_000)
+    assert held == 3 and held_all > 3
+    assert sum(map(len, every)) == 48 and few == every
+
+
 def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy):
     """Told the fastest configs have BLOCK_M=128, its picks favour BLOCK_M=128 over a uniform pick."""
     space, proposer = _proposer(toy)
