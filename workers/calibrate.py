@@ -11,7 +11,13 @@ A round is one config timed by every GPU, each between two of its own trials (th
 ahead of the trials queued, with ``CALIBRATE_TIMING``: fewer repetitions than a trial's). Rounds
 start: the first as soon as there is an incumbent; then
 after ``every`` trials a GPU (``every`` times the GPUs, counted over the pool) or ``seconds``,
-whichever comes first, with the incumbent of that moment. An incumbent that changes meanwhile
+whichever comes first, with the incumbent of that moment. The second round comes after a quarter
+of ``every``, the third after half (``EARLY_ROUNDS``): a GPU's ratio is the median of its rounds
+(``tuner.normalize``), which a single odd round moves only from the third on. At a power cap a
+round's ratio can be far off (an H100's SM clock went between 1,545 and 1,920 MHz from one trial to
+the next): in one 200-trial study on two H100s the rounds gave 0.975, 1.116 and 0.977, and 36 of
+the second GPU's 100 trials were scaled by the first two's mean, 7% off, until the third round at
+80 trials a GPU (docs/BENCHMARKS.md). Now the third comes at 30. An incumbent that changes meanwhile
 waits for the next round: so every GPU times the same config in a round, and a new incumbent
 is timed on every GPU before a ratio comes from it. With one GPU there are no rounds.
 """
@@ -29,6 +35,7 @@ CALIBRATE_EVERY = 40  # trials a GPU measures between two timings of the incumbe
 # stdev): the GPUs' clocks set that noise, not the repetitions (docs/BENCHMARKS.md, twentieth and
 # twenty-first sessions).
 CALIBRATE_TIMING = {"target_ms": 75.0, "max_reps": 50}
+EARLY_ROUNDS = (4, 2)  # the gaps after the first and second rounds: ``every`` over these
 
 
 class CalibrationSchedule:
@@ -75,8 +82,15 @@ class CalibrationSchedule:
         if self.round == 0 or self._incumbent is None:
             return
         late = self.seconds is not None and self._clock() - self._started >= self.seconds
-        if self._since >= self.every * self.gpus or late:
+        if self._since >= self.gap() or late:
             self._start()
+
+    def gap(self) -> int:
+        """Trials measured (over the pool) between the current round and the next."""
+        whole = self.every * self.gpus
+        if self.round <= len(EARLY_ROUNDS):
+            return max(1, -(-whole // EARLY_ROUNDS[self.round - 1]))  # rounded up
+        return whole
 
     def due(self, last_round: int) -> tuple[int, Any] | None:
         """For a GPU that last timed round ``last_round``: the current round and its item, or

@@ -132,3 +132,28 @@ def test_a_node_agents_setting_that_is_not_1_0_or_auto_is_one_line(ray_session, 
     monkeypatch.setenv("TUNER_NODE_AGENTS", "Yes")
     with pytest.raises(WorkerError, match=r"^TUNER_NODE_AGENTS='yes' is not 1, 0 or auto$"):
         WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.0))
+
+
+def test_the_second_and_third_rounds_come_sooner_then_one_every_calibrate_every():
+    """Rounds (every=40, two GPUs): the first at the incumbent, the next after 20, 40 and then
+    80 trials measured over the pool (10, 20, 40 a GPU): three rounds by 30 trials a GPU, so that
+    one odd round no longer moves the median; an incumbent's change waits for the next round."""
+    from workers.calibrate import CalibrationSchedule
+
+    schedule = CalibrationSchedule(2, every=40)
+    starts, incumbents = [], []
+    for trial in range(1, 301):
+        if trial == 1:
+            schedule.offer("a", "config a")
+            schedule.ready("a")
+        if trial == 35:  # a new incumbent, mid-gap
+            schedule.offer("b", "config b")
+            schedule.ready("b")
+        before = schedule.round
+        schedule.counted()
+        if schedule.round != before or trial == 1:
+            starts.append(trial)
+            incumbents.append(schedule.item)
+    assert starts == [1, 20, 60, 140, 220, 300]
+    assert incumbents == ["config a", "config a", "config b", "config b", "config b", "config b"]
+    assert CalibrationSchedule(1, every=1).gap() == 1  # rounded up, never 0
