@@ -88,7 +88,7 @@ class CalibrationSchedule:
     def gap(self) -> int:
         """Trials measured (over the pool) between the current round and the next."""
         whole = self.every * self.gpus
-        if self.round <= len(EARLY_ROUNDS):
+        if 1 <= self.round <= len(EARLY_ROUNDS):
             return max(1, -(-whole // EARLY_ROUNDS[self.round - 1]))  # rounded up
         return whole
 

@@ -156,4 +156,7 @@ def test_the_second_and_third_rounds_come_sooner_then_one_every_calibrate_every(
             incumbents.append(schedule.item)
     assert starts == [1, 20, 60, 140, 220, 300]
     assert incumbents == ["config a", "config a", "config b", "config b", "config b", "config b"]
-    assert CalibrationSchedule(1, every=1).gap() == 1  # rounded up, never 0
+    one = CalibrationSchedule(1, every=1)
+    one.offer("a", "config a")
+    one.ready("a")
+    assert one.round == 1 and one.gap() == 1  # a quarter of 1, rounded up: never 0
