@@ -169,6 +169,27 @@ def test_the_batch_proposer_keeps_few_kernels_and_proposes_as_if_it_kept_all(toy
     assert sum(map(len, every)) == 48 and few == every
 
 
+@pytest.mark.parametrize("factor_bytes", [0, 1 << 20])
+def test_a_kernel_column_is_the_product_of_each_parameters_factor(toy, monkeypatch, factor_bytes):
+    """TPE's kernel of a config at every valid config: the product over parameters of
+    (1[same choice] + 1/k) / 2, whether the parameters' rows are multiplied a group at a time
+    (the default) or one by one (no room for the groups' rows)."""
+    import tuner.batchtpe as batchtpe
+
+    monkeypatch.setattr(batchtpe, "FACTOR_BYTES", factor_bytes)
+    space, proposer = _proposer(toy)
+    grouped = max(len(members) for members, _ in proposer._groups)
+    assert (grouped > 1) == bool(factor_bytes)
+    configs = valid_configs(toy)
+    counts = [len(space.distributions[n].choices) for n in proposer.names]
+    encoded = [space.encode(c) for c in configs]
+    for observed in encoded[::5]:
+        column = proposer._column(proposer.row(observed))
+        for at, config in zip(column, encoded):
+            want = math.prod(((config[n] == observed[n]) + 1 / k) / 2 for n, k in zip(proposer.names, counts))
+            assert at == pytest.approx(want, rel=1e-12)
+
+
 def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy):
     """Told the fastest configs have BLOCK_M=128, its picks favour BLOCK_M=128 over a uniform pick."""
     space, proposer = _proposer(toy)
