@@ -93,7 +93,7 @@ def tune(
     retime: int = retiming.DEFAULT_TOP,
     early_stop: bool = True,
     simulate_gpus: int | None = None,
-    batch: bool = True,
+    batch: bool | None = None,
     constant_liar: bool = True,
 ) -> TuneResult:
     """Search the family's space for its problem (``shape``, ``dtype`` and the family's ``flags``:
@@ -112,10 +112,12 @@ def tune(
     call again resumes the study.
     ``simulate_gpus``: with ``replay``, measure on that many simulated GPUs, each taking a
     trial's GPU time (:mod:`workers.simulate`); the result's ``throughput`` says how busy the
-    coordinator kept them. ``batch=False``: ask, claim and store one trial at a time (the
-    coordinator before batching; for comparison). ``constant_liar=False``: TPE proposes without
-    counting the trials in flight as bad results.
+    coordinator kept them. ``constant_liar=False``: TPE proposes without counting the trials in
+    flight as bad results. ``batch`` no longer has an effect (trials are asked, leased and
+    stored in batches).
     """
+    if batch is not None:
+        logger.warning("tune(batch=...) no longer has an effect: trials are always asked, leased and stored in batches")
     fam = lookup.family(family)
     if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
         raise UsageError("--simulate-gpus needs --replay and a count of 1 or more")
@@ -130,7 +132,7 @@ def tune(
             fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
             ray_address=ray_address, replay=replay, seed=seed, measure_timeout_s=measure_timeout_s,
             warm_start=warm_start, retime=retime, early_stop=early_stop,
-            simulate_gpus=simulate_gpus, batch=batch, constant_liar=constant_liar,
+            simulate_gpus=simulate_gpus, constant_liar=constant_liar,
         )
 
 
@@ -152,7 +154,6 @@ def tune_here(
     only: Mapping[str, Any] | None = None,
     skip_at_budget: bool = False,
     simulate_gpus: int | None = None,
-    batch: bool = True,
     constant_liar: bool = True,
 ) -> TuneResult:
     """:func:`tune` once Ray is up (its arguments checked). ``only``: measure that one config
@@ -185,7 +186,7 @@ def tune_here(
         name, outcome, warm = _run_study(
             fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
             trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-            retime=retime, early_stop=early_stop, only=only, meter=meter, batch=batch,
+            retime=retime, early_stop=early_stop, only=only, meter=meter,
             constant_liar=constant_liar,
         )
         throughput = meter.report(
@@ -236,6 +237,7 @@ def _run_study(
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
     """Open (or resume) the study of this family version, problem and GPU, and run it
     (``only``: on that one config)."""
+    sampler = search.RENAMED.get(sampler, sampler)
     device = pool.device
     if only is not None:
         only = fam.complete(only)
@@ -397,7 +399,9 @@ def limits_by_study(settings: Mapping[str, Mapping[str, Any]]) -> Callable[[Any]
 def check_budget(sampler: str, trials: int | None, time_budget: float | None, retime: int, warm_start: int,
                  measure_timeout_s: float) -> None:
     """The budget and search arguments of a tuning run, or one UsageError naming the first wrong one."""
-    if sampler not in search.SAMPLERS:
+    if sampler in search.RENAMED:
+        logger.warning("sampler %r is now called %r (the default)", sampler, search.RENAMED[sampler])
+    elif sampler not in search.SAMPLERS:
         raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(search.SAMPLERS)})")
     if trials is not None and trials < 1:
         raise UsageError(f"trials must be at least 1, not {trials}")

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api, check_cli, cli_dispatch
+from tuner import api, check_cli, cli_dispatch, search
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -30,7 +30,6 @@ from tuner.bench import suite_of
 from tuner.errors import TunerError, UsageError
 from tuner.searchbench import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
 from tuner.searchbench import IN_FLIGHT
-from tuner.searchbench import SAMPLERS as ALL_SEARCH_SAMPLERS
 from tuner.searchbench import bench_search
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
@@ -97,6 +96,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"tuner: error: {message}\n")
 
 
+# tpe-batch: the default's name before it was the default (accepted, with a notice)
+SAMPLER_CHOICES = (*search.SAMPLERS, *search.RENAMED)
+SAMPLER_HELP = ("tpe (default): TPE proposing a batch at once; optuna-tpe: Optuna's TPE, one ask a "
+                "config (slower: its asks can keep GPUs waiting on short kernels); random; grid")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tuner", description="Autotune CUDA kernel families on GPUs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -118,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop after N measured trials of the study (default 100; grid: all)")
     budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
                         help="stop after this long, e.g. 90s, 30m, 2h")
-    tune.add_argument("--sampler", choices=("tpe", "random", "grid", "tpe-batch"), default="tpe")
+    tune.add_argument("--sampler", choices=SAMPLER_CHOICES, default="tpe", help=SAMPLER_HELP)
     tune.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     tune.add_argument("--replay", metavar="FILE", help="answer from a recorded landscape (no GPU)")
     tune.add_argument("--seed", type=int, metavar="N", help="sampler seed")
@@ -134,8 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--simulate-gpus", type=_positive_int, metavar="N",
                       help="with --replay: N simulated GPUs, each taking a trial's GPU time "
                            "(how many GPUs one coordinator keeps busy)")
-    tune.add_argument("--no-batch", dest="batch", action="store_false",
-                      help="ask, lease and store one trial at a time (the coordinator before batching)")
+    tune.add_argument("--no-batch", action="store_true", help=argparse.SUPPRESS)  # no longer has an effect
     tune.add_argument("--no-constant-liar", dest="constant_liar", action="store_false",
                       help="TPE: trials in flight do not count as bad results while proposing")
     tune.add_argument("--json", action="store_true", help="print the run's summary as JSON")
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each problem's study to N measured trials (default 100)")
     budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
                         help="each problem this long, e.g. 90s, 30m, 2h")
-    many.add_argument("--sampler", choices=("tpe", "random", "grid", "tpe-batch"), default="tpe")
+    many.add_argument("--sampler", choices=SAMPLER_CHOICES, default="tpe", help=SAMPLER_HELP)
     many.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
     many.add_argument("--replay", nargs="+", metavar="FILE",
                       help="answer from recorded landscapes: files or folders, one recording each problem")
@@ -200,10 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     searchbench.add_argument("landscapes", nargs="+", metavar="FILE", help="landscape JSON files")
     searchbench.add_argument("--seeds", type=_positive_int, default=20, help="runs per sampler (default 20)")
     searchbench.add_argument("--samplers", nargs="+", default=list(SEARCH_SAMPLERS),
-                             help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)}; also "
-                                  f"{' '.join(s for s in ALL_SEARCH_SAMPLERS if s not in SEARCH_SAMPLERS)})")
+                             help=f"samplers to compare (default: {' '.join(SEARCH_SAMPLERS)})")
     searchbench.add_argument("--in-flight", type=_positive_int, default=IN_FLIGHT, metavar="K",
-                             help=f"trials in flight for tpe-flight and tpe-batch (default {IN_FLIGHT})")
+                             help=f"trials in flight, as a study keeps them (default {IN_FLIGHT}; 1: one at a time)")
     searchbench.add_argument("--family", metavar="REF",
                              help="the landscapes' family where it is not installed (a path or module:ATTR)")
     searchbench.add_argument("--png", metavar="FILE", help="also plot best-so-far curves to FILE")
@@ -309,12 +312,14 @@ def _family_flags(args: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
 
 # -- the commands: call the API, print what it returned -------------------------------------------
 def _tune(args: argparse.Namespace) -> int:
+    if args.no_batch:
+        logging.getLogger("tuner").warning("--no-batch no longer has an effect: trials are always asked, leased and stored in batches")
     result = api.tune(
         args.family, args.shape, args.dtype, args.flags, trials=args.trials,
         time_budget=args.time_budget, sampler=args.sampler, db=args.db,
         ray_address=args.ray_address, replay=args.replay, seed=args.seed,
         measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
-        early_stop=args.early_stop, simulate_gpus=args.simulate_gpus, batch=args.batch,
+        early_stop=args.early_stop, simulate_gpus=args.simulate_gpus,
         constant_liar=args.constant_liar,
     )
     code = EXIT_INTERRUPTED if result.status == "interrupted" else 0

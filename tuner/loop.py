@@ -167,13 +167,11 @@ class Coordinator:
         early_stop: bool = True,
         first: Sequence[dict[str, Any]] = (),
         meter: Any = None,
-        batch: bool = True,
         stored: Callable[[Any], None] | None = None,
         valid: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
         self.meter = meter  # tuner.meter.Meter: asks and tells timed
-        self.batch = batch  # claims and results stored in batches (see _fill_batch, _collect_batch)
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
         self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
@@ -271,11 +269,11 @@ class Coordinator:
         while True:
             stop = self._stop_reason()
             if stop is None and not self._full:
-                self._fill_batch() if self.batch else self._fill()
+                self._fill()
                 stop = self._stop_reason()
             self._mirror.renew()
             if self._in_flight:
-                self._collect_batch(self.poll_interval) if self.batch else self._collect(self.poll_interval)
+                self._collect(self.poll_interval)
                 self.progress.tick(len(self._in_flight))
             elif stop is not None:
                 return stop
@@ -302,39 +300,12 @@ class Coordinator:
             return f"{self._idle} asks in a row brought no new config"
         return None
 
-    def _fill(self) -> None:
-        """Ask until ``lookahead`` trials are in flight; pause after many idle asks in a row."""
-        self._synced(self._mirror.sync())
-        idle_this_round = 0
-        while len(self._in_flight) < self.lookahead and idle_this_round < 2 * self.lookahead:
-            if self._stop_reason() is not None or self._full:
-                return
-            if self._ask_one():
-                idle_this_round = 0
-            else:
-                idle_this_round += 1
-            self._serve_pool()
-
     # -- one trial --------------------------------------------------------------------------------
     @property
     def _mirror(self) -> MirroredStudy:
         if self._proposals is None:
             raise RuntimeError("the coordinator asks only inside run()")
         return self._proposals
-
-    def _ask_one(self) -> bool:
-        """Ask the sampler for one config; True when it went to the pool."""
-        ready = self._screen(self._mirror.ask(self.space.distributions))
-        if ready is None:
-            return False
-        proposal, params, key, work = ready
-        try:
-            self._mirror.record(proposal, params, limit=self.trials)
-        except ClaimRefused as refused:
-            self._refused(proposal, key, refused.why)
-            return False
-        self._submit(proposal, params, key, work)
-        return True
 
     def _screen(self, proposal: Proposal) -> tuple[Proposal, dict[str, Any], str, tuple[Any, ...]] | None:
         """A proposal that should go to the GPU: (proposal, params, key, (None, launch,
@@ -383,10 +354,11 @@ class Coordinator:
         logger.debug("ticket %d submitted %s", ticket, params)
 
     # -- batches: many asks, one claim transaction; the results of a poll in one transaction -----
-    def _fill_batch(self) -> None:
-        """``_fill`` in batches: the free slots' configs asked (``tpe-batch``: proposed at once,
-        one model for the batch, :class:`tuner.batchtpe.BatchProposer`), screened, and their
-        leases claimed in one transaction (``Repository.claim_trials``)."""
+    def _fill(self) -> None:
+        """Ask until ``lookahead`` trials are in flight, in batches: the free slots' configs
+        asked (``tpe``: proposed at once, one model for the batch,
+        :class:`tuner.batchtpe.BatchProposer`), screened, and their leases claimed in one
+        transaction (``Repository.claim_trials``)."""
         self._synced(self._mirror.sync())
         idle_rounds = 0
         while idle_rounds < 4:
@@ -423,7 +395,7 @@ class Coordinator:
         return max(1, self.lookahead // 8)
 
     def _propose(self, count: int) -> list[Proposal]:
-        """Up to ``count`` proposals: the sampler's asks where it is not ``tpe-batch``; else the configs
+        """Up to ``count`` proposals: the sampler's asks where it is not ``tpe``; else the configs
         enqueued (warm start, settled trials) first, asked with their params, or else one batch of
         :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
         is asked no more: it lacks the batches' trials)."""
@@ -454,7 +426,7 @@ class Coordinator:
             serve()
 
     def _batcher(self) -> Any:
-        """The batch proposer of a ``tpe-batch`` study (None for the other samplers), made once."""
+        """The batch proposer of a ``tpe`` study (None for the other samplers), made once."""
         if self._proposer is None and getattr(self.sampler, "batch_proposals", False):
             from tuner.batchtpe import BatchProposer
 
@@ -464,10 +436,10 @@ class Coordinator:
                                            liar=getattr(self.sampler, "constant_liar", True))
         return self._proposer
 
-    def _collect_batch(self, timeout: float) -> None:
-        """``_collect`` in one transaction: every result of a poll told to the sampler and
-        stored together (``Repository.record_trials``); results held for a GPU's ratio
-        (:meth:`_held_for_ratio`) are released one by one, as ``_collect`` does."""
+    def _collect(self, timeout: float) -> None:
+        """Every result of a poll told to the sampler and stored together, in one transaction
+        (``Repository.record_trials``); results held for a GPU's ratio
+        (:meth:`_held_for_ratio`) are released one by one when their GPU has one."""
         results = self.pool.poll(timeout)
         self._calibrated()
         done = []
@@ -542,17 +514,6 @@ class Coordinator:
                 self._full = False
             logger.info("trial %d was left running by a run that stopped or died: queued", running.number)
         return True
-
-    def _collect(self, timeout: float) -> None:
-        results = self.pool.poll(timeout)
-        self._calibrated()
-        for ticket, measurement in results:
-            if ticket not in self._in_flight:
-                logger.warning("ignoring a result for unknown ticket %r", ticket)
-                continue
-            if not self._held_for_ratio(ticket, measurement):
-                self._finish_ticket(ticket, measurement)
-        self._release_held()
 
     def _finish_ticket(self, ticket: int, measurement: Measurement) -> None:
         self._finish(self._take_ticket(ticket, measurement), measurement)

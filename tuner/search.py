@@ -44,7 +44,8 @@ from storage import LEASE_TTL_S
 from templates.family import DeviceLimits, KernelFamily, Param, Problem
 from tuner.errors import UsageError
 
-SAMPLERS = ("tpe", "random", "grid", "tpe-batch")
+SAMPLERS = ("tpe", "optuna-tpe", "random", "grid")
+RENAMED = {"tpe-batch": "tpe"}  # a sampler's name before, and its name now
 FAILED_VALUE = float("inf")  # the objective of a config that failed or cannot run
 N_STARTUP_TRIALS = 10
 
@@ -154,22 +155,24 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
                  points: Sequence[Mapping[str, Any]] | None = None,
                  valid: Callable[[dict[str, Any]], bool] | None = None,
                  constant_liar: bool = True) -> optuna.samplers.BaseSampler:
-    """``tpe`` (multivariate, constant liar for trials in flight unless ``constant_liar=False``),
-    ``random`` or ``grid``; ``tpe-batch``: TPE whose coordinator proposes in batches
-    (:mod:`tuner.batchtpe`: one model a batch, for many GPUs; it needs more trials than ``tpe``
-    to come as near the best, docs/BENCHMARKS.md).
+    """``tpe`` (the default: TPE's estimator, whose coordinator proposes a batch at once from one
+    model, :mod:`tuner.batchtpe`), ``optuna-tpe`` (Optuna's multivariate TPE asked one config at a
+    time), ``random`` or ``grid``; both TPEs count the trials in flight as bad results unless
+    ``constant_liar=False``. A ``tpe`` study's sampler is Optuna's TPE too: it asks the configs
+    enqueued (warm start, settled trials) with their own params.
     A grid given ``points`` (the family's valid configs) walks those alone, in random order;
     without, it walks the whole product of the parameters' choices. TPE given ``valid`` (the
     family's constraints, on decoded params) prefers the candidates they accept; given
     ``points`` too, it proposes valid configs alone, its random start-up trials among them.
     ``random`` given ``points`` draws among them (uniformly, repeats included)."""
-    if kind in ("tpe", "tpe-batch"):
+    kind = RENAMED.get(kind, kind)
+    if kind in ("tpe", "optuna-tpe"):
         options = dict(seed=seed, multivariate=True, n_startup_trials=N_STARTUP_TRIALS,
                        constant_liar=constant_liar)
-        if valid is None and points is None and kind == "tpe":
+        if valid is None and points is None and kind == "optuna-tpe":
             return optuna.samplers.TPESampler(**options)
         sampler = _ConstrainedTPESampler(space, valid or (lambda params: True), points, **options)
-        sampler.batch_proposals = kind == "tpe-batch"
+        sampler.batch_proposals = kind == "tpe"
         return sampler
     if kind == "random" and points is not None:
         return _ValidRandomSampler([space.encode(point) for point in points], space.distributions,
@@ -218,7 +221,7 @@ class _ConstrainedTPESampler(optuna.samplers.TPESampler):
         self._start_rng = random.Random(options.get("seed"))
         self.batch_seed = options.get("seed")  # for tuner.batchtpe.BatchProposer
         self.constant_liar = bool(options.get("constant_liar"))
-        self.batch_proposals = False  # the coordinator proposes in batches (sampler "tpe-batch")
+        self.batch_proposals = False  # the coordinator proposes in batches (sampler "tpe")
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
         """The whole space where the valid configs are given (a start-up trial is one of them,

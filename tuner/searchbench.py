@@ -26,14 +26,16 @@ from tuner import search, warmstart
 
 logger = logging.getLogger("tuner")
 
-# tpe-start: TPE after the family's starting points, as a new study runs with nothing tuned near it;
-# tpe-warm: TPE after the winners of the nearest other landscapes.
-SAMPLERS = ("tpe", "random", "grid", "tpe-start", "tpe-warm", "tpe-flight", "tpe-flight-noliar",
-            "tpe-batch", "tpe-batch-noliar")
-# tpe-flight: TPE asked one config at a time with IN_FLIGHT trials in flight (constant liar; -noliar:
-# without), as the coordinator on many GPUs; tpe-batch: tuner.batchtpe's batches, as many in flight.
+# Each as a study runs it: tpe, the default (tuner.batchtpe's batches); optuna-tpe, Optuna's TPE
+# asked one config at a time (constant liar); random and grid, Optuna's. tpe-start: tpe after the
+# family's starting points, as a new study with nothing tuned near it runs; tpe-warm: after the
+# winners of the nearest other landscapes.
+SAMPLERS = ("tpe", "optuna-tpe", "random", "grid", "tpe-start", "tpe-warm")
+RENAMED = {"tpe-batch": "tpe", "tpe-flight": "optuna-tpe"}  # the names these had before
+# trials in flight: a study on one GPU keeps its compile workers and the GPU's queue busy (16 and
+# more on a GPU machine); 1 runs each sampler one trial at a time
 IN_FLIGHT = 16
-DEFAULT_SAMPLERS = SAMPLERS[:5]
+DEFAULT_SAMPLERS = SAMPLERS
 NOT_APPLICABLE = {
     "cmaes": "Optuna's CMA-ES samples no categorical parameters (every parameter here is one)",
     "gp": "Optuna's GP sampler needs PyTorch, which the service does not install",
@@ -149,58 +151,34 @@ class _Progress:
         return self.hit5 or self.land.valid, self.hit2 or self.land.valid, self.curve
 
 
-def run_once(land: _Landscape, sampler: optuna.samplers.BaseSampler,
-             warm: Sequence[dict[str, Any]] = (), *, failed_as_fail: bool = False) -> tuple[int, int, list[float]]:
-    """Measured trials to come within 5% and 2% of the best, and the best-so-far curve.
-    ``failed_as_fail``: a measured config that failed is told FAIL, not ``inf`` (what the sampler
-    would see if it read the optuna-dashboard copy, :mod:`tuner.dashboard`; not what a study does)."""
-    from storage import params_key
-
-    space = land.space
-    study = optuna.create_study(direction="minimize", sampler=sampler)
-    for params in warm:
-        study.enqueue_trial(space.encode(params))
-    seen: dict[str, float] = {}
-    progress = _Progress(land)
-    for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
-        trial = study.ask(space.distributions)
-        key = params_key(space.decode(trial.params))
-        if key not in land.values:  # rejected by the family or never recorded
-            study.tell(trial, math.inf)
-            continue
-        if key in seen:  # as a study does (MirroredStudy.repeated): the sampler holds it once
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            continue
-        value = land.values[key]
-        if failed_as_fail and math.isinf(value):
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(trial, value)
-        seen[key] = value
-        progress.add(seen)
-        if progress.done(seen):
-            break
-    return progress.result()
-
-
-def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tuple[int, int, list[float]]:
-    """:func:`run_once` with ``in_flight`` trials measured at once: the oldest eighth of them
-    (at least one) finish together, then the free slots are filled again (TPE: one ask each,
-    a config in flight asked again fails without counting; tpe-batch: one batch). Trials count
-    in the order they finish."""
+def run(land: _Landscape, name: str, seed: int, in_flight: int = IN_FLIGHT,
+        first: Sequence[Mapping[str, Any]] = (), *, failed_as_fail: bool = False) -> tuple[int, int, list[float]]:
+    """Measured trials for sampler ``name`` to come within 5% and 2% of the landscape's best, and
+    the best-so-far curve, with the rules of a real study: configs the family rejects or the
+    landscape lacks are told ``inf`` without counting, a config measured or in flight asked again
+    fails without counting, ``first`` is measured before anything is proposed. ``in_flight``
+    trials are measured at once: the oldest eighth of them (at least one) finish together, then the
+    free slots are filled again (``tpe``: one batch; the others: one ask each). Trials count in the
+    order they finish. ``failed_as_fail``: a failed config is told FAIL, not ``inf`` (what the
+    sampler would see if it read the optuna-dashboard copy, :mod:`tuner.dashboard`; not what a
+    study does)."""
     from collections import deque
 
     from storage import params_key
     from tuner.batchtpe import BatchProposer
 
-    space, liar = land.space, not name.endswith("-noliar")
+    space = land.space
     valid_check = lambda p: land.family.check(p, land.problem, land.limits) is None  # noqa: E731
-    sampler = search.make_sampler("tpe", space, seed, land.points, valid=valid_check, constant_liar=liar)
+    kind = "optuna-tpe" if name == "optuna-tpe" else name if name in ("random", "grid") else "tpe"
+    sampler = search.make_sampler(kind, space, seed, land.points, valid=valid_check)
     study = optuna.create_study(direction="minimize", sampler=sampler)
     batcher = None
-    if name.startswith("tpe-batch"):
+    if kind == "tpe":
         valid = [c for c in space.configs() if params_key(c) in land.values]
-        batcher = BatchProposer(space, valid, seed=seed, liar=liar)
+        batcher = BatchProposer(space, valid, seed=seed)
+    for params in first:
+        study.enqueue_trial(space.encode(params))
+    queued = len(first)  # asked with their own params, before any batch
     flying: deque[tuple[Any, str, dict[str, Any]]] = deque()  # (trial or None, key, encoded)
     seen: dict[str, float] = {}
     progress = _Progress(land)
@@ -208,13 +186,9 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
     for _ in range(MAX_ASKS_PER_CONFIG * land.valid):
         keys = {key for _, key, _ in flying}
         free = min(in_flight - len(flying), land.valid - len(seen) - len(flying))
-        if batcher is not None and free > 0:
-            observed = [(t.params, t.value) for t in study.get_trials(deepcopy=False, states=(
-                optuna.trial.TrialState.COMPLETE,))]
-            for pick in batcher.propose(observed=observed, pending=[e for _, _, e in flying], count=free):
-                flying.append((None, params_key(space.decode(pick)), pick))
-        elif free > 0:
+        if free > 0 and (batcher is None or queued):
             trial = study.ask(space.distributions)
+            queued = max(0, queued - 1)
             key = params_key(space.decode(trial.params))
             if key not in land.values:
                 study.tell(trial, math.inf)
@@ -223,26 +197,26 @@ def run_in_flight(land: _Landscape, name: str, seed: int, in_flight: int) -> tup
             else:
                 flying.append((trial, key, trial.params))
             continue
+        if free > 0:
+            observed = [(t.params, t.value) for t in study.get_trials(deepcopy=False, states=(
+                optuna.trial.TrialState.COMPLETE,))]
+            for pick in batcher.propose(observed=observed, pending=[e for _, _, e in flying], count=free):
+                flying.append((None, params_key(space.decode(pick)), pick))
         for _ in range(min(step, len(flying))):
             trial, key, encoded = flying.popleft()
             value = land.values[key]
+            told = optuna.trial.TrialState.FAIL if failed_as_fail and math.isinf(value) else None
             if trial is None:
-                study.add_trial(optuna.trial.create_trial(params=encoded, distributions=space.distributions,
-                                                          value=value))
+                study.add_trial(optuna.trial.create_trial(
+                    params=encoded, distributions=space.distributions, value=None if told else value,
+                    state=told or optuna.trial.TrialState.COMPLETE))
             else:
-                study.tell(trial, value)
+                study.tell(trial, None if told else value, state=told)
             seen[key] = value
             progress.add(seen)
-        if progress.done(seen):
-            break
+            if progress.done(seen):
+                return progress.result()
     return progress.result()
-
-
-def _samplers(name: str, seed: int, space: search.SearchSpace, land: _Landscape) -> optuna.samplers.BaseSampler:
-    """The sampler a study would run (given the family's valid configs, TPE its constraints too,
-    as ``tune`` does)."""
-    return search.make_sampler("tpe" if name.startswith("tpe-") else name, space, seed, land.points,
-                               valid=lambda p: land.family.check(p, land.problem, land.limits) is None)
 
 
 def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequence[str] = DEFAULT_SAMPLERS,
@@ -252,8 +226,11 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
     from the family's starting points, ``tpe-warm`` from the winners of the nearest others that a
     study would warm-start from (at a finite family distance: for attention the same element type,
     causal flag and head dimension; landscapes with none are skipped, and so is ``tpe-warm`` with a single landscape).
-    ``tpe-flight``, ``tpe-batch`` and their ``-noliar`` forms run with ``in_flight`` trials measured
-    at once (:func:`run_in_flight`), as a coordinator on many GPUs does."""
+    Every sampler runs with ``in_flight`` trials measured at once (:func:`run`), as a study does
+    (1: one trial at a time)."""
+    for old in set(samplers) & RENAMED.keys():
+        logger.warning("bench-search: sampler %r is now called %r", old, RENAMED[old])
+    samplers = [RENAMED.get(name, name) for name in samplers]
     unknown = [s for s in samplers if s not in SAMPLERS]
     if unknown:
         from tuner.errors import UsageError
@@ -275,10 +252,7 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
             if name == "tpe-warm" and not first[name]:
                 continue
             for seed in range(seeds):
-                if name.startswith(("tpe-flight", "tpe-batch")):
-                    five, two, curve = run_in_flight(land, name, seed, in_flight)
-                else:
-                    five, two, curve = run_once(land, _samplers(name, seed, space, land), first.get(name, ()))
+                five, two, curve = run(land, name, seed, in_flight, first.get(name, ()))
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)

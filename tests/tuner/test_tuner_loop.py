@@ -29,6 +29,14 @@ def _tune(**kwargs):
     return tuner.tune("toy", *PROBLEM, **options)
 
 
+def counting(method, calls):
+    """``method``, noting each call's result in ``calls``."""
+    def counted(self, *args, **kwargs):
+        calls.append(result := method(self, *args, **kwargs))
+        return result
+    return counted
+
+
 def _study(db, name):
     return next(s for s in open_repository(db).studies() if s.name == name)
 
@@ -61,15 +69,23 @@ def test_trial_budget_records_every_measured_trial(toy, db, pools):
     assert len({t.number for t in stored}) == 20 and _running(db, result.study) == []
 
 
-@pytest.mark.parametrize("batch", [True, False])
-def test_the_pool_is_served_between_asks(toy, db, pools, monkeypatch, batch):
+def test_the_pool_is_served_between_asks(toy, db, pools, monkeypatch):
     monkeypatch.setattr(loop, "SERVE_EVERY_S", 0.0)
-    _tune(trials=20, db=db, batch=batch)
+    _tune(trials=20, db=db, sampler="optuna-tpe")
     calls = pools.used[0].calls
     lookahead = loop.default_lookahead(pools.used[0])
     # the first fill asks `lookahead` configs before the first poll, serving the pool after each
     assert calls.index("poll") >= lookahead and set(calls[:calls.index("poll")]) == {"serve"}
     assert calls.count("serve") >= 20
+
+
+def test_the_pool_is_served_after_each_batch(toy, db, pools, monkeypatch):
+    monkeypatch.setattr(loop, "SERVE_EVERY_S", 0.0)
+    monkeypatch.setattr(loop.Coordinator, "_propose", counting(loop.Coordinator._propose, proposed := []))
+    _tune(trials=20, db=db, warm_start=0)
+    calls = pools.used[0].calls
+    # the default proposes a batch at once: the pool is served after each, before any poll too
+    assert proposed and calls[0] == "serve" and calls.count("serve") >= len(proposed)
 
 
 def test_a_study_asks_its_last_trials_while_others_are_in_flight(toy, db, pools):
@@ -344,8 +360,7 @@ def test_owner_liveness():
     assert not search.owner_alive(None, now, now)
 
 
-@pytest.mark.parametrize("batch", [True, False])
-def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools, monkeypatch, batch):
+def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools, monkeypatch):
     import gc
 
     before, seen = gc.get_threshold(), []
@@ -356,7 +371,7 @@ def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools,
         return real_poll(self, timeout)
 
     monkeypatch.setattr(FakePool, "poll", poll)
-    assert _tune(trials=12, db=db, batch=batch).measured == 12
+    assert _tune(trials=12, db=db).measured == 12
     assert seen and all(young >= tuner.collector.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 

@@ -1,4 +1,4 @@
-"""Scale (issue 16 section 2): batched asks, leases and results; TPE's batch proposer; simulated GPUs.
+"""Scale: batched asks, leases and results; TPE's batch proposer; simulated GPUs.
 
 The coordinator runs on the toy family and a fake pool (real Optuna, real storage), the batch
 proposer on its own, and one study on simulated GPUs through real Ray on a recorded landscape.
@@ -10,6 +10,7 @@ import math
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import tuner
@@ -49,12 +50,10 @@ def _stored_keys(db: str, name: str) -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("sampler, batch, liar", [
-    ("tpe-batch", True, True), ("tpe-batch", True, False), ("tpe", True, True), ("tpe", False, True),
-    ("tpe", False, False)])
-def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twice(
-        toy, db, pools, sampler, batch, liar):
-    result = tuner.tune("toy", *PROBLEM, trials=30, db=db, seed=3, batch=batch, constant_liar=liar,
+@pytest.mark.parametrize("sampler, liar", [("tpe", True), ("tpe", False), ("optuna-tpe", True), ("optuna-tpe", False)])
+def test_liar_or_not_a_study_reaches_its_count_with_no_config_twice_in_batched_transactions(
+        toy, db, pools, sampler, liar):
+    result = tuner.tune("toy", *PROBLEM, trials=30, db=db, seed=3, constant_liar=liar,
                         warm_start=0, sampler=sampler)
     assert result.status == "finished" and result.measured == 30
     keys = _stored_keys(db, result.study)
@@ -62,12 +61,9 @@ def test_batched_or_not_liar_or_not_a_study_reaches_its_count_with_no_config_twi
     assert pools.used[0].submitted and len(pools.used[0].submitted) == 30
     throughput = result.throughput
     assert throughput.measured == 30 and throughput.asks >= 30 and throughput.trials_per_s > 0
-    calls = throughput.db_calls
-    if batch:  # leases and results in batches: fewer transactions than trials
-        assert "claim_trial" not in calls and "record_trial" not in calls
-        assert calls["claim_trials"][0] < 30 and calls["record_trials"][0] < 30
-    else:
-        assert calls["claim_trial"][0] == 30 and calls["record_trial"][0] == 30
+    calls = throughput.db_calls  # leases and results in batches: fewer transactions than trials
+    assert "claim_trial" not in calls and "record_trial" not in calls
+    assert calls["claim_trials"][0] < 30 and calls["record_trials"][0] < 30
 
 
 def test_the_batch_proposers_picks_are_not_checked_again(toy, db, pools, monkeypatch):
@@ -82,17 +78,17 @@ def test_the_batch_proposers_picks_are_not_checked_again(toy, db, pools, monkeyp
 
     monkeypatch.setattr(type(toy), "check", counting)
     space_size = search.SearchSpace(toy.params).size
-    tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=3, warm_start=0, sampler="tpe-batch")
+    tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=3, warm_start=0)
     assert sum(checked.values()) == space_size  # the listing's checks alone: one a config
     checked.clear()
     tuner.tune("toy", *PROBLEM, trials=20, db=db.replace("tuner.db", "other.db"), seed=3, warm_start=0,
-               sampler="tpe")
+               sampler="optuna-tpe")
     assert sum(checked.values()) > space_size  # and then each proposal's
 
 
 def test_a_batched_study_resumes_to_a_larger_count_and_finds_what_tpe_finds(toy, db, pools):
-    first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1, sampler="tpe-batch")
-    again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1, sampler="tpe-batch")
+    first = tuner.tune("toy", *PROBLEM, trials=20, db=db, seed=1)
+    again = tuner.tune("toy", *PROBLEM, trials=40, db=db, seed=1, sampler="tpe-batch")  # its old name
     assert again.previous == 20 and again.measured == 20
     keys = _stored_keys(db, first.study)
     assert len(keys) == len(set(keys)) == 40
@@ -143,51 +139,49 @@ def test_the_batch_proposer_reads_a_growing_list_of_observations_as_a_whole_one(
     assert picks_after(told[:12], told[:5]) == picks_after(told[:5])  # shorter: read again
 
 
-def test_the_batch_proposer_keeps_few_kernels_and_proposes_as_if_it_kept_all(toy, monkeypatch):
-    """Columns dropped and made again are the same numbers: a proposer keeping 3 proposes, batch
-    after batch (observations told, trials in flight coming and going), exactly what one keeping
-    every column proposes, and never holds more than 3."""
-    import tuner.batchtpe as batchtpe
-
-    def run(kept: int) -> tuple[list[list[dict]], int]:
-        monkeypatch.setattr(batchtpe, "MIN_COLUMNS", kept)
-        monkeypatch.setattr(batchtpe, "COLUMNS_BYTES", 0)
-        space, proposer = _proposer(toy)
-        observed, flying, batches, most = [], [], [], 0
-        for _ in range(12):
-            picks = proposer.propose(observed=observed, pending=flying, count=4)
-            batches.append(picks)
-            most = max(most, len(proposer._columns))
-            flying += picks
-            done, flying = flying[:3], flying[3:]
-            observed += [(p, latency_ms(space.decode(p))) for p in done]
-        return batches, most
-
-    few, held = run(3)
-    every, held_all = run(10_000)
-    assert held == 3 and held_all > 3
-    assert sum(map(len, every)) == 48 and few == every
-
-
-@pytest.mark.parametrize("factor_bytes", [0, 1 << 20])
-def test_a_kernel_column_is_the_product_of_each_parameters_factor(toy, monkeypatch, factor_bytes):
-    """TPE's kernel of a config at every valid config: the product over parameters of
-    (1[same choice] + 1/k) / 2, whether the parameters' rows are multiplied a group at a time
-    (the default) or one by one (no room for the groups' rows)."""
-    import tuner.batchtpe as batchtpe
-
-    monkeypatch.setattr(batchtpe, "FACTOR_BYTES", factor_bytes)
+def test_the_batch_proposers_densities_are_optunas_parzen_estimators(toy):
+    """l(x) and g(x), summed over match counts, equal the mixture Optuna's TPE builds: each
+    observation a product over parameters of (1[same choice] + a) / (1 + k a), a = 1 / (n + 1),
+    plus a uniform prior component, all of equal weight."""
     space, proposer = _proposer(toy)
-    grouped = max(len(members) for members, _ in proposer._groups)
-    assert (grouped > 1) == bool(factor_bytes)
     configs = valid_configs(toy)
-    counts = [len(space.distributions[n].choices) for n in proposer.names]
     encoded = [space.encode(c) for c in configs]
-    for observed in encoded[::5]:
-        column = proposer._column(proposer.row(observed))
-        for at, config in zip(column, encoded):
-            want = math.prod(((config[n] == observed[n]) + 1 / k) / 2 for n, k in zip(proposer.names, counts))
-            assert at == pytest.approx(want, rel=1e-12)
+    counts = [len(space.distributions[n].choices) for n in proposer.names]
+    for observed in (encoded[:1], encoded[::7], encoded[::2]):
+        n, a = len(observed), 1 / (len(observed) + 1)
+        histogram = sum(np.eye(len(proposer.names) + 1)[proposer.matches(proposer.row(o))] for o in observed)
+        density = proposer._density(histogram, n)
+        for at, config in zip(density, encoded):
+            kernels = sum(math.prod(((config[p] == o[p]) + a) / (1 + k * a) for p, k in zip(proposer.names, counts))
+                          for o in observed)
+            prior = math.prod(1 / k for k in counts)
+            assert at == pytest.approx((kernels + prior) / (n + 1), rel=1e-12)
+
+
+def test_a_batch_at_the_start_holds_only_the_random_start_up_trials_tpe_would(toy):
+    """With nothing measured, a batch of 16 holds TPE's 10 random start-up picks and 6 picks of
+    the model (the prior against the picks in flight); the next batch, none random."""
+    space, proposer = _proposer(toy)
+    chosen = []
+
+    class Counted:  # the proposer's generator, its random picks counted
+        def __init__(self, rng):
+            self.rng = rng
+
+        def choice(self, n, size, replace):
+            chosen.append(size)
+            return self.rng.choice(n, size=size, replace=replace)
+
+        def random(self, shape):
+            return self.rng.random(shape)
+
+    proposer._rng = Counted(proposer._rng)
+    first = proposer.propose(observed=[], pending=[], count=16)
+    assert len(first) == 16 and chosen == [10]
+    second = proposer.propose(observed=[(first[0], 1.0)], pending=first[1:], count=4)
+    assert len(second) == 4 and chosen == [10, 0]
+    keys = {params_key(space.decode(p)) for p in first + second}
+    assert len(keys) == 20
 
 
 def test_the_batch_proposer_leans_to_the_good_region_once_it_has_seen_enough(toy):
@@ -253,7 +247,7 @@ def test_a_trials_gpu_time_follows_the_workers_timing():
 
 def test_eight_simulated_gpus_through_ray_are_each_kept_busy_and_measured(url, tmp_path):
     result = tuner.tune(*SIMULATED, trials=48, replay=LANDSCAPE, db=url, seed=2, retime=0, warm_start=0,
-                        simulate_gpus=8, sampler="tpe-batch")
+                        simulate_gpus=8)
     assert result.status == "finished" and result.measured == 48
     throughput = result.throughput
     assert throughput.gpus == 8 and len(throughput.busy) == 8
@@ -326,7 +320,7 @@ def test_simulated_gpus_without_a_replay_is_one_line(tmp_path, capsys):
 
 
 def test_a_batched_study_of_the_whole_space_stops_when_every_valid_config_is_measured(toy, db, pools):
-    result = tuner.tune("toy", *PROBLEM, trials=500, db=db, seed=0, sampler="tpe-batch", warm_start=0)
+    result = tuner.tune("toy", *PROBLEM, trials=500, db=db, seed=0, warm_start=0)
     valid = len(valid_configs(toy))
     assert result.status == "finished" and result.measured == valid
     assert result.reason == f"every valid config ({valid}) measured"

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tuner.searchbench import bench_search, load, plot, run_once
-from tuner import search
+from tuner.searchbench import bench_search, load, plot, run
 from tuner_doubles import LANDSCAPE, ROOT, run_cli
 
 
@@ -37,17 +36,17 @@ def test_each_run_reaches_the_threshold_it_reports(report):
 
 def test_a_run_counts_each_config_once_and_can_measure_everything():
     land = load(LANDSCAPE)
-    space = land.space
     unreachable = land.__class__(**{**land.__dict__, "best": land.best / 2})  # 2% never reached
-    five, two, curve = run_once(unreachable, search.make_sampler("grid", space, 0))
-    assert two == five == land.valid and len(curve) == land.valid  # the grid measured all 672
+    for name, in_flight in (("grid", 1), ("tpe", 16), ("optuna-tpe", 16)):
+        five, two, curve = run(unreachable, name, 0, in_flight)
+        assert two == five == land.valid and len(curve) == land.valid  # every valid config measured
 
 
 def test_warm_start_from_the_winner_finds_it_first():
     land = load(LANDSCAPE)
-    space = land.space
-    five, two, curve = run_once(land, search.make_sampler("tpe", space, 0), warm=[land.winner])
-    assert (five, two, curve) == (1, 1, [1.0])
+    for name, in_flight in (("tpe", 1), ("tpe", 16), ("optuna-tpe", 16)):
+        five, two, curve = run(land, name, 0, in_flight, first=[land.winner])
+        assert (five, two, curve) == (1, 1, [1.0])
 
 
 def test_tpe_start_measures_the_family_starting_points_first():
@@ -90,3 +89,9 @@ def test_tpe_warm_runs_only_where_a_study_would_warm_start():
     assert set(stats["median_trials_2pct_by_landscape"]) == {LANDSCAPE.name, fp16_peer.name}
     alone = bench_search([LANDSCAPE, bf16], seeds=1, samplers=("tpe-warm",))
     assert alone.samplers == {}
+
+
+def test_the_old_sampler_names_run_as_their_new_ones(caplog):
+    report = bench_search([LANDSCAPE], seeds=1, samplers=("tpe-batch",))
+    assert set(report.samplers) == {"tpe"}
+    assert "'tpe-batch' is now called 'tpe'" in caplog.text
