@@ -9,8 +9,8 @@ record of every trial.
         print(summary.name, summary.n_ok, summary.best_median_ms)
 
 This package uses nothing else of the project; it takes and returns plain values. Each name
-below is imported from its module when first used (PEP 562): the records, ``params_key`` and
-``StorageError`` come without SQLAlchemy, which ``open_repository`` and ``Repository`` import.
+below is imported from its module when first used (PEP 562): the records, ``params_key``,
+``ranked_ms`` and ``StorageError`` come without SQLAlchemy, which ``open_repository`` and ``Repository`` import.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ _MODULES = {
                         "StudyRecord",
                         "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",
                         "config_key", "params_key"),
+    "storage.ranking": ("ranked_ms",),
     "storage.repository": ("Repository",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

@@ -140,8 +140,9 @@ class BatchedTrials:
     def record_trials(self, study_id: int, results: Sequence[tuple[int, Mapping[str, Any], TrialOutcome]],
                       *, owner: str | None = None) -> list[TrialRecord | ClaimRefused]:
         """``record_trial`` for each (number, params, outcome), in one transaction: each trial
-        stored in place of its running one, the fastest offered as the best; where ``owner``'s
-        lease of it was taken over, nothing is stored for it and its entry is ClaimRefused("lost")."""
+        stored in place of its running one, the fastest by ``TrialRecord.ranked_ms`` offered as
+        the best; where ``owner``'s lease of it was taken over, nothing is stored for it and its
+        entry is ClaimRefused("lost")."""
         now = utcnow()
         made = [trial_values(study_id, number, params, outcome, now) for number, params, outcome in results]
         out: list[TrialRecord | ClaimRefused] = []
@@ -166,7 +167,7 @@ class BatchedTrials:
                     out.append(records[trial["number"]])
             ok = [r for r in records.values() if r.status == "ok"]
             if ok:  # the fastest alone: offering each in turn ends the same (ties: the first)
-                queries.offer_best(session, study, min(ok, key=lambda t: t.median_ms))
+                queries.offer_best(session, study, min(ok, key=lambda t: t.ranked_ms))
             return out
 
 

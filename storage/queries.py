@@ -30,6 +30,7 @@ from storage.models import (
     Trial,
     utcnow,
 )
+from storage.ranking import ranked_ms, ranked_ms_sql
 from storage.records import StudySummary, TrialRecord
 
 Row = TypeVar("Row", bound=Base)
@@ -152,7 +153,7 @@ def offer_best(session: Session, study: Study | Any, trial: Trial | TrialRecord)
     stored as the best's median, the reference GPU's time), else by its median. ``study``: its
     row, or anything with its three ids (:func:`touch_study`'s answer)."""
     assert trial.status == "ok" and trial.median_ms is not None
-    ranked = trial.normalized_ms if trial.normalized_ms is not None else trial.median_ms
+    ranked = ranked_ms(trial.normalized_ms, trial.median_ms)
     tflops = trial.tflops
     if tflops is not None and ranked > 0:  # at the ranked (reference GPU's) time
         tflops = tflops * trial.median_ms / ranked
@@ -255,7 +256,7 @@ def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
             Trial.study_id,
             func.count().label("n_trials"),
             func.sum(case((ok, 1), else_=0)).label("n_ok"),
-            func.min(case((ok, func.coalesce(Trial.normalized_ms, Trial.median_ms)))).label("best_ms"),
+            func.min(case((ok, ranked_ms_sql(Trial.normalized_ms, Trial.median_ms)))).label("best_ms"),
             func.max(case((ok, Trial.tflops))).label("best_tflops"),  # same problem: fastest
         )
         .group_by(Trial.study_id)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from storage import ranking
+
 STUDY_STATUSES = ("running", "finished", "interrupted")
 TRIAL_STATUSES = ("ok", "failed")
 # A running trial is its config's lease: its owner renews it every LEASE_RENEW_S while it
@@ -151,9 +153,8 @@ class TrialRecord:
 
     @property
     def ranked_ms(self) -> float | None:
-        """What trials are compared by: the normalized median where several GPUs measured the
-        study, else the median."""
-        return self.normalized_ms if self.normalized_ms is not None else self.median_ms
+        """What trials are compared by (:func:`storage.ranking.ranked_ms`)."""
+        return ranking.ranked_ms(self.normalized_ms, self.median_ms)
 
 
 @dataclass(frozen=True)

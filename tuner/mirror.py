@@ -35,7 +35,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
-from storage import LEASE_RENEW_S, ClaimRefused
+from storage import LEASE_RENEW_S, ClaimRefused, ranked_ms
 from tuner import search
 
 SYNC_INTERVAL_S = 5.0
@@ -69,8 +69,7 @@ class Synced:
 def objective(trial: Any) -> float:
     """What the sampler is told of a stored trial: its median (normalized to the reference GPU
     where several GPUs measured the study), or ``inf`` when it failed."""
-    normalized = getattr(trial, "normalized_ms", None)
-    ms = normalized if normalized is not None else trial.median_ms
+    ms = ranked_ms(getattr(trial, "normalized_ms", None), trial.median_ms)
     ok = trial.status == "ok" and ms is not None and math.isfinite(ms)
     return float(ms) if ok else search.FAILED_VALUE
 

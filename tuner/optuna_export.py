@@ -31,6 +31,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from storage import ranked_ms
 from templates.family import Problem
 
 METRIC = "median_ms"  # the objective's name, as optuna-dashboard labels it
@@ -119,8 +120,7 @@ def copy_study(name: str, trials: Sequence[Any], target: str, attrs: Mapping[str
 def _ranked(trial: Any) -> float:
     """The trial's value as the sampler had it: its median, normalized to the reference GPU where
     several GPUs measured the study (the raw median is a user attribute)."""
-    normalized = getattr(trial, "normalized_ms", None)
-    return normalized if normalized is not None else trial.median_ms
+    return ranked_ms(getattr(trial, "normalized_ms", None), trial.median_ms)
 
 
 def _optuna_value(value: Any) -> Any:

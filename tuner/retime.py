@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from storage import RetimeEntry
+from storage import RetimeEntry, ranked_ms
 from templates.family import KernelFamily, Problem, TemplateError
 from workers.retime import MAX_SECONDS, ROUNDS
 
@@ -29,12 +29,11 @@ DEFAULT_TOP = 5  # trials re-timed at the end of a study (0: none)
 
 def candidates(trials: Sequence[Any], top: int) -> list[Any]:
     """The ``top`` fastest ok trials (``storage.TrialRecord``) with distinct cubins, fastest
-    first (ties: the lower number); by their normalized medians where several GPUs measured
-    the study (as ``TrialRecord.ranked_ms``)."""
+    first (ties: the lower number), by ``storage.ranked_ms``: their normalized medians where
+    several GPUs measured the study."""
     picked, cubins = [], set()
     def ranked(t: Any) -> tuple[float, int]:
-        normalized = getattr(t, "normalized_ms", None)
-        return (normalized if normalized is not None else t.median_ms), t.number
+        return ranked_ms(getattr(t, "normalized_ms", None), t.median_ms), t.number
 
     for trial in sorted((t for t in trials if t.ok), key=ranked):
         if trial.cubin_hash is not None and trial.cubin_hash in cubins:

@@ -122,7 +122,7 @@ def _of_study(repo: Any, name: str, number: int | None) -> _Target:
     ok = [t for t in trials if t.status == "ok" and t.median_ms is not None]
     if not ok:
         raise NotFound(f"study {summary.name!r} has no validated trial to check")
-    fastest = min(ok, key=lambda t: t.median_ms)
+    fastest = min(ok, key=lambda t: t.ranked_ms)
     return _Target(trial_number=fastest.number, params=dict(fastest.params), **base)
 
 

@@ -323,6 +323,36 @@ def test_bests_lists_every_problem_with_filters(repo, device):
     assert repo.bests("attention", template_hash="t2") == [] and repo.bests("gemm") == []
 
 
+
+# A on GPU 1 (0.96x the reference GPU 0), B on GPU 0: B's raw median is lower, A is faster on GPU 0
+GPU_A = TrialOutcome(**OK, median_ms=1.144, normalized_ms=1.10, gpu_ratio=1.10 / 1.144, gpu_uuid="GPU-1",
+                     gpu_index=1)
+GPU_B = TrialOutcome(**OK, median_ms=1.12, normalized_ms=1.12, gpu_ratio=1.0, gpu_uuid="GPU-0", gpu_index=0)
+
+
+@pytest.mark.parametrize("order", ["A first", "B first"])
+@pytest.mark.parametrize("batched", [True, False], ids=["one record_trials", "one at a time"])
+def test_with_several_gpus_the_best_is_the_fastest_on_the_reference_gpu(repo, study_args, batched, order):
+    """Two GPUs' results, stored in one ``record_trials`` call or one trial at a time, in either
+    order: the stored best is A, ranked by its normalized median, and the queries of the best,
+    of each problem's best and of the study's summary agree."""
+    study = repo.open_study("s", **study_args())
+    results = [(0, {"block_m": 64}, GPU_A), (1, {"block_m": 128}, GPU_B)]
+    if order == "B first":
+        results.reverse()
+    if batched:
+        repo.record_trials(study.id, results)
+    else:
+        for number, params, outcome in results:
+            repo.record_trial(study.id, number, params, outcome)
+    best = repo.best("attention", [4, 16, 4096, 128], "fp16", {"causal": True})
+    assert (best.trial_number, best.params, best.median_ms) == (0, {"block_m": 64}, 1.10)
+    assert best.tflops == pytest.approx(100.0 * 1.144 / 1.10)  # at the reference GPU's time
+    assert [(b.trial_number, b.median_ms) for b in repo.bests("attention")] == [(0, 1.10)]
+    assert repo.studies()[0].best_median_ms == 1.10
+    assert min(repo.trials(study.id), key=lambda t: t.ranked_ms).number == 0
+
+
 def test_a_problem_is_its_shape_dtype_and_flags(repo):
     first = repo.ensure_problem("mine", [1024, 64], "fp32", {"layout": "t", "bias": True})
     assert repo.ensure_problem("mine", (1024, 64), "fp32", {"bias": True, "layout": "t"}) == first  # key order

@@ -9,7 +9,9 @@ from storage import TrialOutcome, open_repository, params_key
 from storage.engine import absolute_sqlite
 from templates.family import Param
 from tuner import search
-from tuner.mirror import MirroredStudy
+from tuner.mirror import MirroredStudy, objective
+from tuner.optuna_export import optuna_trials
+from tuner.retime import candidates
 
 SPACE = search.SearchSpace((Param("A", (1, 2, 3, 4)), Param("B", ((1, 2), (2, 1)))))  # tuples: repr
 
@@ -186,6 +188,22 @@ def test_the_configs_waiting_are_counted_as_optuna_holds_them(repo, study_id):
     assert mirror.waiting() == held() == 0
     mirror.enqueue({"A": 4, "B": (2, 1)})
     assert mirror.waiting() == held() == 1
+
+
+
+def test_two_gpus_results_rank_alike_for_the_store_the_sampler_the_export_and_the_retiming(repo, study_id):
+    """A (GPU 1, raw 1.144, 1.10 on the reference GPU) and B (GPU 0, raw 1.12), stored in one
+    ``record_trials`` call: A is the stored best, the sampler's and the Optuna copy's best, and
+    the re-timing's first candidate."""
+    a = TrialOutcome("ok", median_ms=1.144, normalized_ms=1.10, gpu_ratio=1.10 / 1.144, gpu_index=1,
+                     cubin_hash="a")
+    b = TrialOutcome("ok", median_ms=1.12, normalized_ms=1.12, gpu_ratio=1.0, gpu_index=0, cubin_hash="b")
+    repo.record_trials(study_id, [(0, {"A": 1, "B": [1, 2]}, a), (1, {"A": 2, "B": [1, 2]}, b)])
+    trials = repo.trials(study_id)
+    assert repo.best("toy", [1, 2], "fp16", {}).trial_number == 0
+    assert [objective(t) for t in trials] == [1.10, 1.12]
+    assert [t.value for t in optuna_trials(trials)] == [1.10, 1.12]
+    assert [t.number for t in candidates(trials, 2)] == [0, 1]
 
 
 def test_sqlite_paths_are_made_absolute(tmp_path, monkeypatch):
