@@ -133,8 +133,8 @@ def test_while_the_study_runs_the_copy_waits_after_each_write_as_long_as_it_took
         trials = repo.trials(record.id)
         stream = io.BytesIO()
         pickle.dump((db, record, trials[:1]), stream)  # one trial missing from the copy at its start
-        for trial in trials[1:]:  # then two as a study stores them
-            pickle.dump(trial, stream)
+        for trial in trials[1:]:  # then two batches as a study stores them
+            pickle.dump([trial], stream)
         pickle.dump(None, stream)
         stream.seek(0)
         read_end, write_end = os.pipe()
@@ -238,3 +238,45 @@ def test_a_run_leaves_the_catch_up_to_a_live_coordinator_beside_it(db):
     assert copy.trials[1].user_attrs["failure"] == "compile"
     assert copy.user_attrs["problem"] == "1x2-fp16" and copy.user_attrs["template_version"] == "0123456789abcdef"
     repo.close()
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_batch_is_written_in_one_transaction_as_optuna_would_write_each_trial(db, monkeypatch, batched):
+    """Optuna's public API reads back from a batch what ``add_trial`` writes trial by trial (the
+    fallback where Optuna's models differ): the same states, values (inf too), params,
+    distributions, attributes and numbers, in one transaction."""
+    from storage import TrialOutcome, open_repository
+    from tuner import dashboard
+    from tuner.optuna_export import optuna_trial, space_distributions
+
+    repo = open_repository(db)
+    device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",
+              "driver_version": "580.65", "cuda_version": "13.0"}
+    record = repo.open_study("batched", family="toy", template_hash="0123456789abcdef",
+                             space={"A": [1, 2, 3], "B": ["x", "y"]}, shape=[1, 2], dtype="fp16", flags={},
+                             device=device, sampler="random", replay=False, settings={})
+    for a, b in ((1, "x"), (2, "y"), (3, "x")):
+        number = repo.claim_trial(record.id, {"A": a, "B": b}, owner="me:1")
+        outcome = TrialOutcome("ok", median_ms=0.5 * a) if a != 2 else TrialOutcome("failed", failure="compile", reason="no")
+        repo.record_trial(record.id, number, {"A": a, "B": b}, outcome, owner="me:1")
+    trials = repo.trials(record.id)
+    if not batched:
+        monkeypatch.setattr(dashboard, "_write_batch", lambda *a: (_ for _ in ()).throw(dashboard._NoBatch("old")))
+    storage, study, numbers = dashboard._open(db, record)
+    distributions = space_distributions(record.space)
+    assert numbers == set()
+    transactions = []
+    if batched:
+        real = dashboard._write_batch
+        monkeypatch.setattr(dashboard, "_write_batch", lambda *a: transactions.append(1) or real(*a))
+    assert dashboard._write(storage, study, trials[:1], distributions) == 1
+    assert dashboard._write(storage, study, trials[1:], distributions) == 2
+    assert len(transactions) == (2 if batched else 0)
+    got = optuna.load_study(study_name="batched", storage=db).get_trials()
+    want = [optuna_trial(t, distributions) for t in trials]
+    assert [t.number for t in got] == [0, 1, 2]
+    for g, w in zip(got, want):
+        assert (g.state, g.value, g.params, g.distributions, g.user_attrs) == \
+            (w.state, w.value, w.params, w.distributions, w.user_attrs)
+        assert g.datetime_start == w.datetime_start and g.datetime_complete == w.datetime_complete
+    storage.engine.dispose()
