@@ -8,7 +8,7 @@
 actors (``WorkerPool(replay_gpus=...)``): each stands for a GPU and is called once a trial
 through the pool's real dispatch, but answers at once (no GPU time, no compiles). So the study
 runs as fast as its coordinator does: trials a second is the coordinator's limit on this path,
-and its CPU a trial what each trial costs it. ``tpe-batch``, seed 1, no warm start or re-timing;
+and its CPU a trial what each trial costs it. the default sampler (``tpe``), seed 1, no warm start or re-timing;
 a fresh SQLite file unless ``--db``. ``--agents 1``: the actors are called through a node
 agent (``workers.agent``: one call a poll), ``0``: one call a trial; by default as the pool
 decides (agents from ``workers.agent.AGENTS_FROM_GPUS`` actors). Prints one line of JSON.
@@ -47,7 +47,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         result = tuner.tune("attention", "4,8,512,64", "fp16", {"causal": True}, trials=args.trials,
                             replay=args.landscape, db=args.db or f"sqlite:///{tmp}/tuner.db", seed=1,
-                            retime=0, warm_start=0, sampler="tpe-batch")
+                            retime=0, warm_start=0)
     shown = result.throughput.to_json()
     print(json.dumps({"gpus": args.gpus, "agents": args.agents, **{k: shown.get(k) for k in (
         "measured", "wall_s", "trials_per_s", "cpu_ms_per_trial", "db_ms_per_trial")}}))

@@ -1,20 +1,20 @@
-"""How many GPUs one coordinator keeps busy, by simulation (issue 16 section 2).
+"""How many GPUs one coordinator keeps busy, by simulation.
 
     python3 docs/scripts/scale_sim.py [--gpus 1 8 32 64 128] [--dbs sqlite postgresql]
-        [--modes before after] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]
+        [--modes tpe optuna-tpe] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]
         [--pg postgresql://postgres@127.0.0.1:5432/test] [--profile 64] [--landscape FILE]
 
 Each run is one ``tuner.tune`` of the shortest attention landscape (4x8x512x64 fp16 causal, kernels
 of 13-60 us: 27-36 ms of GPU time a trial, ``workers.simulate``) on N simulated GPUs, in a fresh
-database (a SQLite file, or a PostgreSQL database made for the run and dropped after), TPE, seed 1,
+database (a SQLite file, or a PostgreSQL database made for the run and dropped after), seed 1,
 no warm start, no re-timing; ``--trials`` trials or ``--time-limit`` seconds, whichever first.
-``before``: one ask, one lease and one stored result per transaction (``tune(batch=False)``);
-``batched``: TPE's asks, leases and results in batches (``batch=True``); ``after``: that and
-TPE's proposals in batches (``sampler="tpe-batch"``). One Ray for every run, with
+A mode is the sampler: ``tpe`` (the default: a batch proposed at once) or ``optuna-tpe``
+(Optuna's TPE asked one config at a time); leases and results go in batches either way. One Ray
+for every run, with
 ``{"sim_gpu": max(gpus)}``. Prints a table and writes a PNG (busy share and trials/s against
 GPUs); "busy steady" is the GPUs' busy share while every GPU is in play (from the last GPU's
 first trial to the first GPU's last one: ``workers.simulate.steady_window``), the ramp-up and the
-tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``after`` run on N GPUs
+tail left out. ``--profile N``: cProfile of the coordinator's loop for the ``tpe`` run on N GPUs
 (PostgreSQL when asked, else SQLite), its top functions printed (by cumulative time; another
 pstats order by ``PROFILE_SORT``, e.g. ``tottime``).
 """
@@ -78,8 +78,7 @@ def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
     load = os.getloadavg()[0]
     try:
         result = tuner.tune(*PROBLEM, trials=trials, time_budget=limit, replay=str(landscape), db=db,
-                            seed=1, retime=0, warm_start=0, simulate_gpus=gpus, batch=mode != "before",
-                            sampler="tpe-batch" if mode == "after" else "tpe")
+                            seed=1, retime=0, warm_start=0, simulate_gpus=gpus, sampler=mode)
     finally:
         loop.Coordinator._loop = original
     row = {"gpus": gpus, "mode": mode, "status": result.status, "reason": result.reason,
@@ -130,7 +129,7 @@ def plot(rows: list[dict], path: Path, landscape: str = LANDSCAPE.name) -> None:
     for n, (db, mode, code) in enumerate(lines):
         mine = sorted((r for r in rows if (r["db"], r["mode"], r.get("code", "")) == (db, mode, code)),
                       key=lambda r: r["gpus"])
-        style = {"after": "-", "batched": "-.", "before": "--"}[mode]
+        style = {"tpe": "-", "optuna-tpe": "--"}[mode]
         marker = "o" if db == "postgresql" else "s"
         label = ", ".join(x for x in (db, mode, code) if x)
         x = [r["gpus"] for r in mine]
@@ -163,7 +162,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--dbs", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
-    parser.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "batched", "after"])
+    parser.add_argument("--modes", nargs="+", default=["tpe", "optuna-tpe"], choices=["tpe", "optuna-tpe"])
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--time-limit", type=float, default=25.0, help="seconds a run, at most")
     parser.add_argument("--pg", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
@@ -203,7 +202,7 @@ def main() -> int:
                     for gpus in args.gpus:
                         url, drop = fresh_database(db_kind, args.pg, Path(tmp))
                         try:
-                            profile = args.profile == gpus and mode == "after" and db_kind == args.dbs[-1]
+                            profile = args.profile == gpus and mode == "tpe" and db_kind == args.dbs[-1]
                             row = run(gpus, url, mode, args.trials, args.time_limit, profile, args.landscape)
                         finally:
                             drop()

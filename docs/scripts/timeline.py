@@ -73,8 +73,7 @@ P._compiled = _stamp("compiled", lambda item: item.params)(P._compiled)
 P._dispatch = _stamp("sent", lambda slot, item: item.params)(P._dispatch)
 P.poll = _summed("poll", P.poll)
 C = loop_module.Coordinator
-C._ask_one = _summed("ask", C._ask_one)  # one at a time (batch=False)
-C._propose = _summed("ask", C._propose)  # in batches (the default)
+C._propose = _summed("ask", C._propose)  # a batch of asks
 C._finish = _summed("finish", C._finish)
 C._retime = _summed("retime", C._retime)
 _run = C.run
