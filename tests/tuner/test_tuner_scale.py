@@ -1,4 +1,4 @@
-"""Scale (issue 16 section 2): batched asks, leases and results; TPE's batch proposer; simulated GPUs.
+"""Scale: batched asks, leases and results; TPE's batch proposer; simulated GPUs.
 
 The coordinator runs on the toy family and a fake pool (real Optuna, real storage), the batch
 proposer on its own, and one study on simulated GPUs through real Ray on a recorded landscape.
