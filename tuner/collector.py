@@ -1,11 +1,11 @@
 """Python's cyclic garbage collector, kept cheap while a study's loop runs.
 
-At tens of GPUs the coordinator's loop is the service's limit (issue 16 section 2), and its
-Python allocates fast: proposals, params, rows, results. The collector then runs every 700
-allocations, and each of its full passes walks every object alive, most of them made before the
-loop and alive till its end (Ray's, SQLAlchemy's, the sampler's valid configs). Inside
-:func:`quiet`, what exists at the start is frozen (moved out of the collector's reach,
-``gc.freeze``) and collections come less often; both are undone at the end::
+At tens of GPUs the coordinator's loop is the service's limit (docs/BENCHMARKS.md, "Scale by
+simulation"), and its Python allocates fast: proposals, params, rows, results. The collector
+then runs every 700 allocations, and each of its full passes walks every object alive, most of
+them made before the loop and alive till its end (Ray's, SQLAlchemy's, the sampler's valid
+configs). Inside :func:`quiet`, what exists at the start is frozen (moved out of the collector's
+reach, ``gc.freeze``) and collections come less often; both are undone at the end::
 
     with collector.quiet():
         loop.run()

@@ -32,8 +32,7 @@ CALIBRATE_EVERY = 40  # trials a GPU measures between two timings of the incumbe
 # repetitions, 200 at most), so a round costs a GPU a quarter of a trial (a 200-trial study on two
 # GPUs spent 2.8% of their time on three full rounds). Timed 20 times each way on two H100s at
 # once, the second GPU's ratio moved as much with a trial's timing as with a round's (1.0-1.6%
-# stdev): the GPUs' clocks set that noise, not the repetitions (docs/BENCHMARKS.md, twentieth and
-# twenty-first sessions).
+# stdev): the GPUs' clocks set that noise, not the repetitions (docs/BENCHMARKS.md, 2026-11-27).
 CALIBRATE_TIMING = {"target_ms": 75.0, "max_reps": 50}
 EARLY_ROUNDS = (4, 2)  # the gaps after the first and second rounds: ``every`` over these
 

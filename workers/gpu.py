@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 # How much the flush reads, in L2 sizes. A memset of 1x was within 0.6% of 4x (an H200,
-# docs/scripts/flush_size.py); the read: docs/BENCHMARKS.md, sixteenth session.
+# docs/scripts/flush_size.py); the read: docs/BENCHMARKS.md, "Timing methods" (2026-11-27).
 FLUSH_FACTOR = 1.0
 
 

@@ -24,7 +24,7 @@ of clean lines that are not its own. A memset of the L2's size (nvbench's flush,
 project's until 2026-11-27; Triton's ``do_bench`` zeroes 256 MB) leaves it full of dirty lines,
 and the timed kernel pays for writing them back as its reads evict them: on an H100, cuBLAS's
 16x4096x4096 bf16 GEMM timed 24.4 us after a memset and 19.1 us after a read, while a
-compute-bound 8192x4096x4096 moved by 1.5% (docs/BENCHMARKS.md, sixteenth session). The
+compute-bound 8192x4096x4096 moved by 1.5% (docs/BENCHMARKS.md, "Timing methods"). The
 write-back is not the kernel's cost, and it flattened the ratios of memory-bound kernels
 towards 1.
 """

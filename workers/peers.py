@@ -68,7 +68,7 @@ class HeldTimer:
         the same held batches. A drift of the GPU's clocks or temperature then moves every run's
         times alike, so their ratios hold (timed one after the other on an H100, one gemm kernel's
         median of 4096^3 moved by up to 10% with the clocks, and its ratio to cuBLAS's between 0.93
-        and 0.98; in turns, 0.926 and 0.927: docs/BENCHMARKS.md, fifteenth session)."""
+        and 0.98; in turns, 0.926 and 0.927: docs/BENCHMARKS.md, "Timing methods")."""
         cuda = self._torch.cuda
         late = self.hold.timeouts
         pairs: dict[str, list[tuple[Any, Any]]] = {name: [] for name in runs}

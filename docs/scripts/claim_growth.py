@@ -1,6 +1,6 @@
 """What a claim and a store of 100 trials cost as a study grows to tens of thousands of trials, on
-a fresh PostgreSQL database (issue 16 §2; docs/BENCHMARKS.md, "Scale by simulation", twenty-fourth
-session). The simulation's studies end at 4,744 trials (every valid config of its problem); this
+a fresh PostgreSQL database (docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27, commit
+d52a7f7). The simulation's studies end at 4,744 trials (every valid config of its problem); this
 goes past them through the storage layer alone.
 
     python3 docs/scripts/claim_growth.py [--trials 40000] [--older 0] [--no-analyze]
@@ -8,7 +8,7 @@ goes past them through the storage layer alone.
 
 ``--older N``: the database first holds an older study of N trials (inserted in one statement,
 then analyzed), as a long-lived database does. ``--no-analyze``: the claims never analyze the
-trial tables (``storage.batches.ANALYZE_FROM`` out of reach), as before the twenty-fourth session.
+trial tables (``storage.batches.ANALYZE_FROM`` out of reach), as before commit d52a7f7.
 Prints the mean claim and store of each stretch, ending at 1,000, 4,000, 10,000, 20,000 and 40,000.
 """
 

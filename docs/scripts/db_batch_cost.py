@@ -1,5 +1,5 @@
 """What ``Repository.claim_trials`` and ``record_trials`` cost, a transaction and a row, on
-PostgreSQL and SQLite (issue 16 §2; docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27).
+PostgreSQL and SQLite (docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27).
 
     python3 docs/scripts/db_batch_cost.py [--profile] [--pg postgresql://postgres@127.0.0.1:5432/test]
 

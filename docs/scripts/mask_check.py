@@ -1,5 +1,5 @@
-"""The masks in a branch of their own (eleventh session): the previous templates' kernels beside
-today's on the tenth session's winners, and cuDNN, one process, one GPU.
+"""The masks in a branch of their own (2026-11-23): the previous templates' kernels beside
+today's on the winners of template 1abdd17792740402, and cuDNN, one process, one GPU.
 
     PYTHONPATH=OLD_CHECKOUT python3 docs/scripts/mask_check.py --write-old DIR   # on any machine
     python3 docs/scripts/mask_check.py DIR                                       # on the GPU
@@ -24,7 +24,7 @@ FAMILY = get_family("attention")
 TMA = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=128, STAGES=2, SMEM_LAYOUT="swizzle",
            WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1,
            PINGPONG=1, EPILOGUE="st16")
-# The tenth session's fp16 winners (docs/BENCHMARKS.md), fastest-first on each problem.
+# The fp16 winners of template 1abdd17792740402 (2026-11-23), fastest-first on each problem.
 CASES = (
     ("16,16,2048,64", False, dict(TMA, BLOCK_N=176, SCHEDULE="persistent", EPILOGUE="tma")),
     ("16,16,2048,64", True, dict(TMA, PRODUCER_REGS=56, SCHEDULE="persistent", TILE_ORDER="lpt")),

@@ -1,4 +1,4 @@
-"""Two GPUs' timings as one set, and a study's throughput on one GPU and on two (issue 16 §1).
+"""Two GPUs' timings as one set, and a study's throughput on one GPU and on two.
 
     PYTHONPATH=<checkout> python3 docs/scripts/multigpu_check.py [--trials 200]
         [--shape 4,16,4096,128] [--dtype fp16] [--causal] [--sampler tpe] [--configs 10] [--rounds 3]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A PostgreSQL server and psycopg for the GPU machine, which has neither (issue 16 section 2:
-# the simulation with the database on cores of its own).
+# A PostgreSQL server and psycopg for the GPU machine, which has neither (the scale simulation
+# with the database on cores of its own: docs/BENCHMARKS.md, "Scale by simulation").
 # Usage: bash docs/scripts/pgpack.sh DEST_DIR      (then carry DEST_DIR beside .whl; about 8 MB)
 # DEST_DIR gets psycopg's wheels for CPython 3.12 and pg.tar.xz: PostgreSQL 16's server, initdb and
 # pg_ctl with their libraries and share files, taken from the pgserver wheel (a self-contained

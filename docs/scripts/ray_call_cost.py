@@ -1,6 +1,6 @@
 """What one Ray actor call costs the caller's CPU: with the pool's arguments (separate, and packed
 as one request: ``workers.request``), with two small ones, and a trial's share when a batch of
-trials goes in one call (issue 16 §2; docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27).
+trials goes in one call (docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27).
 
     python3 docs/scripts/ray_call_cost.py [--calls 2000]
 

@@ -1,5 +1,5 @@
-"""The coordinator's CPU a trial when it calls one actor a trial, as it calls real GPUs (issue 16
-§2; docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27, twenty-second session).
+"""The coordinator's CPU a trial when it calls one actor a trial, as it calls real GPUs
+(docs/BENCHMARKS.md, "Scale by simulation", 2026-11-27, commit 4569029).
 
     python3 docs/scripts/real_dispatch.py [--gpus 8] [--trials 2000] [--db sqlite:///...] [--agents 0|1]
 

@@ -1,4 +1,5 @@
-"""How many GPUs one coordinator keeps busy, by simulation.
+"""How many GPUs one coordinator keeps busy, by simulation (docs/BENCHMARKS.md, "Scale by
+simulation").
 
     python3 docs/scripts/scale_sim.py [--gpus 1 8 32 64 128] [--dbs sqlite postgresql]
         [--modes tpe optuna-tpe] [--trials 500] [--time-limit 25] [--png docs/img/scale_sim.png]

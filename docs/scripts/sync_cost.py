@@ -1,4 +1,4 @@
-"""What a coordinator's sync costs as its study grows (issue 16 §2): ``MirroredStudy.sync`` when
+"""What a coordinator's sync costs as its study grows: ``MirroredStudy.sync`` when
 the memory holds every stored trial but the last 10, another coordinator's.
 
     python3 docs/scripts/sync_cost.py [--trials 1000 4000 16000] [--pg postgresql://postgres@127.0.0.1:5432/test]

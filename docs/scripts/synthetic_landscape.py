@@ -1,5 +1,5 @@
 """A landscape with every valid config of a recorded one's problem, for longer scale simulations
-(issue 16 §2).
+(docs/BENCHMARKS.md, "Scale by simulation").
 
     python3 docs/scripts/synthetic_landscape.py tests/data/attention_4x8x512x64-fp16-causal_h200.json \
         /tmp/attention_4x8x512x64_all.json [--seed 0]

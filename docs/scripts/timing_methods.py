@@ -1,5 +1,5 @@
 """Three ways of timing the same kernels, in one process on one GPU: the events as `tuner bench`
-placed them before issue 13 (flush, start event, call, end event, then a synchronize, per
+placed them before 2026-11-23 (flush, start event, call, end event, then a synchronize, per
 repetition), the same behind holds of the stream (the method every timing uses now), and
 ``triton.testing.do_bench`` (median). For our kernel (a family starting point) and SDPA's flash
 and cuDNN backends.

@@ -26,7 +26,7 @@ FIRST_AT_D128 = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOU
 # path's candidates on the H200 (docs/scripts/hopper_check.py, 2026-11-23): at D=128 128 rows with
 # 160 or 176 keys (530-570 TFLOPS, 0.93-0.98x cuDNN, without the causal mask), 128 keys with the
 # TMA store under the causal mask; at D=64 128 x 128 and FA3's 192 x 128 (375 TFLOPS both).
-# Then the schedules (docs/scripts/schedule_sweep.py, tenth session, H200): at D=64 persistent
+# Then the schedules (docs/scripts/schedule_sweep.py, 2026-11-23, H200): at D=64 persistent
 # blocks with 176 keys and the TMA store (1.04-1.07x the one-block-a-tile 128 x 128); under the
 # causal mask the longest tiles first (1.37x on 2x16x1000x64, 1.05x persistent on 4x16x4096x128).
 # The constraints drop what does not apply (TILE_ORDER=lpt without the mask).
@@ -43,8 +43,8 @@ TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
 
 
 # Problems of fewer 128-row tiles than the GPU has SMs (e.g. 1x8x512: 32 tiles on 132 SMs): first
-# one consumer warpgroup of 64 rows, which doubles the blocks. Two of the eleventh session's bf16
-# winners on the H200 (1x8x512x64: 9.5 us, 1.09x the Triton peer; 2x8x512x64: 10.7 us), where
+# one consumer warpgroup of 64 rows, which doubles the blocks. Two bf16 winners of 2026-11-23
+# on the H200 (1x8x512x64: 9.5 us, 1.09x the Triton peer; 2x8x512x64: 10.7 us), where
 # the fp16 studies, which had not measured them, kept the cp.async 64x128 tile (10.6-11.5 us).
 ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PRODUCER_REGS=56, PINGPONG=0)
 FEW_TILES_POINTS = (dict(ONE_CONSUMER, STAGES=4), dict(ONE_CONSUMER, BLOCK_N=176, STAGES=3))

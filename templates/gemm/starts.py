@@ -20,23 +20,23 @@ POINTS: tuple[dict[str, Any], ...] = tuple(
 # The wgmma path first (sm_90a; the constraints drop it elsewhere, and where A's or B's rows are
 # not 16-byte aligned). First C by TMA stores (where N % 8 == 0): two consumer warpgroups of
 # 64 x 256 rows, persistent, four stages, in tile groups of 16 and of 8, then a block a tile, then
-# 256 x 128 persistent: on an H100 (fifteenth session, timed in turns with cuBLAS,
+# 256 x 128 persistent: on an H100 (2026-11-26, timed in turns with cuBLAS,
 # docs/scripts/gemm_timing.py) 0.99-1.00x cuBLAS on 4096^3 fp16 and 4096x12288x4096 bf16 nt, and
 # 1.00x on 2048^3 (a block a tile), where the same tiles storing C from registers made 0.92-0.95x.
 # Then those tiles storing C from registers (any N), with setmaxnreg: the fastest of
-# docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed (H200, twelfth
-# session: 623-686 TFLOPS). Then for small M or small problems one consumer warpgroup of 64 rows
+# docs/scripts/gemm_hopper_check.py's candidates on every large problem it timed (H200,
+# 2026-11-23: 623-686 TFLOPS). Then for small M or small problems one consumer warpgroup of 64 rows
 # with deep pipelines, K in parts where the tiles leave multiprocessors idle (the constraints drop
-# split-K elsewhere), each the fastest on one of the thirteenth session's probes (H200):
+# split-K elsewhere), each the fastest on one of the probes of 2026-11-24 (H200):
 # 16x14336x4096 (64x128, 8 stages: 43 us against 46 with 4), 128x4096x4096 (6 stages, K in 2: 23
 # against 26), 64x4096x14336 (64x64, 8 stages, K in 2: 45 against 47), 1x4096x4096 (8 stages, K in
-# 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the next ones of the twelfth
-# session, and a cluster of two sharing B last (on a par, not faster).
+# 4: 22 against 24), 1024^3 (6 stages: 11.1 against 12.2). Then the next ones of 2026-11-23's
+# candidates, and a cluster of two sharing B last (on a par, not faster).
 WGMMA = dict(MMA="wgmma", BLOCK_K=64, SMEM_LAYOUT="swizzle", GROUP_M=8)
-# After the first, the tiles of 192 and 224 columns, persistent in groups of 16 (H100, seventeenth
-# session): 128 x 192 by TMA made 1.004x cuBLAS on 8192x14336x4096 (128 x 256: 0.985x), 128 x 224
-# from registers 0.921x on 1024x14336x4096 (0.877x: its 448 tiles of 128 x 256 fill 3.4 waves of 132
-# blocks, 512 of 128 x 224 fill 3.9).
+# After the first, the tiles of 192 and 224 columns, persistent in groups of 16 (H100,
+# 2026-11-27, commit 0baea2d): 128 x 192 by TMA made 1.004x cuBLAS on 8192x14336x4096 (128 x 256:
+# 0.985x), 128 x 224 from registers 0.921x on 1024x14336x4096 (0.877x: its 448 tiles of 128 x 256
+# fill 3.4 waves of 132 blocks, 512 of 128 x 224 fill 3.9).
 TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=4, PRODUCER_REGS=40, GROUP_M=group, SPLIT_K=1,
          CLUSTER_M=1, PERSISTENT=persistent, C_STORE=c_store)
@@ -47,7 +47,7 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
 # For small M (the 128-row tiles above are refused there), the same store of C by TMA from one
 # consumer warpgroup of 64 rows: the fastest of every valid config of its kind (4-8 stages,
 # K in parts or not, 64-256 columns), timed in turns with cuBLAS after the clean flush (H100,
-# sixteenth session, docs/BENCHMARKS.md): 64 x 128, 6 stages, K in 2 on 16x4096x4096 (0.986x) and
+# 2026-11-27, commit 3356263): 64 x 128, 6 stages, K in 2 on 16x4096x4096 (0.986x) and
 # 1x4096x4096 (0.978x); 8 stages on 32x8192x8192 (0.975x); 6 stages on 16x14336x4096 (0.967x);
 # 64 x 64, 8 stages, setmaxnreg 40 on 128x4096x4096 (1.020x, where a 14-trial study had found
 # 0.885x). Then 8 stages in K of 2.
@@ -58,7 +58,7 @@ SMALL_M_TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
 )
 # Small M (M <= 256, A row-major) before all of those: A's rows as the MMA's N (SWAP_AB), B's tile
 # of 64 rows on its 64-row side, deep pipelines, K whole; each the fastest of every valid config of
-# its kind on one problem, timed in turns with cuBLAS (H100, seventeenth session, docs/BENCHMARKS.md):
+# its kind on one problem, timed in turns with cuBLAS (H100, 2026-11-27, docs/BENCHMARKS.md):
 # 16 x 64, 12 stages on 16x4096x4096 (1.10x) and 1x4096x4096 (1.13x); 32 x 64, 16 stages on
 # 64x4096x14336 (1.05x) and 32x8192x8192 (0.99x); 64 x 64, 12 stages on 128x4096x4096 (1.02x);
 # 16 x 64 persistent on 16x14336x4096 (1.00x); then 16 x 128, 8 stages.

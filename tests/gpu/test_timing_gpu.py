@@ -7,7 +7,7 @@ leaves clean lines (``workers.hold``); and on microsecond peers whose host dispa
 long as that zeroing, do_bench's median holds host time. On an H100 (2026-11-27) ours timed
 9.41 us held and 10.50 us by do_bench (with a flush by memset, as do_bench's, the two had agreed
 within 5%); SDPA flash timed 15.84 and 15.58 us held and 22.30 and 32.58 us by do_bench in two
-runs of four (the fifteenth session saw 16 against 29-33 us). From below, a peer's held median
+runs of four (on 2026-11-26: 16 against 29-33 us). From below, a peer's held median
 is checked against ``triton.testing.do_bench_cudagraph`` (a CUDA graph: no host time, and a hot
 L2, which a cold repetition cannot beat); ours against 0.6 of do_bench.
 

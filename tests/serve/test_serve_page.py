@@ -3,7 +3,7 @@ selenium with the driver's path given, so nothing is downloaded): a click on a s
 best-so-far curve and its trials, the tabs show the winners per GPU and the coverage, and a
 screenshot is taken. Skips where chromium or chromedriver is not installed.
 
-``TUNER_SCREENSHOT_DIR=docs/img`` keeps the screenshots there (the README's)."""
+``TUNER_SCREENSHOT_DIR=docs/img`` keeps the screenshots there (docs/DEPLOY.md shows them)."""
 
 from __future__ import annotations
 

@@ -346,7 +346,7 @@ def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
         lead = points[len(few)]
         first = (lead["BLOCK_M"], lead["BLOCK_N"], lead["INTRA_OVERLAP"], lead["PINGPONG"])
         assert first == ((128, 160, 1, 1) if d == 128 else (128, 176, 1, 1))  # the H200's fastest
-        if d == 64:  # persistent blocks with the TMA store (tenth session)
+        if d == 64:  # persistent blocks with the TMA store (H200, 2026-11-23)
             assert (lead["SCHEDULE"], lead["EPILOGUE"]) == ("persistent", "tma")
         # under the causal mask the longest-first order is among them, without it never
         assert any(p["TILE_ORDER"] == "lpt" for p in points) == problem.flag("causal")

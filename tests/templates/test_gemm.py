@@ -153,20 +153,20 @@ def test_starting_points_are_valid_and_lead_with_the_wgmma_path():
         assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
         assert len({tuple(sorted(p.items())) for p in points}) == len(points)
         assert points[0]["MMA"] == "wgmma" and any(p["MMA"] == "sync" for p in points)
-        if min(problem.shape) >= 128 and problem.shape[0] > 256:  # two consumer warpgroups (H200, twelfth session)
+        if min(problem.shape) >= 128 and problem.shape[0] > 256:  # two consumer warpgroups (H200, 2026-11-23)
             assert (points[0]["BLOCK_M"], points[0]["NUM_WARPS"]) == (128, 8) and points[0]["BLOCK_N"] in (192, 256)
-            assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, fifteenth session)
-            wide = [p for p in points if p["BLOCK_N"] in space.NON_POW2_BLOCK_N]  # seventeenth session
+            assert points[0]["C_STORE"] == "tma"  # C by TMA (H100, 2026-11-26)
+            wide = [p for p in points if p["BLOCK_N"] in space.NON_POW2_BLOCK_N]  # H100, 2026-11-27
             if space.units(starts.TMA_C_POINTS[1], problem) > H100_LIMITS.sm_count:  # persistent: more tiles than SMs
                 assert wide and points.index(wide[0]) <= 1
             assert FAMILY.default_params() in points
         swapped = [p for p in points if p["SWAP_AB"]]
-        if problem.shape[0] <= 256 and problem.flag("layout")[0] == "n":  # small M (H100, seventeenth session)
+        if problem.shape[0] <= 256 and problem.flag("layout")[0] == "n":  # small M (H100, 2026-11-27)
             assert swapped and points[:len(swapped)] == swapped  # A's rows as the MMA's N first
             assert all(p["BLOCK_M"] <= max(16, problem.shape[0]) for p in swapped)
         else:
             assert not swapped
-        if problem.shape[0] <= 64 and problem.shape[1] % 8 == 0:  # then C by TMA (H100, sixteenth session)
+        if problem.shape[0] <= 64 and problem.shape[1] % 8 == 0:  # then C by TMA (H100, 2026-11-27)
             after = points[len(swapped):len(swapped) + len(starts.SMALL_M_TMA_C_POINTS)]
             assert [(p["BLOCK_M"], p["C_STORE"]) for p in after] == [(64, "tma")] * len(starts.SMALL_M_TMA_C_POINTS)
     older = DeviceLimits("sm80", (8, 0), 108, max_smem_per_block_optin=163 * 1024)
@@ -596,7 +596,7 @@ def test_swapped_configs_compile_without_spilling(tmp_path):
         assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
 
 
-# -- the landscapes the family ships (H100, sixteenth session: every valid config, `--sampler grid`)
+# -- the landscapes the family ships (H100, 2026-11-27: every valid config, `--sampler grid`)
 @pytest.mark.parametrize("name,shape,dtype,layout,trials", [
     ("gemm_64x4096x14336-bf16-nt_h100", "64,4096,14336", "bf16", "nt", 40),
     ("gemm_2048x2048x2048-fp16-nn_h100", "2048,2048,2048", "fp16", "nn", 40),

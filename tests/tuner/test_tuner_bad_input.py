@@ -1,5 +1,6 @@
-"""The README's "Bad input" table, the rows that other tests do not cover already: each bad input
-ends in one line ``tuner: error: ...``, exit code 2, no output and the database unchanged."""
+"""The "Bad input" table of docs/BAD_INPUT.md, the rows that other tests do not cover already:
+each bad input ends in one line ``tuner: error: ...``, exit code 2, no output and the database
+unchanged."""
 
 from __future__ import annotations
 

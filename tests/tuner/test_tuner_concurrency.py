@@ -1,6 +1,6 @@
-"""Interruption and concurrency through real processes (issue 16 §4): real ``tuner tune``
-commands, each with its own local Ray, on replayed landscapes (tests/data) and real databases,
-SQLite files and the local PostgreSQL (``url``)."""
+"""Interruption and concurrency through real processes: real ``tuner tune`` commands, each with
+its own local Ray, on replayed landscapes (tests/data) and real databases, SQLite files and the
+local PostgreSQL (``url``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Joining a Ray cluster (``ray_address``, issue 16), against a real head started with
+"""Joining a Ray cluster (``ray_address``), against a real head started with
 ``ray start --head`` on this machine, CPU only: every address form a Ray user types joins it
 (token authentication on, as on a machine that has a token); an address where nothing listens
 fails within seconds in one line; a run without an address starts its own Ray whatever a dead
