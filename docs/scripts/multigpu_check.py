@@ -96,6 +96,9 @@ def phases(db: str, result: dict) -> dict:
         "span_s": round(last - first, 2),  # first to last stored trial
         "steady_per_min": round(60 * (len(steady) - 1) / (steady[-1] - steady[0]), 1)
         if len(steady) > 1 and steady[-1] > steady[0] else None,
+        # the last 100 stored trials: a study that slows as it grows shows it here
+        "late_per_min": round(60 * (len(late) - 1) / (late[-1] - late[0]), 1)
+        if len(late := stamps[-100:]) > 1 and late[-1] > late[0] else None,
         "gpus": len(gpus),
         "busy_share": round(result["gpu_busy_s"] / (len(gpus) * result["elapsed_s"]), 3),
         "kernel_share": round(result.get("kernel_busy_s", 0.0) / (len(gpus) * result["elapsed_s"]), 3),
@@ -286,6 +289,7 @@ def main() -> None:
         ph = r["phases"]
         print(f"  {n} GPU(s): wall {r['elapsed_s']:.1f} s, trials stored over {ph['span_s']:.1f} s "
               f"(outside that {ph['outside_span_s']:.1f} s), steady {ph['steady_per_min']} trials/min, "
+              f"last 100 trials {ph['late_per_min']}/min, "
               f"GPU busy {100 * ph['busy_share']:.0f}% (kernels {100 * ph['kernel_share']:.0f}%), "
               f"compile {ph['compile_cpu_s']:.0f} CPU s, per GPU {ph['trials_per_gpu']}")
     rates = {"problem": f"{args.shape} {args.dtype} causal={args.causal}", "trials": args.trials,
