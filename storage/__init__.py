@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "storage.engine": ("default_url", "missing_sqlite_file", "open_reader", "open_repository", "refuse_newer_schema",
+    "storage.engine": ("check_database", "default_url", "missing_sqlite_file", "open_reader", "open_repository",
                        "use_sqlite_writer"),
     "storage.errors": ("ClaimRefused", "StorageError"),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from storage.errors import StorageError, one_line
@@ -37,6 +37,12 @@ SQLITE_BUSY_TIMEOUT_S = 30
 # within milliseconds, and a ping each cost it a round trip (a claim checked its connection out in
 # 0.3-0.8 ms of its 5-15 ms).
 PING_IDLE_S = 1.0
+# Optuna's tables: the copy optuna-dashboard reads lives in our database (tuner.dashboard), and a
+# database of Optuna's alone is one we may share (ours go beside them, our version in a table of ours).
+OPTUNA_TABLES = frozenset({
+    "alembic_version", "studies", "study_directions", "study_system_attributes", "study_user_attributes",
+    "trial_heartbeats", "trial_intermediate_values", "trial_params", "trial_system_attributes",
+    "trial_user_attributes", "trial_values", "trials", "version_info"})
 
 
 def default_url() -> str:
@@ -50,9 +56,11 @@ def open_repository(url: str | None = None) -> Repository:
 
     Raises:
         StorageError: the URL is malformed, the driver is missing, the server does not answer,
-            or the database was written by a newer version of the tuner.
+            the database was written by a newer version of the tuner, or it is another
+            program's (:func:`check_database`).
     """
     url = url or default_url()
+    check_database(url)  # another program's database, or a newer version's: refused before any write
     engine = make_engine(url)
     shown = engine.url.render_as_string(hide_password=True)
     try:
@@ -80,11 +88,8 @@ def open_reader(url: str | None = None) -> Repository:
     shown = engine.url.render_as_string(hide_password=True)
     try:
         with engine.connect() as connection:
-            current = current_revision(connection)
-        refuse_newer(current)
+            current = our_revision(connection, empty=False)
         head = head_revision()
-        if current is None:
-            raise RuntimeError("it holds no tuner tables (nothing was tuned into it)")
         if current != head:
             raise RuntimeError(
                 f"its tuner schema is at revision {current}, older than this version's ({head}); "
@@ -95,29 +100,52 @@ def open_reader(url: str | None = None) -> Repository:
     return Repository(engine)
 
 
-def refuse_newer_schema(url: str | None = None) -> None:
-    """StorageError (the line :func:`open_repository` would give) where the database at ``url``
-    was written by a newer version of the tuner; nothing is created or changed. Any other
-    problem (no file yet, no server) is left to :func:`open_repository` to report."""
+def check_database(url: str | None = None) -> None:
+    """StorageError (the line :func:`open_repository` gives) where the database at ``url`` cannot
+    be opened (no server, not a database), was written by a newer version of the tuner, or is
+    another program's (:func:`our_revision`). It is only read, through a read-only connection:
+    nothing is created or changed, not even SQLite's journal mode. A SQLite file that does not
+    exist yet passes where its folder does (opening it creates it)."""
     url = url or default_url()
-    if missing_sqlite_file(url) is not None:
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        if not missing.parent.is_dir():  # as SQLite says it, once Ray has started and the study opens
+            shown = make_url(url).render_as_string(hide_password=True)
+            raise StorageError(f"cannot open database {shown}: unable to open database file "
+                               f"(no folder {missing.parent})")
         return
-    try:
-        engine = make_engine(url)
-    except StorageError:
-        return
+    engine = make_engine(url, read_only=True)
     try:
         with engine.connect() as connection:
-            current = current_revision(connection)
-    except Exception:  # noqa: BLE001 - reported by open_repository, in its place
-        return
+            our_revision(connection, empty=True)
+    except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
+        shown = engine.url.render_as_string(hide_password=True)
+        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
     finally:
         engine.dispose()
-    try:
-        refuse_newer(current)
-    except RuntimeError as error:
-        shown = engine.url.render_as_string(hide_password=True)
-        raise StorageError(f"cannot open database {shown}: {error}") from None
+
+
+def our_revision(connection: Connection, *, empty: bool) -> str | None:
+    """The revision of our tables in the database of ``connection`` (None: it holds none).
+
+    Raises:
+        RuntimeError: it was written by a newer version of the tuner; or it holds no tuner
+            tables and others' (another program's database, which we must not add to); or, unless
+            ``empty`` (a writer may create our tables), it holds no tables at all.
+    """
+    current = current_revision(connection)
+    refuse_newer(current)
+    if current is not None:
+        return current
+    others = sorted(name for name in inspect(connection).get_table_names()
+                    if not name.startswith("tuner_") and name not in OPTUNA_TABLES)
+    if others:
+        tables = f"{len(others)} table{'s' if len(others) > 1 else ''}"
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise RuntimeError(f"not a tuner database: it holds {tables} of another program ({shown}) and none of ours")
+    if not empty:
+        raise RuntimeError("it holds no tuner tables (nothing was tuned into it)")
+    return None
 
 
 def missing_sqlite_file(url: str) -> Path | None:

@@ -36,6 +36,13 @@ class TemplateError(ValueError):
     """A problem or a parameter set that a family cannot handle (one clear line)."""
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for an error line, cut to ``limit`` characters where longer (a shape of
+    thousands of numbers): ``'1,2,3,4,...'``."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 4]}...{text[-1]}"
+
+
 @dataclass(frozen=True)
 class Param:
     """One tunable: a name and its ordered, finite choices."""

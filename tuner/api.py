@@ -16,6 +16,7 @@ whose text is one line.
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import optuna
 
-from templates import reference
+from templates import families, reference
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
 from tuner import retime as retiming
 from tuner import dashboard, database, lookup, search, warmstart
@@ -37,6 +38,7 @@ from tuner.meter import Meter
 logger = logging.getLogger("tuner")
 
 DEFAULT_TRIALS = 100  # when neither a trial nor a time budget is given (grid: the whole space)
+MAX_TIME_BUDGET_S = 365 * 24 * 3600.0  # a year: a longer budget is a typing error, not a plan
 NO_GPU = "no GPU is visible (to tune without one, replay a recorded landscape with --replay FILE)"
 
 
@@ -125,7 +127,7 @@ def tune(
     check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
     url = database.url(db)
     replay = landscape_file(fam, replay)
-    database.refuse_newer(url)  # a newer version's database: refused before Ray starts
+    database.check(url)  # a database that cannot be opened: refused before Ray starts
     # the workers first: without a GPU (or a replay file) nothing is opened, nor a database created
     with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam), simulate_gpus=simulate_gpus):
         return tune_here(
@@ -407,6 +409,8 @@ def check_budget(sampler: str, trials: int | None, time_budget: float | None, re
         raise UsageError(f"trials must be at least 1, not {trials}")
     if time_budget is not None and time_budget <= 0:
         raise UsageError(f"the time budget must be positive, not {time_budget:g}s")
+    if time_budget is not None and not time_budget <= MAX_TIME_BUDGET_S:
+        raise UsageError(f"the time budget must be at most a year ({MAX_TIME_BUDGET_S:g}s), not {time_budget:g}s")
     if retime < 0:
         raise UsageError(f"retime takes a number of trials, 0 or more, not {retime}")
     if not 0 < measure_timeout_s < float("inf"):
@@ -437,7 +441,7 @@ def validate(
     if not 0 < measure_timeout_s < float("inf"):
         raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
     url = database.url(db)
-    database.refuse_newer(url)
+    database.check(url)  # before Ray starts
     replay = landscape_file(fam, replay)
     with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
         return tune_here(
@@ -450,14 +454,49 @@ def validate(
 def landscape_file(fam: KernelFamily, replay: str | Path | None) -> str | Path | None:
     """``replay`` as a path: itself where a file is there, else the landscape of that name the
     family ships (``landscapes/`` in its folder, ``.json`` optional); else itself (the workers say
-    that it cannot be read)."""
-    if replay is None or Path(replay).exists():
+    that it cannot be read). A UsageError where it is a landscape of another family: a file that
+    names another, or the name of a landscape another installed family ships."""
+    if replay is None:
+        return None
+    if Path(replay).exists():
+        recorded = _recorded_family(Path(replay))
+        if recorded not in (None, fam.name):
+            raise UsageError(f"{replay} is a landscape of family {recorded!r}, not {fam.name!r}")
         return replay
-    shipped = Path(fam.folder) / "landscapes"
-    for name in (str(replay), f"{replay}.json"):
-        if "/" not in name and (shipped / name).is_file():
-            return shipped / name
+    shipped = _shipped(fam, str(replay))
+    if shipped is not None:
+        return shipped
+    for name in families():
+        other = _loaded_or_none(name)
+        if other is not None and other.name != fam.name and _shipped(other, str(replay)) is not None:
+            raise UsageError(f"{replay} is a landscape of family {other.name!r}, not {fam.name!r}")
     return replay
+
+
+def _shipped(fam: KernelFamily, name: str) -> Path | None:
+    """The landscape named ``name`` (``.json`` optional) that ``fam`` ships; None if it ships none."""
+    folder = Path(fam.folder) / "landscapes"
+    for candidate in (name, f"{name}.json"):
+        if "/" not in candidate and (folder / candidate).is_file():
+            return folder / candidate
+    return None
+
+
+def _recorded_family(path: Path) -> str | None:
+    """The family a landscape file names; None where it cannot be read as one (the workers say why)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError too
+        return None
+    family = data.get("family") if isinstance(data, dict) else None
+    return family if isinstance(family, str) else None
+
+
+def _loaded_or_none(name: str) -> KernelFamily | None:
+    try:
+        return lookup.family(name)
+    except UsageError:
+        return None
 
 
 def export(

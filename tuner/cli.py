@@ -30,7 +30,7 @@ from tuner.bench import suite_of
 from tuner.errors import TunerError, UsageError
 from tuner.searchbench import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
 from tuner.searchbench import IN_FLIGHT
-from tuner.searchbench import bench_search
+from tuner.searchbench import bench_search, check_plot
 from tuner.searchbench import plot as plot_search
 from tuner.landscape import record_landscape
 from tuner.study_plot import plot_study
@@ -40,6 +40,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 _DURATION = re.compile(r"(\d+(?:\.\d*)?)\s*([hms]?)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+_DASHED_VALUE = re.compile(r"-\.?\d")  # a negative number, or numbers after one (a shape)
 
 
 def parse_duration(text: str) -> float:
@@ -51,6 +52,8 @@ def parse_duration(text: str) -> float:
     seconds = sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)] for p in parts)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"the time budget must be positive, not {text!r}")
+    if not seconds <= api.MAX_TIME_BUDGET_S:
+        raise argparse.ArgumentTypeError(f"must be at most a year (8760h), not {text!r}")
     return seconds
 
 
@@ -246,10 +249,23 @@ FAMILY_COMMANDS = ("tune", "best", "export", "bench")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    args, rest = parser.parse_known_args(_shape_values(sys.argv[1:] if argv is None else argv))
     _setup_logging(args.verbose)
     with _terminate_as_interrupt():
         return _main(parser, args, rest)
+
+
+def _shape_values(argv: Sequence[str]) -> list[str]:
+    """``--shape -2,8,1024,64`` as ``--shape=-2,8,1024,64``: argparse takes a value that starts
+    with a dash and is not one number for an option, and says only that ``--shape`` expected one
+    argument; joined, the family says what is wrong with the shape."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1] == "--shape" and _DASHED_VALUE.match(arg):
+            joined[-1] = f"--shape={arg}"
+        else:
+            joined.append(arg)
+    return joined
 
 
 @contextmanager
@@ -507,6 +523,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_search(args: argparse.Namespace) -> int:
+    if args.png:
+        check_plot(args.png)  # before the runs, which take minutes
     report = bench_search(args.landscapes, seeds=args.seeds, samplers=args.samplers,
                           progress=logging.getLogger("tuner").info, family=args.family,
                           in_flight=args.in_flight)

@@ -26,13 +26,15 @@ def url(db: str | None) -> str:
     return db or default_url()
 
 
-def refuse_newer(url: str) -> None:
-    """A DatabaseError where the database at ``url`` was written by a newer version of the
-    tuner (before anything starts); nothing created or changed, other problems left for later."""
-    from storage import StorageError, refuse_newer_schema
+def check(url: str) -> None:
+    """A DatabaseError where the database at ``url`` cannot be opened, is another program's, or
+    was written by a newer version of the tuner: the line opening it would give, found by reading
+    it only (before Ray starts, in a second where Ray takes ten); nothing created or changed. A
+    SQLite file that does not exist yet passes."""
+    from storage import StorageError, check_database
 
     try:
-        refuse_newer_schema(url)
+        check_database(url)
     except StorageError as error:
         raise DatabaseError(one_line(error)) from None
 

@@ -49,9 +49,12 @@ def read_problems(fam: KernelFamily, path: str | Path) -> list[Problem]:
     import yaml
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        raise UsageError(f"{path} is not UTF-8 text: byte 0x{byte:02x} at offset {error.start}") from None
     try:
         entries = yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -142,7 +145,7 @@ def tune_many(
         trials = api.DEFAULT_TRIALS
     landscapes = landscapes_for(fam, wanted, replay) if replay else {}
     url = database.url(db)
-    database.refuse_newer(url)  # a newer version's database: refused before Ray starts
+    database.check(url)  # a database that cannot be opened: refused before Ray starts
     done: list[Tuned] = []
     first_replay = next(iter(landscapes.values()), None)
     with api.quiet_optuna(), api.ray_for(ray_address, first_replay, family=fam):

@@ -274,8 +274,25 @@ class _Winner:
         self.dtype, self.flags = land.problem.dtype, dict(land.problem.flags)
 
 
-def plot(report: SearchReport, path: str | Path) -> Path:
-    """Median best-so-far (over runs) against measured trials, one line per sampler, as PNG."""
+def check_plot(path: str | Path) -> None:
+    """UsageError where :func:`plot` could not write ``path`` (no matplotlib; a folder that is
+    not there, is a file or is not writable): found before the runs rather than after them.
+    Nothing is left behind."""
+    from tuner.errors import UsageError
+
+    _pyplot()
+    target = Path(path)
+    existed = target.exists()
+    try:
+        with open(target, "ab"):  # writes nothing; creates the file where it was not there
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+    if not existed:
+        target.unlink()
+
+
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -285,6 +302,12 @@ def plot(report: SearchReport, path: str | Path) -> Path:
         from tuner.errors import UsageError
 
         raise UsageError("the plot needs matplotlib: pip install 'kernel-tuner-service[plot]'") from None
+    return plt
+
+
+def plot(report: SearchReport, path: str | Path) -> Path:
+    """Median best-so-far (over runs) against measured trials, one line per sampler, as PNG."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, result in report.samplers.items():
         length = max(len(c) for c in result.curves)
@@ -298,6 +321,12 @@ def plot(report: SearchReport, path: str | Path) -> Path:
     ax.set_title(f"{len(report.landscapes)} landscape(s), {report.seeds} seeds")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as error:
+        from tuner.errors import UsageError
+
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        plt.close(fig)
     return Path(path)

@@ -97,24 +97,31 @@ def _umask() -> int:
 
 
 def load_landscape(path: str | Path, family: Any = None) -> Landscape:
-    """Read a landscape; a missing or malformed file raises WorkerError with one line. Its
+    """Read a landscape; a missing, malformed or wrong file raises WorkerError with one line. Its
     configs are completed by ``family`` (a reference ``templates.get_family`` resolves; None:
-    the family the file names, when this process finds it by that name)."""
+    the family the file names, when this process finds it by that name).
+
+    What it records is checked: at least one entry, a positive, finite ``median_ms`` for each
+    that is ok, and where the family is found and is the one the file names, its problem and
+    every config (completed) of the family's (a problem or a parameter of another space)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise WorkerError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeDecodeError too
         raise WorkerError(f"landscape {path} is not JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise WorkerError(f"landscape {path}: unknown format {data.get('format')!r}, expected {FORMAT}"
                           if isinstance(data, dict) else f"landscape {path}: not an object")
     try:
-        complete = _completion(str(data["family"]) if family is None else family)
-        return Landscape(
+        found = _family(str(data["family"]) if family is None else family)
+        ours = found is not None and found.name == str(data["family"])
+        complete = found.complete if found is not None else dict
+        problem = Problem.from_json(data["problem"])
+        landscape = Landscape(
             device=DeviceInfo.from_json(data["device"]),
             family=str(data["family"]),
-            problem=Problem.from_json(data["problem"]),
+            problem=_problem(path, found, problem) if ours else problem,
             template_hash=str(data.get("template_hash", "")),
             entries=tuple(
                 (complete(dict(e["params"])), measurement_from_json(e["measurement"])) for e in data["entries"]
@@ -122,19 +129,62 @@ def load_landscape(path: str | Path, family: Any = None) -> Landscape:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise WorkerError(f"landscape {path} is malformed: {type(exc).__name__}: {exc}") from None
+    _check_entries(path, landscape, found if ours else None)
+    return landscape
+
+
+def _problem(path: str | Path, family: Any, recorded: Problem) -> Problem:
+    """``recorded`` checked by ``family`` as a user's problem is (its flags' defaults added)."""
+    from templates.family import TemplateError
+
+    try:
+        return family.parse_problem(recorded.shape, recorded.dtype, dict(recorded.flags))
+    except TemplateError as exc:
+        raise WorkerError(f"landscape {path} records a problem {family.name} refuses: "
+                          f"{_unprefixed(exc, family)}") from None
+
+
+def _check_entries(path: str | Path, landscape: Landscape, family: Any) -> None:
+    """WorkerError where the landscape records nothing, an ok entry has no positive, finite time,
+    or (``family``: not None) a config has a parameter or value not of the family's space."""
+    from templates.family import TemplateError
+
+    if not landscape.entries:
+        raise WorkerError(f"landscape {path} records no configs (its 'entries' are empty)")
+    for number, (params, measurement) in enumerate(landscape.entries, start=1):
+        median = measurement.timing.median_ms if measurement.timing is not None else None
+        if measurement.ok and median is not None and not (math.isfinite(median) and median > 0):
+            raise WorkerError(f"landscape {path}: entry {number} is ok with median_ms {median!r}, "
+                              "not a positive number of milliseconds")  # an ok one has a timing
+        if family is not None:
+            try:
+                family.validate_params(params)
+            except TemplateError as exc:
+                raise WorkerError(f"landscape {path}: entry {number} is not in {family.name}'s space: "
+                                  f"{_unprefixed(exc, family)}") from None
+
+
+def _unprefixed(error: Exception, family: Any) -> str:
+    return str(error).removeprefix(f"{family.name}: ")
+
+
+def _family(family: Any) -> Any:
+    """The family ``family`` refers to; None where this process cannot load it."""
+    from templates import get_family
+    from templates.family import TemplateError
+
+    try:
+        return get_family(family)
+    except TemplateError:
+        return None
 
 
 def _completion(family: Any) -> Any:
     """How to bring a recorded config up to the family's space today: parameters added since it
     was recorded take their first choice, which is what the kernels did before they existed
     (``KernelFamily.complete``). A family this process cannot load leaves configs as recorded."""
-    from templates import get_family
-    from templates.family import TemplateError
-
-    try:
-        return get_family(family).complete
-    except TemplateError:
-        return dict
+    found = _family(family)
+    return dict if found is None else found.complete
 
 
 class ReplayBench(TakesRequests):

@@ -8,7 +8,7 @@ from typing import Mapping
 import numpy as np
 
 from templates.elements import from_bits, normal_inputs, to_bits  # noqa: F401 - to_bits: for the tests
-from templates.family import BufferSpec, Problem, TemplateError, Validation
+from templates.family import BufferSpec, Problem, TemplateError, Validation, shown
 
 HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
@@ -26,11 +26,11 @@ def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int
         try:
             dims = tuple(int(p) for p in parts)
         except ValueError:
-            raise TemplateError(f"malformed shape {shape!r}: expected B,H,S,D such as 4,16,4096,128") from None
+            raise TemplateError(f"malformed shape {shown(shape)}: expected B,H,S,D such as 4,16,4096,128") from None
     else:
         dims = tuple(int(d) for d in shape)
     if len(dims) != 4 or min(dims) < 1:
-        raise TemplateError(f"malformed shape {shape!r}: expected four positive integers B,H,S,D")
+        raise TemplateError(f"malformed shape {shown(shape)}: expected four positive integers B,H,S,D")
     b, h, s, d = dims
     if d not in HEAD_DIMS:
         raise TemplateError(f"unsupported head dimension D={d}: attention supports {list(HEAD_DIMS)}")

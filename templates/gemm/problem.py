@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from templates.elements import from_bits, normal_inputs, to_bits
-from templates.family import BufferSpec, Problem, TemplateError, Validation
+from templates.family import BufferSpec, Problem, TemplateError, Validation, shown
 
 DTYPES = ("fp16", "bf16")
 # "nn": A row-major M x K, B row-major K x N; a "t" stores that operand transposed (A as K x M,
@@ -34,11 +34,11 @@ def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int
         try:
             dims = tuple(int(p) for p in parts)
         except ValueError:
-            raise TemplateError(f"malformed shape {shape!r}: expected M,N,K such as 4096,4096,4096") from None
+            raise TemplateError(f"malformed shape {shown(shape)}: expected M,N,K such as 4096,4096,4096") from None
     else:
         dims = tuple(int(d) for d in shape)
     if len(dims) != 3 or min(dims) < 1:
-        raise TemplateError(f"malformed shape {shape!r}: expected three positive integers M,N,K")
+        raise TemplateError(f"malformed shape {shown(shape)}: expected three positive integers M,N,K")
     m, n, k = dims
     if max(m * k, k * n, m * n) > MAX_ELEMENTS:
         raise TemplateError(f"shape {dims} is too large: an operand has more than 2^31 elements")

@@ -144,3 +144,53 @@ def test_a_server_connection_dropped_while_idle_is_replaced_and_a_busy_one_is_no
             assert connection.execute(text("SELECT pg_backend_pid()")).scalar() != pid
     finally:
         repo.close()
+
+
+def _tables(url: str) -> list[str]:
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return sorted(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_another_programs_database_is_refused_and_left_as_it_was(url):
+    """A database with tables and none of ours (another program's) is refused before anything
+    writes: no table added, on SQLite not a byte changed (not even the switch to WAL)."""
+    from pathlib import Path
+
+    from sqlalchemy import create_engine, text
+
+    from storage import check_database, open_reader
+
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)"))
+        connection.execute(text("INSERT INTO customers VALUES (1, 'ada')"))
+        connection.execute(text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite") else None
+    before = path.read_bytes() if path else None
+    shown = engine.url.render_as_string(hide_password=True)
+    line = (f"cannot open database {shown}: not a tuner database: it holds 2 tables of another program "
+            "(customers, orders) and none of ours")
+    for opener in (open_repository, check_database, open_reader):
+        with pytest.raises(StorageError) as caught:
+            opener(url)
+        assert str(caught.value) == line
+    assert _tables(url) == ["customers", "orders"]
+    if path is not None:
+        assert path.read_bytes() == before and sorted(path.parent.iterdir()) == [path]
+
+
+def test_a_database_of_optunas_tables_alone_is_shared(url):
+    """Optuna's tables are not another program's: our copy for optuna-dashboard lives beside ours
+    (tuner.dashboard), and ours go beside an Optuna storage's."""
+    import optuna
+
+    optuna.storages.RDBStorage(url).engine.dispose()
+    open_repository(url).close()
+    assert {"studies", "trials", "tuner_studies", "tuner_alembic_version"} <= set(_tables(url))

@@ -57,6 +57,25 @@ def _run(argv: list[str]) -> int:
         return int(exit.code)
 
 
+LONG = ",".join(["1"] * 5000)
+
+
+@pytest.mark.parametrize("family, shape, line", [
+    ("attention", "-2,8,1024,64", "malformed shape '-2,8,1024,64': expected four positive integers B,H,S,D"),
+    ("gemm", "-64,64,64", "malformed shape '-64,64,64': expected three positive integers M,N,K"),
+    ("attention", LONG, f"malformed shape '{LONG[:55]}...': expected four positive integers B,H,S,D"),
+    ("gemm", "x" + LONG, f"malformed shape 'x{LONG[:54]}...': expected M,N,K such as 4096,4096,4096"),
+])
+@pytest.mark.parametrize("command", ["best", "tune", "bench"])
+def test_a_bad_shape_is_named_by_the_family_and_cut_when_long(tmp_path, family, shape, line, command, capsys):
+    """A shape after a dash (argparse took it for an option) reaches the family's check; a long one
+    is cut to 60 characters in the line."""
+    db = tmp_path / "tuner.db"
+    assert _run([command, family, "--shape", shape, "--dtype", "fp16", "--db", f"sqlite:///{db}"]) == 2
+    assert _error_line(capsys) == f"tuner: error: {line}"
+    assert not db.exists()
+
+
 def test_unreachable_database_is_one_line(toy, capsys):
     code = _run(["best", "toy", *SHAPE, "--db", "postgresql://nobody@127.0.0.1:1/x"])
     assert code == 2

@@ -33,10 +33,14 @@ GOOD = '- {shape: "2,8,1024,64", dtype: fp16, flags: {causal: true}}\n'
      "shapes.yaml: entry 1: attention: unknown problem flag 'masked' (flags: causal)"),
     ('- {shape: "2,8,1024,64", dtype: fp16, flags: causal}\n',
      "shapes.yaml: entry 1: flags must be a mapping (name: value), not 'causal'"),
+    ("- {shape: '2,8,1024,64', dtype: fp16}\n".encode("utf-16"), "shapes.yaml is not UTF-8 text: byte 0xff at offset 0"),
+    (b"- {shape: '2,8,1024,64', dtype: fp16\xe9}\n", "shapes.yaml is not UTF-8 text: byte 0xe9 at offset 36"),
 ])
 def test_a_bad_shapes_file(tmp_path, monkeypatch, capsys, text, line):
     monkeypatch.chdir(tmp_path)
-    if text is not None:
+    if isinstance(text, bytes):
+        (tmp_path / "shapes.yaml").write_bytes(text)
+    elif text is not None:
         (tmp_path / "shapes.yaml").write_text(text)
     assert main(["tune-many", "attention", "--shapes", "shapes.yaml", "--replay", str(LANDSCAPE)]) == 2
     out, err = capsys.readouterr()

@@ -24,19 +24,23 @@ def test_measurement_json_round_trip():
 
 
 def test_landscape_round_trip_and_bench(tmp_path):
+    from templates import get_family
+
+    base = get_family("attention").default_params()
+    a, b, c = (dict(base, BLOCK_M=m) for m in (64, 128, 32))
     ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
     bad = Measurement.failed("resources", "too much smem")
     path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
-                          template_hash="h", entries=[({"a": 1, "b": 2}, ok), ({"a": 2, "b": 2}, bad)])
+                          template_hash="h", entries=[(a, ok), (b, bad)])
     land = load_landscape(path)
     assert land.device == FAKE_DEVICE and land.problem == PROBLEM and len(land.entries) == 2
     mask = os.umask(0o022)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # as any file written here, not private
     bench = ReplayBench(path)
-    assert bench.measure(None, None, "attention", PROBLEM, params={"b": 2, "a": 1}).replayed
-    assert bench.measure(None, None, "attention", PROBLEM, params={"a": 2, "b": 2}).failure == "resources"
-    missing = bench.measure(None, None, "attention", PROBLEM, params={"a": 3, "b": 2})
+    assert bench.measure(None, None, "attention", PROBLEM, params=dict(reversed(a.items()))).replayed
+    assert bench.measure(None, None, "attention", PROBLEM, params=b).failure == "resources"
+    missing = bench.measure(None, None, "attention", PROBLEM, params=c)
     assert missing.failure == "invalid" and missing.reason == "not in the recorded landscape"
 
 
@@ -92,9 +96,68 @@ def test_a_packed_request_measures_what_the_pools_separate_arguments_would(tmp_p
     for by_value in (False, True):  # plain pickle, or Ray's cloudpickle (a family shipped by value)
         got = Recording().measure_request("attention", pack(*sent, by_value=by_value))
         assert got == (binary, launch, "attention", PROBLEM, {"a": 1, "b": (2, 3)}, options)
+    from templates import get_family
+
     ok = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40))
+    config = get_family("attention").default_params()
     path = save_landscape(tmp_path / "l.json", device=FAKE_DEVICE, family="attention", problem=PROBLEM,
-                          template_hash="h", entries=[({"a": 1, "b": 2}, ok)])
+                          template_hash="h", entries=[(config, ok)])
     bench = ReplayBench(path)
-    direct = bench.measure(None, None, "attention", PROBLEM, params={"a": 1, "b": 2}, seed=3)
-    assert bench.measure_request("attention", pack(None, None, PROBLEM, {"a": 1, "b": 2}, {"seed": 3})) == direct
+    direct = bench.measure(None, None, "attention", PROBLEM, params=config, seed=3)
+    assert bench.measure_request("attention", pack(None, None, PROBLEM, config, {"seed": 3})) == direct
+
+
+def _edited(tmp_path, edit):
+    """The attention landscape the family ships, changed by ``edit(data)``, as a file."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[2] / "templates" / "attention" / "landscapes"
+    data = json.loads(next(shipped.glob("*.json")).read_text())
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _every_median(data, value):
+    for entry in data["entries"]:
+        if entry["measurement"]["ok"]:
+            entry["measurement"]["timing"]["median_ms"] = value
+
+
+def _gemm_params(data):
+    data["entries"][3]["params"] = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1}
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: _every_median(d, -1), "entry 1 is ok with median_ms -1.0, not a positive number of milliseconds"),
+    (lambda d: _every_median(d, float("nan")), "entry 1 is ok with median_ms nan, not a positive number of milliseconds"),
+    (lambda d: d["entries"][2]["measurement"].update(timing=None),
+     "is malformed: ValueError: a successful measurement needs a timing"),
+    (lambda d: d.update(entries=[]), "records no configs (its 'entries' are empty)"),
+    (_gemm_params, "entry 4 is not in attention's space: unknown parameter 'BLOCK_K'"),
+    (lambda d: d["entries"][0]["params"].update(BLOCK_M=100),
+     "entry 1 is not in attention's space: BLOCK_M=100 is not one of [64, 128, 32, 192]"),
+    (lambda d: d.update(problem={"shape": [2, 8, 1024, 96], "dtype": "fp16", "flags": {"causal": True}}),
+     "records a problem attention refuses: unsupported head dimension D=96: attention supports [64, 128]"),
+    (lambda d: d.update(problem={"shape": [2, 8, 1024, 64], "dtype": "fp16", "flags": {"masked": True}}),
+     "records a problem attention refuses: unknown problem flag 'masked' (flags: causal)"),
+])
+def test_a_landscape_is_checked_on_load(tmp_path, edit, says):
+    """A landscape that records nothing, an ok time that is not a positive number of ms (a
+    winner of -1 ms), a config or a problem not of the family's: one line naming the file."""
+    path = _edited(tmp_path, edit)
+    with pytest.raises(WorkerError) as caught:
+        load_landscape(path)
+    assert str(caught.value) in (f"landscape {path}: {says}", f"landscape {path} {says}"), str(caught.value)
+
+
+def test_every_shipped_and_test_landscape_loads():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    paths = sorted(root.glob("templates/*/landscapes/*.json")) + sorted((root / "tests" / "data").glob("*.json"))
+    assert len(paths) >= 9
+    for path in paths:
+        family = str(root / "docs" / "examples" / "row_softmax") if path.name.startswith("row_softmax") else None
+        assert load_landscape(path, family).entries, path
