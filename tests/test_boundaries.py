@@ -1,6 +1,6 @@
 """The boundaries between the packages: ``import tuner`` stays light (no Ray, no SQLAlchemy), the
-package surfaces still name everything they did, and no module of ours uses another's private
-names (``from x import _y``, ``x._y``)."""
+package surfaces still name everything they did, no module of ours uses another's private
+names (``from x import _y``, ``x._y``), and none imports a module that imports it back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable, Mapping
 
 import pytest
 
@@ -201,3 +202,189 @@ def test_the_family_check_sees_what_it_looks_for(tmp_path):
                     'x = f(help="e.g. attention")\nif name == "attention":\n    flags = {"causal": True}\n')
     assert [line.split(": ", 1)[1] for line in _family_mentions(code)] == [
         "import templates.attention", "'attention'", "'causal'"]
+
+
+# -- no import cycle ---------------------------------------------------------------------------
+
+def _origin(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a ``from ... import`` names, relative imports resolved from ``module``."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _lazy_names(tree: ast.Module, modules: Iterable[str]) -> dict[str, tuple[str, int]]:
+    """A package's PEP 562 table (``_MODULES = {"workers.pool": ("WorkerPool",), ...}``): each
+    name -> (the module it is imported from when first used, the table's line naming it)."""
+    known, found = set(modules), {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            for key, value in zip(node.value.keys, node.value.values):
+                if isinstance(key, ast.Constant) and key.value in known and isinstance(value, (ast.Tuple, ast.List)):
+                    found.update({name.value: (key.value, key.lineno) for name in value.elts
+                                  if isinstance(name, ast.Constant) and isinstance(name.value, str)})
+    return found
+
+
+def import_graph(sources: Mapping[str, str], packages: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Which modules each module of ``sources`` (module -> its source; ``packages`` are the ones
+    that are a package's ``__init__``) imports: module -> {imported module: first line}.
+
+    Every import counts, wherever it is: at module level, inside a function (run time), under
+    ``if TYPE_CHECKING:``, and ``importlib.import_module("a.b")`` with a literal name.
+
+    - ``import a.b`` (``as x`` or not) is an edge to ``a.b``, and ``from a.b import y`` (``y`` not
+      a module) an edge to ``a.b`` only: Python runs ``a/__init__`` first, but a package's
+      ``__init__`` here only re-exports names, and counting it would make a false cycle of every
+      module that imports a sibling.
+    - ``from a import b`` where ``a.b`` is a module is an edge to ``a.b``.
+    - ``from a import name`` where ``a/__init__`` re-exports ``name`` (an import in it, or its PEP
+      562 table of names imported when first used) is an edge to the module that defines
+      ``name``, found by parsing ``a/__init__`` (and the ``__init__`` it takes the name from, if
+      that is one); only a name ``a/__init__`` defines itself is an edge to ``a``. So the
+      re-export hub makes no false cycle: ``from workers import errors`` in ``workers/pool.py``
+      is ``workers.pool -> workers.errors``, not ``workers.pool -> workers -> workers.pool``.
+    - A package's ``__init__`` has an edge to every module it re-exports from, imported now or
+      when first used; a plain ``import a`` is an edge to ``a/__init__``.
+    """
+    packages = set(packages)
+    trees = {module: ast.parse(source) for module, source in sources.items()}
+    exported: dict[str, dict[str, tuple[str, str]]] = {}
+
+    def exports(package: str) -> dict[str, tuple[str, str]]:
+        """What ``package``'s ``__init__`` re-exports: name -> (module, the name there)."""
+        if package not in exported:
+            tree = trees[package]
+            found = {name: (home, name) for name, (home, _) in _lazy_names(tree, sources).items()}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and _origin(node, package, True) in sources:
+                    found.update({alias.asname or alias.name: (_origin(node, package, True), alias.name)
+                                  for alias in node.names if alias.name != "*"})
+            exported[package] = found
+        return exported[package]
+
+    def home(origin: str, name: str, seen: frozenset = frozenset()) -> str:
+        """The module that ``from origin import name`` really imports."""
+        if f"{origin}.{name}" in sources:
+            return f"{origin}.{name}"
+        if origin in packages and name in exports(origin) and (origin, name) not in seen:
+            module, real = exports(origin)[name]
+            return home(module, real, seen | {(origin, name)})
+        return origin
+
+    graph: dict[str, dict[str, int]] = {}
+    for module, tree in trees.items():
+        edges = graph[module] = {}
+        found: list[tuple[str, int]] = []
+        if module in packages:
+            found += list(_lazy_names(tree, sources).values())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(alias.name, node.lineno) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                origin = _origin(node, module, module in packages)
+                if origin in sources:
+                    found += [(origin if alias.name == "*" else home(origin, alias.name), node.lineno)
+                              for alias in node.names]
+            elif isinstance(node, ast.Call) and (_dotted(node.func) or [""])[-1] == "import_module" \
+                    and node.args and isinstance(node.args[0], ast.Constant):
+                found.append((node.args[0].value, node.lineno))
+        for target, line in found:
+            if target in sources and target != module:
+                edges[target] = min(line, edges.get(target, line))
+    return graph
+
+
+def import_groups(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
+    """The sets of modules that import each other, directly or through others (the strongly
+    connected parts of ``graph`` of more than one module), each sorted; [] when there is none."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {module: reach(module) for module in graph}
+    groups, placed = [], set()
+    for module in sorted(graph):
+        if module not in placed and module in reached[module]:
+            group = sorted(other for other in reached[module] if module in reached[other])
+            placed.update(group)
+            groups.append(group)
+    return groups
+
+
+def shortest_cycle(graph: Mapping[str, Mapping[str, int]], start: str) -> list[str]:
+    """The shortest way of imports from ``start`` back to it, as [start, ..., start]; [] if none."""
+    ways, todo = {start: [start]}, [start]
+    while todo:  # breadth first
+        here = todo.pop(0)
+        for there in sorted(graph[here]):
+            if there == start:
+                return [*ways[here], start]
+            if there not in ways:
+                ways[there] = [*ways[here], there]
+                todo.append(there)
+    return []
+
+
+def cycle_report(graph: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """For each set of modules that import each other: the set, its shortest cycle from its
+    first module, and every import between its modules (``module:line -> module``)."""
+    report = []
+    for group in import_groups(graph):
+        cycle = shortest_cycle(graph, group[0])
+        report.append(f"{len(group)} modules import each other: {', '.join(group)}\n"
+                      f"    for one: {' -> '.join(f'{a}:{graph[a][b]}' for a, b in zip(cycle, cycle[1:]))}"
+                      f" -> {cycle[0]}\n"
+                      + "".join(f"    {a}:{line} -> {b}\n" for a in group
+                                for b, line in sorted(graph[a].items()) if b in group))
+    return report
+
+
+def _our_sources() -> tuple[dict[str, str], set[str]]:
+    paths = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    return ({_module_name(path): path.read_text() for path in paths},
+            {_module_name(path) for path in paths if path.name == "__init__.py"})
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No module of tuner/, workers/, storage/ or templates/ imports, directly or through
+    others, a module that imports it back: counting imports inside functions and under
+    ``TYPE_CHECKING`` (``import_graph`` says what counts as an import of what)."""
+    report = cycle_report(import_graph(*_our_sources()))
+    assert not report, "\n" + "".join(report)
+
+
+def test_the_import_graph_counts_every_import_and_no_reexport():
+    sources = {
+        "pkg": "from pkg.a import A\n_MODULES = {'pkg.b': ('B',), 'pkg.c': ('C', 'C2')}\n",
+        "pkg.a": "from pkg import B\n",                        # re-exported: pkg.b, not pkg
+        "pkg.b": "def f():\n    from . import c\n",             # a submodule, relative, run time
+        "pkg.c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import A\n",
+        "pkg.d": "import importlib\nimport pkg.a as alias\nimportlib.import_module('pkg.e')\n",
+        "pkg.e": "import pkg\nfrom pkg.sub import S\nimport os, sys\n",
+        "pkg.sub": "from pkg.sub.x import S\n",
+        "pkg.sub.x": "from .. import C2\nfrom ...outside import y\n",
+    }
+    graph = import_graph(sources, packages=["pkg", "pkg.sub"])
+    assert {module: sorted(edges) for module, edges in graph.items()} == {
+        "pkg": ["pkg.a", "pkg.b", "pkg.c"], "pkg.a": ["pkg.b"], "pkg.b": ["pkg.c"],
+        "pkg.c": ["pkg.a"], "pkg.d": ["pkg.a", "pkg.e"], "pkg.e": ["pkg", "pkg.sub.x"],
+        "pkg.sub": ["pkg.sub.x"], "pkg.sub.x": ["pkg.c"]}
+    assert graph["pkg"] == {"pkg.a": 1, "pkg.b": 2, "pkg.c": 2}
+    assert graph["pkg.c"] == {"pkg.a": 3} and graph["pkg.b"] == {"pkg.c": 2}
+    assert import_groups(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert shortest_cycle(graph, "pkg.a") == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    assert cycle_report(graph) == [
+        "3 modules import each other: pkg.a, pkg.b, pkg.c\n"
+        "    for one: pkg.a:1 -> pkg.b:2 -> pkg.c:3 -> pkg.a\n"
+        "    pkg.a:1 -> pkg.b\n    pkg.b:2 -> pkg.c\n    pkg.c:3 -> pkg.a\n"]
+    assert import_groups({"x": {"y": 1}, "y": {}}) == [] and cycle_report({"x": {}}) == []
+    two = {"x": {"y": 1, "z": 1}, "y": {"x": 2}, "z": {"w": 1}, "w": {"z": 1}}
+    assert import_groups(two) == [["w", "z"], ["x", "y"]] and shortest_cycle(two, "x") == ["x", "y", "x"]

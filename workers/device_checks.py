@@ -16,15 +16,13 @@ memory's speed. The kernels read 16-byte vectors: buffers are allocated in whole
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from templates.family import FLOAT_FORMATS
 from workers.driver import check_call, driver_api
 from workers.compile import compile_cubin, default_cache_dir
-from workers.results import Binary, CompileRequest
-
-if TYPE_CHECKING:
-    from workers.gpu import GpuBench
+from workers.pinned import PinnedBuffers
+from workers.results import Binary, CompileRequest, DeviceInfo
 
 VECTOR = 16  # bytes each thread reads at a time (uint4)
 SLOTS = 64  # counters per begin/collect
@@ -98,8 +96,18 @@ def pack_params(values: list[Any]) -> Any:
     return (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
 
 
+class ChecksBench(Protocol):
+    """What DeviceChecks uses of its bench (a ``workers.gpu.GpuBench``): the stream it queues
+    on, the page-locked host memory the counts come back to, and the device."""
+
+    stream: Any
+    pinned: PinnedBuffers
+
+    def device_info(self) -> DeviceInfo: ...
+
+
 class DeviceChecks:
-    def __init__(self, bench: "GpuBench", cache_dir: Any = None) -> None:
+    def __init__(self, bench: ChecksBench, cache_dir: Any = None) -> None:
         self._d, self._check, self._bench = driver_api(), check_call, bench
         binary = compile_checks(bench.device_info().compute_capability, cache_dir)
         d, check = self._d, self._check

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 from templates.family import BufferSpec, KernelFamily, Problem
-from workers.device_checks import padded
+from workers.device_checks import DeviceChecks, padded
 from workers.driver import check_call, driver_api
-
-if TYPE_CHECKING:
-    from workers.gpu import GpuBench
+from workers.pinned import PinnedBuffers
 
 
 class DeviceArray:
@@ -89,10 +87,20 @@ class Resident:
         return {s.name: DeviceArray(self.buffers[s.name][0], s.shape, s.dtype) for s in self.specs}
 
 
+class BuffersBench(Protocol):
+    """What ResidentBuffers uses of its bench (a ``workers.gpu.GpuBench``): the page-locked
+    host copies of the inputs and the checks that take their checksums."""
+
+    pinned: PinnedBuffers
+
+    @property
+    def checks(self) -> DeviceChecks: ...
+
+
 class ResidentBuffers:
     """What a GpuBench keeps on the device: one problem's buffers at a time."""
 
-    def __init__(self, bench: "GpuBench") -> None:
+    def __init__(self, bench: BuffersBench) -> None:
         self._bench, self._d, self._check = bench, driver_api(), check_call
         self.current: Resident | None = None
 

@@ -15,17 +15,14 @@ are. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take lon
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from templates.family import KernelFamily, Problem, Validation
 from workers.driver import check_call, driver_api
 from workers.errors import LaunchError
 from workers.hold import HOLD_BATCH
 from workers.results import Measurement, timing_of
-from workers.trial import Trial, late_note
-
-if TYPE_CHECKING:
-    from workers.gpu import GpuBench
+from workers.trial import Trial, TrialBench, late_note
 
 ROUNDS = 30  # interleaved rounds: every kernel is timed this many times
 MAX_SECONDS = 2.0  # fewer rounds where ROUNDS would take longer than this
@@ -38,7 +35,17 @@ def round_count(rounds: int, max_seconds: float, round_ms: float) -> int:
     return max(1, min(rounds, max(MIN_ROUNDS, fit)))
 
 
-def interleave(bench: "GpuBench", trials: Sequence[Trial], family: KernelFamily, problem: Problem,
+class RetimeBench(TrialBench, Protocol):
+    """What the interleaved re-timing uses of its bench (a ``workers.gpu.GpuBench``) beyond what
+    its trials do: whether the context is dead, and how a driver error is classified (which
+    marks it dead when it is)."""
+
+    dead: bool
+
+    def classify(self, exc: LaunchError, stage: str) -> Measurement: ...
+
+
+def interleave(bench: RetimeBench, trials: Sequence[Trial], family: KernelFamily, problem: Problem,
                *, seed: int, rounds: int, max_seconds: float, warmup_ms: float,
                flush_l2: bool) -> tuple[list[Measurement], int]:
     """Each trial's outcome, in order, and the rounds timed; the caller releases the trials."""

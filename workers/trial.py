@@ -13,24 +13,48 @@ import ctypes
 import math
 import statistics
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
-from workers.device_checks import pack_params
+from workers.device_checks import DeviceChecks, pack_params
 from workers.driver import check_call, driver_api
-from workers.hold import HOLD_BATCH
-from workers.resident import Resident
-from workers.results import Binary, Measurement, timing_of
-
-if TYPE_CHECKING:
-    from workers.gpu import GpuBench
+from workers.hold import HOLD_BATCH, StreamHold
+from workers.resident import Resident, ResidentBuffers
+from workers.results import Binary, DeviceInfo, Measurement, timing_of
 
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
 EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind the best
 
 
+class TrialBench(Protocol):
+    """What a Trial uses of its bench (a ``workers.gpu.GpuBench``): its context and stream, the
+    resident buffers, the checks, the hold and the L2 flush, and the events it times with. A bench
+    may also have ``clocks_now()``, read around the timed repetitions when it does."""
+
+    context: Any
+    stream: Any
+    last_event: Any  # the latest event a live trial recorded after a launch
+    residents: ResidentBuffers
+
+    def device_info(self) -> DeviceInfo: ...
+
+    def resident(self, family: KernelFamily, problem: Problem, seed: int) -> Resident: ...
+
+    @property
+    def checks(self) -> DeviceChecks: ...
+
+    @property
+    def hold(self) -> StreamHold: ...
+
+    def event(self) -> Any: ...
+
+    def spare(self, events: Sequence[Any]) -> None: ...
+
+    def flush_l2(self) -> None: ...
+
+
 class Trial:
-    def __init__(self, bench: "GpuBench", binary: Binary, launch: Launch) -> None:
+    def __init__(self, bench: TrialBench, binary: Binary, launch: Launch) -> None:
         self._d = driver_api()
         self._check = check_call
         self.bench = bench
@@ -351,7 +375,7 @@ class Trial:
         self._workspace.clear()
 
 
-def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, params: Mapping[str, Any],
+def verified_trial(bench: TrialBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],
                    *, seed: int = 0) -> Trial:
     """``params`` compiled in this process, loaded on ``bench`` and verified on its buffers of
     (problem, seed): a trial to warm up and time by hand (scripts and GPU tests that compare ways
@@ -368,7 +392,7 @@ def verified_trial(bench: "GpuBench", family: KernelFamily, problem: Problem, pa
         raise ValueError(f"{dict(params)}: {exc}") from None
 
 
-def verified(bench: "GpuBench", binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
+def verified(bench: TrialBench, binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
              *, seed: int = 0) -> Trial:
     """``binary`` loaded on ``bench`` and verified on its buffers of (problem, seed), as a trial
     verifies it. Raises ValueError (the failure and its reason) when it fails, having released

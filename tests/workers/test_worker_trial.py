@@ -69,3 +69,26 @@ def test_the_check_kernels_compile(tmp_path):
     for name in (b"count_nonfinite", b"count_unequal", b"checksum"):
         assert name in binary.cubin
     assert binary.resources is not None and binary.resources.spill_stores == 0
+
+
+@pytest.mark.parametrize("protocol", ["workers.device_checks.ChecksBench", "workers.resident.BuffersBench",
+                                      "workers.trial.TrialBench", "workers.retime.RetimeBench"])
+def test_the_bench_has_what_its_parts_use(protocol):
+    """The checks, the resident buffers, a trial and the re-timing say what they use of their bench
+    (a Protocol each, so that none imports workers.gpu, which imports them): GpuBench has it
+    all, as a method, a property or an attribute its ``__init__`` sets."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+
+    from workers.gpu import GpuBench
+
+    module, name = protocol.rsplit(".", 1)
+    wanted = {member for cls in getattr(importlib.import_module(module), name).__mro__
+              if cls.__name__.endswith("Bench")
+              for member in (*vars(cls), *vars(cls).get("__annotations__", {})) if not member.startswith("_")}
+    init = ast.parse(textwrap.dedent(inspect.getsource(GpuBench.__init__)))
+    set_in_init = {node.attr for node in ast.walk(init) if isinstance(node, ast.Attribute)
+                   and isinstance(node.ctx, ast.Store) and getattr(node.value, "id", None) == "self"}
+    assert wanted and sorted(m for m in wanted if not hasattr(GpuBench, m) and m not in set_in_init) == []
