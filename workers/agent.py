@@ -32,11 +32,6 @@ from ray.exceptions import RayActorError, RayTaskError
 from workers.errors import one_line
 from workers.mailbox import Outbox
 
-# A pool of this many GPU actors or more calls them through node agents. On the GPU machine's 32
-# cores (real_dispatch.py, replay actors answering at once) 64 actors went from 658-765 to
-# 994-1,016 trials a second with agents, 32 from 848-990 to 887-939; 16 showed no clear gain.
-AGENTS_FROM_GPUS = 32
-
 
 @dataclass(frozen=True)
 class Undelivered:

@@ -22,10 +22,11 @@ are measured once. ``retime`` times several configs again, interleaved on one GP
 (``GpuBench.retime``), once nothing is in flight. ``replacements()`` says which tickets took a
 worker down and how long its replacement took to be ready (the time a fault cost beyond its trial).
 
-From ``workers.agent.AGENTS_FROM_GPUS`` GPU actors on (or as ``node_agents`` says), the pool
-calls them through one agent a node (:mod:`workers.agent`): a poll's measurements for a node in
-one call, what finished in one call (:mod:`workers.mailbox`), instead of one call a trial;
-faults end as they do without agents (a dead agent is replaced, and its GPUs' actors with it).
+Every measurement takes one path: packed as one request (:mod:`workers.request`) and posted to
+its GPU's host (:mod:`workers.mailbox`), a poll's measurements for a host in one call and what
+finished in one call, instead of one Ray call a trial: a node agent in front of a node's GPU
+actors (:mod:`workers.agent`), or a host of simulated GPUs (:mod:`workers.simulate`). A dead
+agent is replaced, and its GPUs' actors with it.
 
 The family is a reference every actor resolves in its own process (a name, a path, module:ATTR;
 see ``workers.shipping``), or a family object, shipped by value. Each new actor is asked to load
@@ -49,8 +50,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
-from workers.agent import (AGENTS_FROM_GPUS, AgentGpu, NodeAgent, Undelivered, node_id, on_node,
-                           undelivered)
+from workers.agent import AgentGpu, NodeAgent, Undelivered, node_id, on_node
 from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSchedule
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
@@ -140,7 +140,6 @@ class WorkerPool:
         calibrate_seconds: float | None = None,
         replay_gpus: Sequence[float] | None = None,
         simulate_gpus: int | None = None,
-        node_agents: bool | None = None,
     ) -> None:
         """``ship_folder``: a family given as a folder goes to the actors through Ray's
         ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
@@ -154,18 +153,14 @@ class WorkerPool:
         ``replay``, that many simulated GPUs that each take a trial's GPU time
         (:mod:`workers.simulate`), on Ray's custom resource ``sim_gpu`` (the pool's own Ray
         gets it; a Ray started elsewhere must have it); they are one GPU model, the landscape's
-        (no calibration, no ratios between them).
-
-        ``node_agents``: call the GPU actors through one agent a node (:mod:`workers.agent`),
-        one call a node a poll instead of one a trial; None: from ``AGENTS_FROM_GPUS`` GPU
-        actors on, or as the environment's ``TUNER_NODE_AGENTS`` (1, 0 or auto) says."""
+        (no calibration, no ratios between them). A bench class (``worker_cls``) takes packed
+        requests: it derives from :class:`workers.request.TakesRequests`."""
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
-        self._mail: Mailbox | None = None  # simulated GPUs or node agents: posted a host at a time
+        self._mail = Mailbox((), None)  # node agents or simulated GPUs: posted a host at a time (set at start)
         self._posted: dict[int, _Slot] = {}  # id(slot.post_to) -> its slot
         self._agents: list[Any] = []
-        self._node_agents = node_agents
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
@@ -193,7 +188,7 @@ class WorkerPool:
         self._compile_queue: deque[_Ticket] = deque()
         self._compiling: dict[Any, _Ticket] = {}
         self._measure_queue: deque[_Ticket] = deque()
-        self._owners: dict[Any, _Slot] = {}  # measure or ready ref -> its slot
+        self._owners: dict[Any, _Slot] = {}  # a starting actor's ready ref -> its slot
         self._hashes = _Hashes()
         self._results: list[tuple[int, Measurement]] = []
         self._replaced: list[Replacement] = []  # replacements whose new actor is ready
@@ -252,7 +247,9 @@ class WorkerPool:
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")
-        self._requests = hasattr(cls, "measure_request")  # one pickled argument a trial (workers.request)
+        if not hasattr(cls, "measure_request"):
+            raise WorkerError(f"{cls.__name__} takes no measurement requests: derive it from "
+                              "workers.request.TakesRequests")
         self._slots = [_Slot(self._actor_cls.remote(*args)) for _ in range(count)]
         infos = []
         for i, slot in enumerate(self._slots):
@@ -269,27 +266,13 @@ class WorkerPool:
             self._check_family()
         for slot in self._slots:  # after device_info: the pool does not wait for it
             self._prepare(slot)
-        if self._wants_agents():
-            self._start_agents()
+        self._start_agents()
         self.device: DeviceInfo = infos[0]
         if any(info.name != self.device.name for info in infos):
             logger.warning("the GPUs differ: %s", sorted({i.name for i in infos}))
         if len(self._slots) > 1:
             every, seconds = self._calibrate
             self._schedule = CalibrationSchedule(len(self._slots), every=every, seconds=seconds)
-
-    def _wants_agents(self) -> bool:
-        """Whether the GPU actors are called through node agents (see ``node_agents``)."""
-        if not self._requests:  # an agent sends packed requests (workers.request)
-            return False
-        if self._node_agents is not None:
-            return self._node_agents
-        told = os.environ.get("TUNER_NODE_AGENTS", "").strip().lower()
-        if told in ("", "auto"):
-            return len(self._slots) >= AGENTS_FROM_GPUS
-        if told not in ("0", "1"):
-            raise WorkerError(f"TUNER_NODE_AGENTS={told!r} is not 1, 0 or auto")
-        return told == "1"
 
     def _start_agents(self) -> None:
         """One :class:`workers.agent.NodeAgent` on each node of the GPU actors, each slot posted
@@ -350,7 +333,7 @@ class WorkerPool:
                                                     resources={RESOURCE: count})
             self._hosts.append((cls.remote(replay, self._shipment.ref, count), count))
         self._actor_cls, self._actor_args, self._prepares = None, (), False
-        self._mail = Mailbox(self._shipment.ref, self.problem)
+        self._mail = Mailbox((self._shipment.ref,), None)
         self._slots = [_Slot(SimulatedGpu(host, i)) for host, count in self._hosts for i in range(count)]
         for slot in self._slots:
             slot.post_to = slot.actor
@@ -413,8 +396,7 @@ class WorkerPool:
             slot.replacing = (ticket, why, time.monotonic())
         ray.kill(slot.actor, no_restart=True)
         self._owners.pop(slot.ready_ref, None)
-        for item, ref in reversed(slot.sent):  # sent after the culprit: measured again, first
-            self._owners.pop(ref, None)
+        for item, _ in reversed(slot.sent):  # sent after the culprit: measured again, first
             if item.calibration:  # the incumbent is timed again by the new actor
                 slot.calibrated = min(slot.calibrated, item.calibration - 1)
             else:
@@ -532,10 +514,8 @@ class WorkerPool:
         while True:
             self._pump()
             self._expire()
-            refs = list(self._compiling) + list(self._owners)
-            if self._mail is not None:  # a new collect only to wait on (the poll's last made one)
-                self._mail.flush()
-                refs += self._mail.collecting(issue=not self._results)
+            self._mail.flush()  # and a new collect only to wait on (the poll's last made one)
+            refs = list(self._compiling) + list(self._owners) + self._mail.collecting(issue=not self._results)
             now = time.monotonic()
             if self._results or not refs or now >= end:
                 break
@@ -545,10 +525,9 @@ class WorkerPool:
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 self._take_in(refs)
-        if self._mail is not None:
-            # the next collect leaves now and answers a while before the coordinator is back:
-            # it does not wait on a round trip to the host then (3-4 ms a poll, 7% of its time)
-            self._mail.collecting(hold=self._depth.hold())
+        # the next collect leaves now and answers a while before the coordinator is back: it does
+        # not wait on a round trip to the host then (3-4 ms a poll, 7% of its time)
+        self._mail.collecting(hold=self._depth.hold())
         out, self._results = self._results, []
         self._returned += len(out)
         return out
@@ -563,20 +542,17 @@ class WorkerPool:
         gets one)."""
         self._depth.entered(time.monotonic())
         self._pump()
-        refs = list(self._compiling) + list(self._owners)
-        if self._mail is not None:
-            self._mail.flush()
-            refs += self._mail.collecting()
+        self._mail.flush()
+        refs = list(self._compiling) + list(self._owners) + self._mail.collecting()
         if refs and self._take_in(refs):
             self._pump()
-            if self._mail is not None:
-                self._mail.flush()
+            self._mail.flush()
         self._depth.left(time.monotonic())
 
     def _take_in(self, refs: list[Any]) -> int:
-        """Handle those of ``refs`` that are ready now, each actor's results in its order."""
+        """Handle those of ``refs`` that are ready now (each host's answer in its actors' order)."""
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in sorted(ready, key=self._position):
+        for ref in ready:
             self._handle(ref)
         return len(ready)
 
@@ -727,28 +703,16 @@ class WorkerPool:
             options.setdefault("abort_above_ms", self._abort_above_ms)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
-        if self._simulate:  # sent with the poll's others (Mailbox.flush)
-            slot.sent.append((item, self._mail.post(slot.post_to, item.params, options.get("abort_above_ms"))))
-            return
-        if self._requests:
-            request = pack(item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
-                           by_value=not isinstance(self._shipment.ref, str))
-            if self._mail is not None:  # to its node's agent, with the poll's others
-                slot.sent.append((item, self._mail.post(slot.post_to, slot.generation, request)))
-                return
-            ref = slot.actor.measure_request.remote(self._shipment.ref, request)
-        else:
-            ref = slot.actor.measure.remote(item.binary, item.launch, self._shipment.ref, self.problem,
-                                            params=item.params, seed=self._seed, **options)
-        slot.sent.append((item, ref))
-        self._owners[ref] = slot
+        # to its GPU's host (a node agent, simulated GPUs), with the poll's others (Mailbox.flush)
+        request = pack(item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
+                       by_value=not isinstance(self._shipment.ref, str))
+        slot.sent.append((item, self._mail.post(slot.post_to, slot.generation, request)))
 
     def _expire(self) -> None:
         now = time.monotonic()
         for slot in list(self._slots):
             if slot.sent and now > slot.deadline:
-                item, ref = slot.sent.popleft()
-                self._owners.pop(ref, None)
+                item, _ = slot.sent.popleft()
                 # a hang is the kernel's fault, not the worker's: it does not count as a death
                 self._replace(slot, f"ticket {item.ticket} ran past {self._measure_timeout_s:g} s",
                               count=False, ticket=_culprit(item))
@@ -783,26 +747,19 @@ class WorkerPool:
                 item.binary = result
                 self._compiled(item)
             return
-        if self._mail is not None and self._mail.owns(ref):
+        if self._mail.owns(ref):
             self._delivered(ref)
             return
-        slot = self._owners.pop(ref, None)
-        if slot is None:
+        slot = self._owners.pop(ref, None)  # a new actor's start
+        if slot is None or ref is not slot.ready_ref:
             return
-        if ref is slot.ready_ref:
-            slot.ready_ref = None
-            try:
-                ray.get(ref)
-            except RayError as exc:
-                self._replace(slot, f"the worker failed to start: {one_line(exc)}")
-            else:
-                self._ready(slot)
-            return
+        slot.ready_ref = None
         try:
-            result: Measurement | Undelivered = ray.get(ref)
-        except (RayActorError, RayTaskError) as exc:  # a dead worker, or the bench raised
-            result = undelivered(exc)
-        self._settle(slot, ref, result)
+            ray.get(ref)
+        except RayError as exc:
+            self._replace(slot, f"the worker failed to start: {one_line(exc)}")
+        else:
+            self._ready(slot)
 
     def _settle(self, slot: _Slot, key: Any, result: Measurement | Undelivered) -> None:
         """A measurement sent to ``slot`` (``key``: its ref or letter) answered, or failed."""
@@ -819,8 +776,7 @@ class WorkerPool:
                 # Ray may report a queued measurement's loss before the running one's: the one
                 # that died with the actor is the running one; this one never ran, and goes again
                 self._again(slot, item)
-                item, culprit_key = slot.sent.popleft()
-                self._owners.pop(culprit_key, None)
+                item, _ = slot.sent.popleft()
             self._replace(slot, f"the worker process died: {result.text}", ticket=_culprit(item))
             measurement = Measurement.failed("worker", "the worker process died; it was replaced",
                                              detail=result.text)
@@ -842,7 +798,6 @@ class WorkerPool:
         """A host's ``collect`` answered (a node agent's, simulated GPUs'): each result to its
         slot; one for a measurement the slot no longer holds (its actor was replaced, or the
         measurement ran past its time) is dropped."""
-        assert self._mail is not None
         try:
             answer = ray.get(ref)
         except RayError as exc:
@@ -854,12 +809,6 @@ class WorkerPool:
             slot = self._posted.get(id(letter.gpu))
             if slot is not None and any(sent is letter for _, sent in slot.sent):
                 self._settle(slot, letter, result)
-
-    def _position(self, ref: Any) -> int:
-        """Where a measurement is in its actor's order (-1: a compile or a start)."""
-        slot = self._owners.get(ref)
-        sent = slot.sent if slot is not None else ()
-        return next((i for i, (_, other) in enumerate(sent) if other is ref), -1)
 
     def _received(self, slot: _Slot, ref: Any) -> _Ticket:
         """Take a finished measurement off its slot; the next sent is now running."""

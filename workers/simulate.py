@@ -31,6 +31,7 @@ On an H200 the worker alone measured 28-42 ms a trial for microsecond kernels (d
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
@@ -107,13 +108,16 @@ class SimulatedGpus(Outbox):
             self._late.append(time.monotonic() - start - seconds)
         return replace(recorded, gpu_seconds=seconds, kernel_seconds=kernel, flush_seconds=flush)
 
-    async def enqueue(self, family: Any, problem: Any,
-                      letters: Sequence[tuple[int, int, Mapping[str, Any], float | None]]) -> None:
-        """Measurements posted at once, each (letter, gpu, params, abort_above_ms): each runs on
-        its GPU in the order posted; ``collect`` hands their results over."""
+    async def enqueue(self, family: Sequence[Any], _problem: Any,
+                      letters: Sequence[tuple[int, int, int, bytes]]) -> None:
+        """Measurements posted at once, as to a node agent (:class:`workers.agent.NodeAgent`):
+        each (letter, gpu, generation, request: ``workers.request.pack``); each runs on its GPU
+        in the order posted; ``collect`` hands their results over."""
+        (ref,) = family
         loop = asyncio.get_running_loop()
-        for letter, gpu, params, abort in letters:
-            loop.create_task(self._run_letter(letter, gpu, family, problem, params, abort))
+        for letter, gpu, _generation, request in letters:
+            _, _, problem, params, options = pickle.loads(request)
+            loop.create_task(self._run_letter(letter, gpu, ref, problem, params, options.get("abort_above_ms")))
 
     async def _run_letter(self, letter: int, gpu: int, family: Any, problem: Any,
                           params: Mapping[str, Any], abort: float | None) -> None:

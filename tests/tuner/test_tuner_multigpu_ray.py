@@ -17,16 +17,16 @@ from workers.replay import load_landscape
 PROBLEM = ("attention", "2,8,1024,64", "fp16", {"causal": True})
 
 
-@pytest.fixture(params=[False, True], ids=["direct", "agents"])
-def two_replayed_gpus(request, monkeypatch):
-    """The two replay GPUs called by the pool, or through a node agent (``workers.agent``)."""
+@pytest.fixture
+def two_replayed_gpus(monkeypatch):
+    """Two replay GPUs, called through a node agent (``workers.agent``) as every pool's are."""
     opened = []
     original = tuner.api._open_pool
 
     def open_pool(fam, problem, **options):
         opened.append(options)
         return original(fam, problem, replay_gpus=(1.0, 1.04), calibrate_every=3,
-                        node_agents=request.param, **options)
+                        **options)
 
     monkeypatch.setattr(tuner.api, "_open_pool", open_pool)
     return opened

@@ -270,6 +270,7 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_ea
     from workers.ray_session import start_ray, stop_ray
     from workers.replay import load_landscape
     from workers.mailbox import Mailbox
+    from workers.request import pack
     from workers.simulate import RESOURCE, SimulatedGpu, SimulatedGpus
 
     landscape = load_landscape(LANDSCAPE, "attention")
@@ -279,8 +280,12 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_ea
         host = ray.remote(SimulatedGpus).options(num_cpus=0, resources={RESOURCE: 2}).remote(
             LANDSCAPE, "attention", 2)
         gpus = [SimulatedGpu(host, 0), SimulatedGpu(host, 1)]
-        mail = Mailbox("attention", landscape.problem)
-        letters = [mail.post(gpus[i % 2], params, None) for i, params in enumerate(configs)]
+        mail = Mailbox(("attention",), None)
+
+        def request(params):  # as the pool posts a measurement: a generation and a packed request
+            return 0, pack(None, None, landscape.problem, params, {"seed": 0})
+
+        letters = [mail.post(gpus[i % 2], *request(params)) for i, params in enumerate(configs)]
         mail.flush()
         got = {}
         while len(got) < len(letters):
@@ -298,7 +303,7 @@ def test_a_hosts_measurements_are_posted_in_one_call_and_run_one_at_a_time_on_ea
         began = time.monotonic()
         assert ray.get(host.collect.remote(0.2)) == [] and time.monotonic() - began >= 0.15
         # a collect sent ahead with a hold answers no sooner, and with what finished meanwhile
-        letter = mail.post(gpus[0], configs[0], None)
+        letter = mail.post(gpus[0], *request(configs[0]))
         mail.flush()
         began = time.monotonic()
         (ref,) = mail.collecting(hold=0.5)

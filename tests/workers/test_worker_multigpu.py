@@ -11,7 +11,6 @@ import worker_family
 from templates.family import Problem
 from worker_doubles import FAKE_DEVICE
 from workers import WorkerError, WorkerPool
-from workers.agent import AGENTS_FROM_GPUS
 from workers.replay import save_landscape
 from workers.results import Measurement, Timing
 
@@ -29,13 +28,13 @@ def _recorded(tag: int) -> Measurement:
     return Measurement(ok=True, timing=Timing(ms, ms * 0.99, ms * 1.01, ms * 0.01, 50), error=1e-7)
 
 
-@pytest.fixture(params=[False, True], ids=["direct", "agents"])
-def two_gpus(request, ray_session, tmp_path):
+@pytest.fixture
+def two_gpus(ray_session, tmp_path):
     path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
                           problem=PROBLEM, template_hash="abc",
                           entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
     pool = WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.04),
-                      calibrate_every=2, measure_timeout_s=10.0, node_agents=request.param)
+                      calibrate_every=2, measure_timeout_s=10.0)
     yield pool
     pool.close()
 
@@ -100,24 +99,16 @@ def test_replay_gpus_needs_a_replay(ray_session):
         WorkerPool(worker_family.NAME, PROBLEM, replay_gpus=(1.0, 1.04))
 
 
-@pytest.mark.parametrize("told, gpus, agents", [("1", 2, True), ("0", 3, False), ("", 2, False), ("", 3, True)])
-def test_node_agents_come_from_a_count_of_gpus_or_as_the_environment_says(
-        ray_session, tmp_path, monkeypatch, told, gpus, agents):
-    """Agents from ``AGENTS_FROM_GPUS`` GPUs on (3 here, for a short test), or as
-    ``TUNER_NODE_AGENTS`` says; a measurement goes through either way."""
-    import workers.pool
-
+@pytest.mark.parametrize("gpus", [1, 3])
+def test_every_pool_calls_its_gpus_through_one_agent_a_node(ray_session, tmp_path, gpus):
+    """One path for every measurement: posted to the node's agent (``workers.agent``), one GPU
+    or several."""
     path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
                           problem=PROBLEM, template_hash="abc",
                           entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
-    assert AGENTS_FROM_GPUS > 3
-    monkeypatch.setattr(workers.pool, "AGENTS_FROM_GPUS", 3)
-    monkeypatch.setenv("TUNER_NODE_AGENTS", told)
     pool = WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0,) * gpus)
     try:
-        assert bool(pool._agents) is agents
-        if agents:  # the slots of one node, one agent
-            assert len(pool._agents) == 1 and {slot.post_to.host for slot in pool._slots} == {pool._agents[0]}
+        assert len(pool._agents) == 1 and {slot.post_to.host for slot in pool._slots} == {pool._agents[0]}
         pool.submit(0, _config(TAGS[0]), None, LAUNCH, ())
         (ticket, measurement), = _until(pool, lambda results, _: results)[0].items()
         assert ticket == 0 and measurement.ok
@@ -125,13 +116,17 @@ def test_node_agents_come_from_a_count_of_gpus_or_as_the_environment_says(
         pool.close()
 
 
-def test_a_node_agents_setting_that_is_not_1_0_or_auto_is_one_line(ray_session, tmp_path, monkeypatch):
+def test_a_bench_that_takes_no_requests_is_one_line(ray_session, tmp_path):
+    class Plain:  # measure() alone: the pool posts packed requests (workers.request)
+        def device_info(self):
+            return FAKE_DEVICE
+
     path = save_landscape(tmp_path / "land.json", device=FAKE_DEVICE, family=worker_family.NAME,
                           problem=PROBLEM, template_hash="abc",
                           entries=[(_config(tag), _recorded(tag)) for tag in TAGS])
-    monkeypatch.setenv("TUNER_NODE_AGENTS", "Yes")
-    with pytest.raises(WorkerError, match=r"^TUNER_NODE_AGENTS='yes' is not 1, 0 or auto$"):
-        WorkerPool(worker_family.NAME, PROBLEM, replay=path, replay_gpus=(1.0, 1.0))
+    with pytest.raises(WorkerError, match=r"^Plain takes no measurement requests: derive it from "
+                                          r"workers.request.TakesRequests$"):
+        WorkerPool(worker_family.NAME, PROBLEM, replay=path, worker_cls=Plain)
 
 
 def test_the_second_and_third_rounds_come_sooner_then_one_every_calibrate_every():

@@ -12,7 +12,6 @@ from templates.family import Problem
 from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches
 from workers import NoGPUError, WorkerPool
 from workers.replay import save_landscape
-from workers.request import TakesRequests
 from workers.results import Measurement, Timing
 
 PROBLEM = Problem((1024,), "fp32")
@@ -42,18 +41,14 @@ def _drain(pool, deadline_s=60.0) -> dict[int, Measurement]:
     return results
 
 
-@pytest.fixture(params=["direct", "agents"])
-def pool_factory(request, ray_session, tmp_path):
-    """Pools whose actors the pool calls itself, and pools that call them through node agents
+@pytest.fixture
+def pool_factory(ray_session, tmp_path):
+    """Pools of test doubles, called through node agents as every pool's actors are
     (``workers.agent``: the doubles take packed requests, as GpuBench does)."""
     pools = []
 
     def make(worker_cls=FakeBench, **kw):
         kw.setdefault("measure_timeout_s", TIMEOUT)
-        if request.param == "agents":
-            if worker_cls is not None:  # None: a replay's own bench, which takes requests
-                worker_cls = type(f"{worker_cls.__name__}Requests", (TakesRequests, worker_cls), {})
-            kw["node_agents"] = True
         pool = WorkerPool(worker_family.NAME, PROBLEM, worker_cls=worker_cls, backend="nvrtc",
                           cache_dir=tmp_path / "cache", **kw)
         pools.append(pool)

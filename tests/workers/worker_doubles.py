@@ -12,11 +12,12 @@ import numpy as np
 
 from templates import get_family
 from workers.results import DeviceInfo, Measurement, Retiming, Timing
+from workers.request import TakesRequests
 
 FAKE_DEVICE = DeviceInfo("Fake H100", 132, (9, 0), 232448, "580.00", "13.0", uuid="GPU-fake")
 
 
-class FakeBench:
+class FakeBench(TakesRequests):
     ray_options = {"num_gpus": 0}  # no GPU in the test cluster
     num_workers = 1
 
