@@ -156,6 +156,18 @@ class TrialRecord:
         """What trials are compared by (:func:`storage.ranking.ranked_ms`)."""
         return ranking.ranked_ms(self.normalized_ms, self.median_ms)
 
+    @property
+    def interval_ms(self) -> float | None:
+        """The half-width of :attr:`ranked_ms`'s interval (:func:`storage.ranking.interval_ms`):
+        its repetitions' spread, scaled as it is, and the anchor's drift around it where several
+        GPUs measured the study."""
+        value = self.ranked_ms
+        if value is None or not self.median_ms:
+            return None
+        iqr = self.iqr_ms * value / self.median_ms if self.iqr_ms is not None else None
+        return ranking.interval_ms(value, iqr, self.repetitions,
+                                   drift=(self.gpu_state or {}).get("anchor_spread"))
+
 
 @dataclass(frozen=True)
 class RunningRecord:
@@ -214,6 +226,11 @@ class RetimeRecord:
     created_at: datetime
 
     @property
+    def interval_ms(self) -> float | None:
+        """The half-width of the re-timed median's interval (:func:`storage.ranking.interval_ms`)."""
+        return ranking.interval_ms(self.median_ms, self.iqr_ms, self.repetitions, floor=ranking.RETIMED_FLOOR)
+
+    @property
     def ok(self) -> bool:
         return self.failure is None
 
@@ -256,6 +273,13 @@ class BestRecord:
     updated_at: datetime  # when it became the best
     search_median_ms: float
     retime: RetimeRecord | None = None  # the re-timing that made it the best, if one did
+
+    @property
+    def interval_ms(self) -> float | None:
+        """The half-width of :attr:`median_ms`'s interval (:func:`storage.ranking.interval_ms`):
+        re-timed interleaved, its rounds' spread; else the search's timing's."""
+        floor = ranking.RETIMED_FLOOR if self.retime is not None else ranking.SEARCH_FLOOR
+        return ranking.interval_ms(self.median_ms, self.iqr_ms, self.repetitions, floor=floor)
 
 
 @dataclass(frozen=True)

@@ -319,10 +319,12 @@ class Repository(BatchedTrials):
         *,
         gpu_state: Mapping[str, Any] | None = None,
         replayed: bool = False,
+        order: Sequence[int] | None = None,
     ) -> list[RetimeRecord]:
         """Store one re-timing of a study's ok trials (one entry per trial, by number) and, in
         the same transaction, point the best of its (template version, problem, device) at the
-        winner: the lowest re-timed median (ties: the lower trial number). The best moves always
+        winner: the lowest re-timed median (ties: the lower trial number), or the first of
+        ``order`` (the ok entries' numbers, best first: ties within the noise broken by the caller). The best moves always
         when it was one of the trials re-timed, else only to a strictly faster winner; when
         every entry failed it stays. Trials are never changed. Returns the rows, ranked first.
         """
@@ -349,6 +351,11 @@ class Repository(BatchedTrials):
             retiming = (session.scalar(latest) or 0) + 1
             ranked = sorted((e for e in entries if e.failure is None),
                             key=lambda e: (e.median_ms, e.number))
+            if order is not None:
+                place = {number: i for i, number in enumerate(order)}
+                if set(place) != {e.number for e in ranked}:
+                    raise StorageError(f"a re-timing's order {list(order)} is not its ok trials")
+                ranked.sort(key=lambda e: place[e.number])
             rank = {entry.number: place for place, entry in enumerate(ranked, start=1)}
             retimes = [
                 Retime(

@@ -420,8 +420,10 @@ def _best(args: argparse.Namespace) -> int:
         return _derived(args, winner)
     rows = [
         ("config", format_params(winner.params)),
-        ("median", f"{winner.median_ms:.4f} ms" + (" re-timed" if winner.retime else "") + report.spread(winner)),
+        ("median", report.with_interval(winner.median_ms, winner.interval_ms)
+         + (" re-timed" if winner.retime else "") + report.spread(winner)),
         *([("re-timed", report.retime_text(winner))] if winner.retime else []),
+        *([("tie", report.tie_text(winner.retime))] if winner.retime and report.tie_text(winner.retime) else []),
         ("TFLOPS", f"{winner.tflops:.1f}" if winner.tflops is not None else "-"),
         ("error", f"{winner.error:.3g}" if winner.error is not None else "-"),
         ("GPU", f"{winner.device.name} (driver {winner.device.driver_version})"),
@@ -494,6 +496,8 @@ def _show(args: argparse.Namespace) -> int:
               f"{gpus[0] if where is None else where.get('index')}, the re-timing's")
     for t in detail.trials:
         result = f"{t.median_ms:.4f} ms" if t.status == "ok" else f"{t.failure}: {t.reason}"
+        if t.status == "ok" and t.interval_ms is not None:
+            result += f" +-{100 * t.interval_ms / t.ranked_ms:.1f}%"
         gpu = report.trial_gpu_text(t)
         if gpu:
             result += f" [{gpu}]"

@@ -30,6 +30,22 @@ def spread(winner: Any) -> str:
     return f" ({', '.join(extra)})" if extra else ""
 
 
+def with_interval(value_ms: float, interval_ms: float | None) -> str:
+    """``0.1234 +- 0.0012 ms``: a value and its interval's half-width."""
+    return f"{value_ms:.4f} ms" if interval_ms is None else f"{value_ms:.4f} +- {interval_ms:.4f} ms"
+
+
+def tie_text(retime: Any) -> str:
+    """How a re-timing's winner won a tie within the noise (``tuner.retime``), or ''."""
+    state = retime.gpu_state or {}
+    tied = state.get("tied") or []
+    if len(tied) < 2:
+        return ""
+    again = state.get("tie_retimings", 0)
+    return (f"within the noise of {', '.join(f'#{n}' for n in tied[1:])} after {again} more "
+            f"re-timing(s) ({state.get('tie_seconds', 0):.1f} s); won by {state.get('tie_broken_by')}")
+
+
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -143,7 +159,7 @@ def best_document(answer: Any) -> dict[str, Any]:
     from templates.family import Problem
 
     key = Problem(tuple(answer.shape), answer.dtype, tuple(sorted(answer.flags.items()))).key
-    return {**plain(answer), "measured": True, "source": key}
+    return {**plain(answer), "interval_ms": answer.interval_ms, "measured": True, "source": key}
 
 
 def bench_table(rows: Sequence[Any]) -> list[str]:

@@ -36,11 +36,12 @@ Rules it keeps:
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
   the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not);
-- with several GPUs, each trial's median is also stored normalized to the reference GPU (the
-  first, where the re-timing runs) through the incumbent, which every GPU times now and then
-  (:mod:`tuner.normalize`); the sampler, the best so far and the re-timing's candidates go by
-  the normalized medians; a result of a GPU with no ratio yet waits in flight for its first
-  round. With one GPU nothing of it runs.
+- with several GPUs, each trial's median is also stored normalized by the study's anchor (a fixed
+  config every GPU times now and then) as its own GPU timed it close in time, in the terms of the
+  reference GPU's first timing of it (:mod:`tuner.normalize`), with the anchor's drift around it;
+  the sampler, the best so far and the re-timing's candidates go by the normalized medians; a
+  result of a GPU with no ratio yet waits in flight for its first round. With one GPU nothing of
+  it runs.
 """
 
 from __future__ import annotations
@@ -125,12 +126,18 @@ def gpu_scale(pool: Pool) -> GpuScale | None:
     return GpuScale(str(gpus[0].get("uuid") or "")) if len(gpus) > 1 else None
 
 
-def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None) -> dict[str, Any]:
+def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None,
+                anchor: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
     """What a trial stores of the GPU that measured it: its identity, its clocks, temperature and
-    power around the timing, and (several GPUs) its median on the reference GPU."""
+    power around the timing, and (several GPUs) its median normalized by the anchor, with the
+    anchor's time on that GPU then and its drift around it (``anchor``: (ms, spread))."""
     state = dict(m.clocks)
     if state and m.gpu.get("name"):
         state["name"] = m.gpu["name"]
+    if anchor[0] is not None:
+        state["anchor_ms"] = anchor[0]
+    if anchor[1] is not None:
+        state["anchor_spread"] = anchor[1]
     return {"gpu_state": state or None, "gpu_uuid": m.gpu.get("uuid") or None,
             "gpu_index": m.gpu.get("index"), "normalized_ms": normalized, "gpu_ratio": ratio}
 
@@ -562,7 +569,7 @@ class Coordinator:
             iqr_ms=timing.iqr_ms if timing else None,
             repetitions=timing.repetitions if timing else None,
             tflops=tflops, error=m.error, max_abs_error=m.max_abs_error,
-            replayed=m.replayed, **gpu_columns(m, normalized, ratio),
+            replayed=m.replayed, **gpu_columns(m, normalized, ratio, self._anchor(m)),
         )
         value = timing.median_ms if m.ok and timing is not None else search.FAILED_VALUE
         if normalized is not None:
@@ -653,6 +660,14 @@ class Coordinator:
         if self._scale is None or not m.ok or m.timing is None:
             return None, None
         return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
+
+    def _anchor(self, m: Measurement) -> tuple[float | None, float | None]:
+        """The anchor's time on the GPU that measured ``m`` now, and its drift there (several
+        GPUs and a result with a ratio only)."""
+        if self._scale is None or not m.ok or m.timing is None:
+            return None, None
+        uuid = m.gpu.get("uuid")
+        return self._scale.local(uuid), self._scale.spread(uuid)
 
     def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
         """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first

@@ -11,20 +11,32 @@ cubins; the pool re-compiles them (the cache answers) and ``GpuBench.retime`` ti
 repository stores each one's re-timed median, spread and rank with the GPU's clocks before and
 after, and points the best at the winner. A candidate that fails now is stored failed and
 cannot win; the trials themselves are never changed.
+
+Winners are chosen to a stated confidence: each re-timed median has an interval
+(``storage.ranking.interval_ms``). Where the leader's overlaps others', the leader and those are
+re-timed again, interleaved, up to ``TIE_ROUNDS`` more times (each as long as the first, at most
+``max_seconds``), the medians of all their re-timings kept; those still within the leader's
+noise then are a tie, broken by fewer registers, then less static shared memory, then the simpler
+config (more parameters at the family's first choice), then the median. The log line says what
+was tied, how it was broken and how long the extra rounds took.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from typing import Any, Sequence
 
-from storage import RetimeEntry, ranked_ms
+from storage import RetimeEntry, interval_ms, ranked_ms, tied
 from templates.family import KernelFamily, Problem, TemplateError
 from workers.retime import MAX_SECONDS, ROUNDS
 
 logger = logging.getLogger("tuner")
 
 DEFAULT_TOP = 5  # trials re-timed at the end of a study (0: none)
+TIE_ROUNDS = 2  # re-timings again of the configs within the leader's noise, at most
+RETIMED_FLOOR = 0.0025  # storage.ranking.RETIMED_FLOOR: a re-timed median's relative floor
 
 
 def candidates(trials: Sequence[Any], top: int) -> list[Any]:
@@ -72,15 +84,118 @@ def retime_study(family: KernelFamily, problem: Problem, *, pool: Any, repositor
     retiming = pool.retime(kernels, rounds=rounds, max_seconds=max_seconds)
     for trial, m in zip(timed, retiming.measurements):
         entries[trial.number] = _entry(family, problem, trial.number, m)
+    by_number = {t.number: (t, k) for t, k in zip(timed, kernels)}
+    decided = _decide(family, problem, pool, entries, by_number,
+                      _Again(rounds, max_seconds, retiming.replayed))
     state = {"before": dict(retiming.clocks_before), "after": dict(retiming.clocks_after),
-             "rounds": retiming.rounds}
+             "rounds": retiming.rounds, **decided.state()}
     if retiming.gpu:  # the one GPU it ran on (with several, the reference of the normalization)
         state["gpu"] = dict(retiming.gpu)
     records = repository.record_retiming(record.id, [entries[t.number] for t in picked],
-                                         gpu_state=state, replayed=retiming.replayed)
+                                         gpu_state=state, replayed=retiming.replayed,
+                                         order=decided.order or None)
     logger.info("%s", summary(records, picked[0].number, rounds=retiming.rounds,
                               replayed=retiming.replayed))
+    if decided.tied:
+        logger.info("%s", decided.text())
     return records
+
+
+class _Decision:
+    """How the re-timing's winner was chosen: the ok entries' order, best first; the trials tied
+    with the leader within the noise (the leader first) and what broke the tie; the extra rounds'
+    seconds."""
+
+    def __init__(self, order: list[int], tied: list[int], broken_by: str, seconds: float, again: int) -> None:
+        self.order, self.tied, self.broken_by, self.seconds, self.again = order, tied, broken_by, seconds, again
+
+    def state(self) -> dict[str, Any]:
+        """What the re-timing stores of it (nothing where the leader stood apart at once)."""
+        out: dict[str, Any] = {}
+        if self.again:
+            out.update(tie_retimings=self.again, tie_seconds=round(self.seconds, 3))
+        if self.tied:
+            out.update(tied=self.tied, tie_broken_by=self.broken_by)
+        return out
+
+    def text(self) -> str:
+        return (f"within the noise of each other after {self.again} more re-timing(s) ({self.seconds:.1f} s): "
+                f"{', '.join(f'#{n}' for n in self.tied)}; winner #{self.tied[0]} by {self.broken_by}")
+
+
+class _Again:
+    """How the close entries are re-timed again: as the first re-timing (``rounds``,
+    ``max_seconds``); not at all where it was replayed (a landscape answers the same)."""
+
+    def __init__(self, rounds: int, max_seconds: float, replayed: bool) -> None:
+        self.rounds, self.max_seconds, self.replayed = rounds, max_seconds, replayed
+
+
+def _decide(family: KernelFamily, problem: Problem, pool: Any, entries: dict[int, RetimeEntry],
+            by_number: dict[int, Any], how: _Again) -> _Decision:
+    """Re-time the entries within the leader's noise again (:data:`TIE_ROUNDS` times at most),
+    updating ``entries`` with the median of their re-timings; then the order, ties broken."""
+    began, again = time.monotonic(), 0
+    medians = {n: [e.median_ms] for n, e in entries.items() if e.failure is None}
+    while True:
+        ranked = sorted(medians, key=lambda n: (entries[n].median_ms, n))
+        if not ranked:
+            return _Decision([], [], "", 0.0, 0)
+        close = _within_noise(entries, ranked)
+        if len(close) < 2 or again >= TIE_ROUNDS or how.replayed:
+            break
+        redo = pool.retime([by_number[n][1] for n in close], rounds=how.rounds, max_seconds=how.max_seconds)
+        if not all(m.ok and m.timing is not None for m in redo.measurements):
+            break  # a failure now: the first re-timing's numbers stand
+        again += 1
+        for n, m in zip(close, redo.measurements):
+            medians[n].append(m.timing.median_ms)
+            e = entries[n]
+            median = statistics.median(medians[n])
+            entries[n] = RetimeEntry(n, median_ms=median, iqr_ms=m.timing.iqr_ms,
+                                     min_ms=min(e.min_ms or m.timing.min_ms, m.timing.min_ms),
+                                     max_ms=max(e.max_ms or m.timing.max_ms, m.timing.max_ms),
+                                     repetitions=(e.repetitions or 0) + m.timing.repetitions,
+                                     tflops=family.tflops(problem, median))
+    close = _within_noise(entries, ranked)
+    if len(close) < 2:
+        return _Decision(ranked, [], "", time.monotonic() - began, again)
+    key, how = _tie_break(family, close, by_number, entries)
+    winners = sorted(close, key=key)
+    order = winners + [n for n in ranked if n not in close]
+    return _Decision(order, winners, how, time.monotonic() - began, again)
+
+
+def _within_noise(entries: dict[int, RetimeEntry], ranked: list[int]) -> list[int]:
+    """The leader and the entries within its noise (their intervals overlap), in ranked order."""
+    def interval(n: int) -> float | None:
+        e = entries[n]
+        return interval_ms(e.median_ms, e.iqr_ms, e.repetitions, floor=RETIMED_FLOOR)
+
+    lead = ranked[0]
+    return [lead] + [n for n in ranked[1:] if tied(entries[lead].median_ms, interval(lead),
+                                                       entries[n].median_ms, interval(n))]
+
+
+def _tie_break(family: KernelFamily, close: list[int], by_number: dict[int, Any],
+               entries: dict[int, RetimeEntry]) -> tuple[Any, str]:
+    """The sort key among tied trials, and what decided it: fewer registers, less static shared
+    memory, the simpler config (more parameters at the family's first choice), the median."""
+    first = {p.name: p.choices[0] for p in family.params}
+
+    def key(n: int) -> tuple[Any, ...]:
+        trial = by_number[n][0]
+        plain = sum(1 for name, value in trial.params.items() if first.get(name) == value)
+        return (trial.registers if trial.registers is not None else 1 << 30,
+                trial.smem_static if trial.smem_static is not None else 1 << 40,
+                -plain, entries[n].median_ms, n)
+
+    keys = [key(n) for n in close]
+    names = ("registers", "static shared memory", "the simpler config", "the median")
+    for i, name in enumerate(names):
+        if len({k[i] for k in keys}) > 1:
+            return key, name
+    return key, "the trial number"
 
 
 def _entry(family: KernelFamily, problem: Problem, number: int, m: Any) -> RetimeEntry:

@@ -44,7 +44,7 @@ BEST = {"type": "object", "required": ["family", "shape", "dtype", "flags", "par
         "properties": {"family": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
                        "dtype": {"type": "string"}, "flags": _OBJECT, "params": _OBJECT,
                        "measured": {"type": "boolean"}, "source": {"type": "string"},
-                       "median_ms": {"type": "number"}, "tflops": _NUMBER,
+                       "median_ms": {"type": "number"}, "interval_ms": _NUMBER, "tflops": _NUMBER,
                        "device": _OBJECT, "passed_over": {"type": "array", "items": {"type": "string"}}}}
 EXPORT = {"type": "object", "required": ["name", "source", "launch"],
           "properties": {"name": {"type": "string"}, "source": {"type": "string"}, "launch": _OBJECT}}

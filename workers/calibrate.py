@@ -1,5 +1,6 @@
-"""When each GPU of a pool times the study's incumbent again: rounds, so that their timings can
-be made one set (``tuner.normalize`` turns the rounds into each GPU's ratio to the reference)::
+"""When each GPU of a pool times the study's anchor again: rounds, so that their timings can be
+made one set and each GPU's drift followed (``tuner.normalize`` turns each GPU's timings of the
+anchor into its factor)::
 
     schedule = CalibrationSchedule(gpus=2, every=40)
     schedule.offer(key, item)          # the coordinator's best config so far (compiling)
@@ -7,9 +8,12 @@ be made one set (``tuner.normalize`` turns the rounds into each GPU's ratio to t
     schedule.due(slot_round)           # -> (round, item) for a GPU whose last round is older
     schedule.counted()                 # a trial measured: every `every` trials a GPU, a new round
 
-A round is one config timed by every GPU, each between two of its own trials (the pool sends it
-ahead of the trials queued, with ``CALIBRATE_TIMING``: fewer repetitions than a trial's). Rounds
-start: the first as soon as there is an incumbent; then
+The anchor is the first incumbent (the study's best config so far) that could be timed; it stays
+the study's anchor from then on, so that every timing of it on every GPU is of the same config,
+and a trial's GPU and moment can be divided out (at the power cap one GPU's timings drifted 10%
+over a few minutes). A round is the anchor timed by every GPU, each between two of its own
+trials (the pool sends it ahead of the trials queued, with ``CALIBRATE_TIMING``: fewer repetitions
+than a trial's). Rounds start: the first as soon as there is an anchor; then
 after ``every`` trials a GPU (``every`` times the GPUs, counted over the pool) or ``seconds``,
 whichever comes first, with the incumbent of that moment. The second round comes after a quarter
 of ``every``, the third after half (``EARLY_ROUNDS``): a GPU's ratio is the median of its rounds
@@ -17,9 +21,7 @@ of ``every``, the third after half (``EARLY_ROUNDS``): a GPU's ratio is the medi
 round's ratio can be far off (an H100's SM clock went between 1,545 and 1,920 MHz from one trial to
 the next): in one 200-trial study on two H100s the rounds gave 0.975, 1.116 and 0.977, and 36 of
 the second GPU's 100 trials were scaled by the first two's mean, 7% off, until the third round at
-80 trials a GPU (docs/BENCHMARKS.md). Now the third comes at 30. An incumbent that changes meanwhile
-waits for the next round: so every GPU times the same config in a round, and a new incumbent
-is timed on every GPU before a ratio comes from it. With one GPU there are no rounds.
+80 trials a GPU (docs/BENCHMARKS.md). Now the third comes at 30. With one GPU there are no rounds.
 """
 
 from __future__ import annotations
@@ -58,9 +60,14 @@ class CalibrationSchedule:
         offered = self._offered or self._incumbent
         return offered[0] if offered else None
 
+    @property
+    def anchored(self) -> bool:
+        """Whether the anchor is chosen (an incumbent was made ready): later ones are not taken."""
+        return self._incumbent is not None
+
     def offer(self, key: str, item: Any) -> None:
-        """A new incumbent; it is timed from the first round after it is :meth:`ready`."""
-        if key != self.key:
+        """A new incumbent; it becomes the anchor once :meth:`ready`, unless there is one."""
+        if key != self.key and not self.anchored:
             self._offered = (key, item)
 
     def ready(self, key: str) -> None:

@@ -437,10 +437,11 @@ class WorkerPool:
 
     def set_incumbent(self, params: Mapping[str, Any], source: str, launch: Launch,
                       options: tuple[str, ...]) -> None:
-        """The study's best config so far: with several GPUs, each times it again between its
-        trials, in rounds (``workers.calibrate``); the timings come out of :meth:`calibrations`.
-        With one GPU it does nothing."""
-        if self._schedule is None:
+        """The study's best config so far: with several GPUs, the first one that can be timed
+        becomes the study's anchor, which each GPU times again between its trials, in rounds
+        (``workers.calibrate``); the timings come out of :meth:`calibrations`. With one GPU, or
+        once the anchor is chosen, it does nothing."""
+        if self._schedule is None or self._schedule.anchored:
             return
         key = params_key(params)
         if key == self._schedule.key:

@@ -46,8 +46,10 @@ def test_normalized_medians_agree_within_1_percent_and_raw_ones_are_kept(toy, db
     for t in ok:
         assert t.median_ms == raw[t.key]  # stored as measured, never altered
         true = near_tie(t.params)
-        if t.gpu_index == 0:  # the reference
-            assert t.gpu_ratio == 1.0 and t.normalized_ms == t.median_ms
+        if t.gpu_index == 0:  # the reference: its own drift followed too (none here but the noise)
+            assert t.gpu_ratio == pytest.approx(1.0, abs=0.005)
+            assert t.normalized_ms == pytest.approx(t.median_ms * t.gpu_ratio)
+            assert abs(t.normalized_ms / true - 1) < 0.01
         else:
             assert t.median_ms / true == pytest.approx(1.04, abs=0.006)  # raw: 3.4-4.6% slow
             assert t.normalized_ms == pytest.approx(t.median_ms * t.gpu_ratio)
@@ -55,7 +57,13 @@ def test_normalized_medians_agree_within_1_percent_and_raw_ones_are_kept(toy, db
     # results of GPU 1 that came back before its first round waited for it: every one has a ratio
     assert all(t.gpu_ratio is not None for t in ok) and len(ok) > 40
     for t in trials:
-        assert t.gpu_state == (None if not t.ok else {**clocks_of(t.params), "name": GPUS[0]["name"]})
+        state = dict(t.gpu_state or {})
+        anchor_ms, spread = state.pop("anchor_ms", None), state.pop("anchor_spread", None)
+        assert state == ({} if not t.ok else {**clocks_of(t.params), "name": GPUS[0]["name"]})
+        if t.ok and t.gpu_ratio is not None and anchor_ms is not None:  # the anchor's time then, and its drift
+            standard = next(ms for _, gpu, _, ms in pool.calibration_log if gpu == 0)
+            assert t.gpu_ratio == pytest.approx(standard / anchor_ms)
+            assert spread is None or 0 <= spread < 0.01
 
 
 def test_the_winner_is_not_the_config_that_landed_on_the_faster_gpu(toy, db, pools):
@@ -138,33 +146,35 @@ def test_a_resumed_study_tells_the_sampler_the_normalized_medians(toy, db, pools
 
 
 # -- the ratios ----------------------------------------------------------------------------------
-def test_a_ratio_comes_only_from_rounds_timed_on_both_gpus():
+def test_a_gpus_factor_is_the_standard_over_its_own_recent_anchor_timings():
     scale = GpuScale("ref")
-    assert scale.ratio("ref") == 1.0 and scale.ratio("other") is None
+    assert scale.ratio("ref") == 1.0 and scale.ratio("other") is None  # the reference: the standard's
     assert scale.normalized("other", 2.0) == (2.0, None)
-    scale.observe(1, "other", 1.04)  # the reference has not timed round 1 yet
+    scale.observe(1, "other", 1.04)  # no standard yet: the reference has not timed the anchor
     assert scale.ratio("other") is None
-    scale.observe(1, "ref", 1.00)
-    assert scale.ratio("other") == pytest.approx(1 / 1.04)
-    scale.observe(2, "other", 0.52)  # a new incumbent (0.5 ms), timed on one GPU only: no change
-    assert scale.ratio("other") == pytest.approx(1 / 1.04)
-    scale.observe(2, "ref", 0.50)
-    assert scale.ratio("other") == pytest.approx(1 / 1.04)
+    scale.observe(1, "ref", 1.00)  # the standard: 1.00 ms
+    assert scale.standard == 1.0 and scale.ratio("other") == pytest.approx(1 / 1.04)
     assert scale.normalized("other", 2.08) == pytest.approx((2.0, 1 / 1.04))
+    scale.observe(2, "ref", 1.10)  # the reference drifts too: its own trials follow
+    assert scale.ratio("ref") == pytest.approx(1 / statistics.median([1.00, 1.10]))
+    assert scale.standard == 1.0  # the standard stays the reference's first timing
 
 
-def test_a_ratio_is_the_median_of_the_latest_rounds():
-    scale = GpuScale("ref", window=5)
-    slow = [1.04, 1.04, 1.30, 1.04, 1.05, 1.05, 1.05, 1.05]  # one odd timing, then a drift to 5%
-    for number, factor in enumerate(slow, 1):
-        scale.observe(number, "ref", 1.0)
-        scale.observe(number, "other", factor)
-        window = slow[max(0, number - 5):number]
-        assert scale.ratio("other") == pytest.approx(statistics.median(1 / f for f in window))
-    assert scale.ratio("other") == pytest.approx(1 / 1.05)
-    scale.observe(8, "other", 2.0)  # timed twice in one round (a replaced worker): the first counts
-    assert scale.ratio("other") == pytest.approx(1 / 1.05)
-    assert scale.ratios() == {"ref": 1.0, "other": pytest.approx(1 / 1.05)}
+def test_a_gpus_factor_follows_its_drift_with_the_median_of_its_latest_timings():
+    scale = GpuScale("ref", window=3)
+    scale.observe(1, "ref", 1.0)
+    drifting = [1.00, 1.02, 1.30, 1.04, 1.06, 1.08, 1.10]  # one odd timing, then 10% slower
+    for number, ms in enumerate(drifting, 1):
+        scale.observe(number, "other", ms)
+        window = drifting[max(0, number - 3):number]
+        assert scale.ratio("other") == pytest.approx(1 / statistics.median(window))
+        if len(window) > 1:
+            assert scale.spread("other") == pytest.approx((max(window) - min(window)) / (2 * statistics.median(window)))
+    assert scale.ratio("other") == pytest.approx(1 / 1.08) and scale.spread("other") == pytest.approx(0.02 / 1.08)
+    scale.observe(7, "other", 2.0)  # timed twice in one round (a replaced worker): the first counts
+    assert scale.ratio("other") == pytest.approx(1 / 1.08)
+    assert scale.ratios() == {"ref": 1.0, "other": pytest.approx(1 / 1.08)}
+    assert scale.spread("ref") is None  # one timing: no drift to tell
 
 
 def test_noise_is_small_and_deterministic():

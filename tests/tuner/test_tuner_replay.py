@@ -95,7 +95,10 @@ def test_the_same_study_runs_on_sqlite_and_postgresql(url):
     assert second.study == first.study and second.previous == 6 and second.measured == 4
     trials = tuner.show(first.study, db=url).trials
     assert [t.number for t in trials] == sorted(t.number for t in trials) and len(trials) == 10
-    assert tuner.best(*PROBLEM, db=url).median_ms == min(t.median_ms for t in trials if t.status == "ok")
+    best, fastest = tuner.best(*PROBLEM, db=url), min(t.median_ms for t in trials if t.status == "ok")
+    # the fastest, or one within its noise that won the tie (fewer registers, ...)
+    assert best.median_ms == fastest or (best.retime.gpu_state.get("tied") and
+                                         best.median_ms == pytest.approx(fastest, abs=2 * best.interval_ms))
     assert [s.name for s in tuner.studies(db=url)] == [first.study]
 
 

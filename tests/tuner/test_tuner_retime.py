@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import tuner
+from tuner import retime
 import tuner.api
 from storage import open_repository, params_key
 from tuner.cli import main
@@ -125,7 +126,9 @@ def test_interrupted_runs_and_runs_with_nothing_new_are_not_retimed(toy, db, poo
     first = tuner.tune("toy", *PROBLEM, trials=12, db=db, seed=0)
     assert first.status == "interrupted" and pools.used[0].retimed == [] and first.retimed == ()
     second = tuner.tune("toy", *PROBLEM, trials=12, db=db, seed=0)  # resumes, then re-times
-    assert second.status == "finished" and len(pools.used[1].retimed) == 1
+    retimed = pools.used[1].retimed  # the top 5; then those within the leader's noise, again
+    assert second.status == "finished" and len(retimed[0]) == 5
+    assert len(retimed) <= 1 + retime.TIE_ROUNDS and all(1 < len(r) < 5 and r[0] in retimed[0] for r in retimed[1:])
     assert len(second.retimed) == 5 and second.best.retime == second.retimed[0]
     third = tuner.tune("toy", *PROBLEM, trials=12, db=db, seed=0)  # the same top 5
     assert third.measured == 0 and pools.used[2].retimed == [] and third.retimed == ()
@@ -186,3 +189,46 @@ def test_a_replayed_study_is_retimed_from_the_landscape(toy, db, pools, tmp_path
     assert winner.median_ms == min(t.median_ms for t in tuner.show(result.study, db=replay_db).trials
                                    if t.status == "ok")
 
+
+
+class _Trial:
+    def __init__(self, number, registers, params):
+        self.number, self.registers, self.smem_static, self.params = number, registers, 0, params
+
+
+class _TimesAgain:
+    """A pool whose re-timings answer each kernel's params' ``ms`` (with a small IQR)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def retime(self, kernels, *, rounds, max_seconds):
+        from workers.results import Measurement, Retiming, Timing
+
+        self.calls.append([k[0]["ms"] for k in kernels])
+        return Retiming(tuple(Measurement(ok=True, timing=Timing(k[0]["ms"], k[0]["ms"], k[0]["ms"],
+                                                                 k[0]["ms"] * 0.001, 100)) for k in kernels), rounds)
+
+
+def _decided(toy, timings):
+    """(trial number, median, registers) re-timed once: the decision and the pool's extra calls."""
+    from storage import RetimeEntry
+
+    problem = toy.parse_problem(*PROBLEM)
+    entries = {n: RetimeEntry(n, median_ms=ms, iqr_ms=ms * 0.001, repetitions=100) for n, ms, _ in timings}
+    by_number = {n: (_Trial(n, regs, {"BLOCK_M": 64}), ({"ms": ms}, "src", None, ())) for n, ms, regs in timings}
+    pool = _TimesAgain()
+    decided = retime._decide(toy, problem, pool, entries, by_number, retime._Again(30, 5.0, False))
+    return decided, pool.calls
+
+
+def test_a_tie_within_the_noise_is_timed_again_then_broken_by_fewer_registers(toy):
+    decided, calls = _decided(toy, [(3, 1.000, 128), (7, 1.001, 96), (9, 1.10, 64)])
+    assert calls == [[1.000, 1.001]] * retime.TIE_ROUNDS  # the leader and its tie, again; not #9 (10% off)
+    assert decided.tied == [7, 3] and decided.broken_by == "registers" and decided.order == [7, 3, 9]
+    assert "winner #7 by registers" in decided.text() and decided.state()["tie_retimings"] == 2
+
+
+def test_a_leader_apart_from_the_rest_wins_without_more_timing(toy):
+    decided, calls = _decided(toy, [(3, 1.000, 255), (7, 1.05, 96)])
+    assert calls == [] and decided.tied == [] and decided.order == [3, 7] and decided.state() == {}
