@@ -317,11 +317,14 @@ class TwoGpuPool(FakePool):
     drifting by +-0.2% over the study, every timing with its own +-0.2% noise. A ticket lands on
     ``gpu_of(params, ticket)`` (default: alternately). The incumbent is timed on every GPU in
     rounds, by the pool's own schedule (``workers.calibrate``); ``retime`` runs on GPU 0.
-    ``latency`` is the landscape (the first GPU's times)."""
+    ``latency`` is the landscape (the first GPU's times). ``drift``: the second GPU slows by that
+    share more over the first ``drift_trials`` results (a GPU heating at its power cap)."""
 
     def __init__(self, *, gpus: int = 2, slowdown: float = 1.04, latency: Any = latency_ms,
-                 gpu_of: Any = None, calibrate_every: int = 3, **options: Any) -> None:
+                 gpu_of: Any = None, calibrate_every: int = 3, drift: float = 0.0,
+                 drift_trials: int = 100, **options: Any) -> None:
         super().__init__(**options)
+        self.drift, self.drift_trials, self.results = drift, drift_trials, 0
         self.gpus = [dict(g) for g in GPUS[:gpus]]
         self.num_gpus = gpus
         self.slowdown, self.latency = slowdown, latency
@@ -339,7 +342,8 @@ class TwoGpuPool(FakePool):
         """GPU ``gpu``'s time over GPU 0's now: 1, or the slowdown drifting slowly with the clock."""
         if gpu == 0:
             return 1.0
-        return self.slowdown * (1.0 + 0.002 * math.sin(self.clock.now / 40.0))
+        heat = 1.0 + self.drift * min(1.0, self.results / self.drift_trials)
+        return self.slowdown * heat * (1.0 + 0.002 * math.sin(self.clock.now / 40.0))
 
     def ms_on(self, gpu: int, params: Mapping[str, Any]) -> float:
         return self.latency(params) * self.factor(gpu) * noise(params_key(params), gpu)
@@ -353,6 +357,7 @@ class TwoGpuPool(FakePool):
         for ticket, m in super().poll(timeout):
             gpu, params = self._landed.pop(ticket)
             results.append((ticket, self._on(gpu, params, m)))
+            self.results += 1
             if self.schedule is not None:
                 self.schedule.counted()
         self._calibrate()
