@@ -127,10 +127,11 @@ def gpu_scale(pool: Pool) -> GpuScale | None:
 
 
 def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None,
-                anchor: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
+                anchor: tuple[float | None, float | None, str | None] = (None, None, None)) -> dict[str, Any]:
     """What a trial stores of the GPU that measured it: its identity, its clocks, temperature and
     power around the timing, and (several GPUs) its median normalized by the anchor, with the
-    anchor's time on that GPU then and its drift around it (``anchor``: (ms, spread))."""
+    anchor's time on that GPU then, its drift around it and which config it is (``anchor``:
+    (ms, spread, params key))."""
     state = dict(m.clocks)
     if state and m.gpu.get("name"):
         state["name"] = m.gpu["name"]
@@ -138,6 +139,8 @@ def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None,
         state["anchor_ms"] = anchor[0]
     if anchor[1] is not None:
         state["anchor_spread"] = anchor[1]
+    if anchor[0] is not None and anchor[2] is not None:
+        state["anchor"] = anchor[2]
     return {"gpu_state": state or None, "gpu_uuid": m.gpu.get("uuid") or None,
             "gpu_index": m.gpu.get("index"), "normalized_ms": normalized, "gpu_ratio": ratio}
 
@@ -215,6 +218,7 @@ class Coordinator:
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
+        self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.normalize)
         self._served = 0.0  # time.monotonic() of the pool's last serve between asks
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -661,13 +665,13 @@ class Coordinator:
             return None, None
         return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
 
-    def _anchor(self, m: Measurement) -> tuple[float | None, float | None]:
+    def _anchor(self, m: Measurement) -> tuple[float | None, float | None, str | None]:
         """The anchor's time on the GPU that measured ``m`` now, and its drift there (several
         GPUs and a result with a ratio only)."""
         if self._scale is None or not m.ok or m.timing is None:
-            return None, None
+            return None, None, None
         uuid = m.gpu.get("uuid")
-        return self._scale.local(uuid), self._scale.spread(uuid)
+        return self._scale.local(uuid), self._scale.spread(uuid), self._anchor_key
 
     def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
         """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first
@@ -696,15 +700,18 @@ class Coordinator:
                 self._finish_ticket(ticket, m)
 
     def _calibrated(self) -> None:
-        """Take in the GPUs' timings of the incumbent that came back (``pool.calibrations``)."""
+        """Take in the GPUs' timings of the anchor that came back (``pool.calibrations``)."""
         if self._scale is None:
             return
         for calibration in self.pool.calibrations():  # type: ignore[attr-defined]
             m = calibration.measurement
             if m.ok and m.timing is not None:
+                if self._anchor_key is None:
+                    self._anchor_key = params_key(calibration.params)
+                    logger.info("the anchor every GPU times between its trials: %s", calibration.params)
                 self._scale.observe(calibration.round, str(m.gpu.get("uuid") or ""), m.timing.median_ms)
             else:
-                logger.warning("GPU %s could not time the incumbent: %s", m.gpu.get("index"), m.reason)
+                logger.warning("GPU %s could not time the anchor: %s", m.gpu.get("index"), m.reason)
         logger.debug("GPU ratios to the reference: %s", self._scale.ratios())
 
     def _refresh_incumbent(self) -> None:

@@ -60,6 +60,7 @@ def test_normalized_medians_agree_within_1_percent_and_raw_ones_are_kept(toy, db
     for t in trials:
         state = dict(t.gpu_state or {})
         anchor_ms, spread = state.pop("anchor_ms", None), state.pop("anchor_spread", None)
+        assert state.pop("anchor", None) == (None if anchor_ms is None else params_key(pool.calibration_log[0][2]))
         assert state == ({} if not t.ok else {**clocks_of(t.params), "name": GPUS[0]["name"]})
         if t.ok and t.gpu_ratio is not None and anchor_ms is not None:  # the anchor's time then, and its drift
             standard = next(ms for _, gpu, _, ms in pool.calibration_log if gpu == 0)
