@@ -8,10 +8,11 @@ GPUs measured the study, else the median::
 The best of a problem, the study's best in its summary, the value told to the sampler, an
 exported Optuna trial's value and the re-timing's candidates all rank by this.
 
-Each value carries an interval (``interval_ms``, a half-width, about one standard deviation): the
-median's own uncertainty from its repetitions (McGill's notch, 1.58 IQR / sqrt(n), over 1.96), the
-drift of the anchor around it on its GPU (several GPUs, ``tuner.normalize``), and a floor for what
-moves between two timings of one config: at the 700 W cap an H100's or H200's SM clock moved
+Each value carries an interval (``interval_ms``, a half-width): half its repetitions' IQR (at the
+power cap the clocks switch between states within one timing: on two H200s a 0.42 ms kernel's
+repetitions had an IQR of 17% of the median, and such a config's median moved 13-15% between
+timings, 2026-11-28), the drift of the anchor around it on its GPU (several GPUs,
+``tuner.normalize``), and a floor for what moves between two timings of one config: at the 700 W cap an H100's or H200's SM clock moved
 between about 1,400 and 1,980 MHz from one timing to the next, and one config's median by 1-3%
 (docs/BENCHMARKS.md, "Tuner throughput on GPUs"). Timed interleaved with the others on one GPU
 (the final re-timing), every config meets the same clocks: two GPUs' in-turns timings of the same
@@ -42,13 +43,14 @@ def ranked_ms_sql(normalized_ms: Any, median_ms: Any) -> Any:
 
 def interval_ms(value_ms: float | None, iqr_ms: float | None, repetitions: int | None, *,
                 drift: float | None = None, floor: float = SEARCH_FLOOR) -> float | None:
-    """The half-width of ``value_ms``'s interval: its median's uncertainty (``iqr_ms`` over
-    ``repetitions``, scaled as the value is), ``drift`` (relative: the anchor's around it) and
+    """The half-width of ``value_ms``'s interval: half the repetitions' IQR (``iqr_ms``, scaled as
+    the value is; ``repetitions`` is kept for the callers' sake: with clocks that switch within a
+    timing, more repetitions do not narrow it), ``drift`` (relative: the anchor's around it) and
     ``floor`` (relative) added in quadrature. None without a value."""
     if value_ms is None or not value_ms > 0:
         return None
-    notch = 1.58 / 1.96 * iqr_ms / math.sqrt(repetitions) / value_ms if iqr_ms and repetitions else 0.0
-    return value_ms * math.sqrt(notch ** 2 + (drift or 0.0) ** 2 + floor ** 2)
+    spread = iqr_ms / (2 * value_ms) if iqr_ms and repetitions else 0.0
+    return value_ms * math.sqrt(spread ** 2 + (drift or 0.0) ** 2 + floor ** 2)
 
 
 def tied(a_ms: float, a_interval: float | None, b_ms: float, b_interval: float | None) -> bool:

@@ -45,7 +45,8 @@ def retime_configs(spec_path: str) -> None:
     if not all(m.ok for m in turns.measurements):
         sys.exit(f"a config failed: {[m.reason for m in turns.measurements if not m.ok]}")
     print(json.dumps({"gpu": info.identity, "ms": [m.timing.median_ms for m in turns.measurements],
-                      "rounds": turns.rounds}))
+                      "min": [m.timing.min_ms for m in turns.measurements],
+                      "iqr": [m.timing.iqr_ms for m in turns.measurements], "rounds": turns.rounds}))
 
 
 def main() -> None:
@@ -110,7 +111,10 @@ def main() -> None:
         standard_terms = raw * standard / anchor_now
         diff = t.ranked_ms / standard_terms - 1
         rows.append({"rank": ranked.index(t) + 1, "trial": t.number, "gpu": t.gpu_index, "stored": t.ranked_ms,
-                     "interval": t.interval_ms, "retimed": raw, "standard_terms": standard_terms, "diff": diff})
+                     "interval": t.interval_ms, "retimed": raw, "standard_terms": standard_terms, "diff": diff,
+                     "raw": t.median_ms, "min": t.min_ms, "iqr": t.iqr_ms, "ratio": t.gpu_ratio,
+                     "anchor_ms": (t.gpu_state or {}).get("anchor_ms"), "retimed_min": again["min"][i],
+                     "retimed_iqr": again["iqr"][i]})
         print(f"| {ranked.index(t) + 1} | #{t.number} | {t.gpu_index} | {t.ranked_ms:.4f} | {t.interval_ms:.4f} | "
               f"{raw:.4f} | {standard_terms:.4f} | {100 * diff:+.2f}% |")
     within = sum(abs(r["diff"]) <= 0.02 for r in rows)
