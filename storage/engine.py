@@ -279,7 +279,7 @@ def sqlite_pragmas(dbapi_connection: Any) -> None:
     no longer block the writer (a study's ask/tell loop ran twice as fast). ``synchronous=NORMAL``
     drops the fsync from each commit: a commit survives the process being killed, and the file is
     never corrupted, but the last commits may be lost if the machine itself loses power. A
-    study's writer made about five commits a trial, 2.5 ms each with the fsync (issue 4).
+    study's writer made about five commits a trial, 2.5 ms each with the fsync.
     """
     cursor = dbapi_connection.cursor()
     # as long as a writer may make us wait: "locked" is another connection's lock (a checkpoint,
