@@ -539,12 +539,14 @@ def _bench_search(args: argparse.Namespace) -> int:
         return 0
     print(f"{len(report.landscapes)} landscape(s), {report.seeds} seeds each, "
           f"{report.space_size} valid configs (median); measured trials to come within 2% / 5% of the best")
-    print("| sampler | runs | median 2% | p90 2% | median 5% | p90 5% |")
-    print("|---|---|---|---|---|---|")
+    print("| sampler | runs | median 2% | p90 2% | median 5% | p90 5% | median to a tie | p90 |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, result in report.samplers.items():
         s = result.stats()
         print(f"| {name} | {s['runs']} | {s['median_trials_2pct']:g} | {s['p90_trials_2pct']:g} | "
-              f"{s['median_trials_5pct']:g} | {s['p90_trials_5pct']:g} |")
+              f"{s['median_trials_5pct']:g} | {s['p90_trials_5pct']:g} | {s['median_trials_tie']:g} | "
+              f"{s['p90_trials_tie']:g} |")
+    print("(a tie: a config within the intervals of the best's, as the landscape recorded them)")
     names = list(report.samplers)
     print("\nmedian trials to 2%, per landscape")
     print("| landscape | " + " | ".join(names) + " |")

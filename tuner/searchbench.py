@@ -17,11 +17,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import optuna
 
 from templates.family import DeviceLimits
+from storage import tied
 from tuner import search, warmstart
 
 logger = logging.getLogger("tuner")
@@ -55,6 +56,7 @@ class _Landscape:
     limits: DeviceLimits
     space: search.SearchSpace  # the part of the family's space the landscape recorded
     points: list[dict[str, Any]]  # the family's valid configs in that space (the samplers' choices)
+    intervals: dict[str, float] = field(default_factory=dict)  # params key -> its value's half-width
 
 
 @dataclass
@@ -62,6 +64,7 @@ class SamplerResult:
     name: str
     trials_2pct: list[int] = field(default_factory=list)  # one per (landscape, seed) run
     trials_5pct: list[int] = field(default_factory=list)
+    trials_tie: list[int] = field(default_factory=list)  # to a config tied with the best
     curves: list[list[float]] = field(default_factory=list)  # best-so-far / landscape best
     by_landscape: dict[str, list[int]] = field(default_factory=dict)  # name -> trials to 2%, per seed
 
@@ -71,6 +74,8 @@ class SamplerResult:
             "p90_trials_2pct": _quantile(self.trials_2pct, 0.9),
             "median_trials_5pct": statistics.median(self.trials_5pct),
             "p90_trials_5pct": _quantile(self.trials_5pct, 0.9),
+            "median_trials_tie": statistics.median(self.trials_tie),
+            "p90_trials_tie": _quantile(self.trials_tie, 0.9),
             "runs": len(self.trials_2pct),
             "median_trials_2pct_by_landscape": {
                 name: statistics.median(runs) for name, runs in self.by_landscape.items()},
@@ -100,7 +105,7 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
     """A landscape file and its family: the one it names (an installed or registered family), or
     ``family`` (a reference ``get_family`` takes: a path, ``module:ATTR``) for one found elsewhere,
     which must be the family the landscape recorded."""
-    from storage import params_key
+    from storage import interval_ms, params_key
     from templates import get_family
     from templates.family import TemplateError
     from tuner.errors import UsageError
@@ -118,41 +123,63 @@ def load(path: str | Path, family: Any = None) -> _Landscape:
     limits = info.limits
     values = {params_key(p): (m.timing.median_ms if m.ok else math.inf) for p, m in recorded.entries
               if family.check(p, recorded.problem, limits) is None}
+    intervals = {params_key(p): interval_ms(m.timing.median_ms, m.timing.iqr_ms, m.timing.repetitions) or 0.0
+                 for p, m in recorded.entries if m.ok and params_key(p) in values}
     best_key = min(values, key=values.get)
     winner = next(dict(p) for p, _ in recorded.entries if params_key(p) == best_key)
     space = search.SearchSpace(family.recorded_space([p for p, _ in recorded.entries]))
     points = search.valid_in_space(family, recorded.problem, limits, space)
     return _Landscape(Path(path).name, family, recorded.problem, values, len(values),
-                      values[best_key], winner, limits, space, points)
+                      values[best_key], winner, limits, space, points, intervals)
+
+
+class RunResult(NamedTuple):
+    """One run: measured trials to come within 5% and 2% of the landscape's best, the best-so-far
+    curve (over the best), and the trials to measure a config tied with the best (within their
+    intervals, ``storage.ranking``: where the recording cannot tell them apart)."""
+
+    five: int
+    two: int
+    curve: list[float]
+    tie: int
 
 
 class _Progress:
     """A search's best-so-far curve over a landscape, and the measured trials it took to come
-    within 5% and 2% of the landscape's best."""
+    within 5% and 2% of the landscape's best, and to a tie with it."""
 
     def __init__(self, land: "_Landscape") -> None:
         self.land = land
         self.curve: list[float] = []
         self.hit5: int | None = None
         self.hit2: int | None = None
+        self.tie: int | None = None
+        best_key = min(land.values, key=land.values.get)
+        self._best_interval = land.intervals.get(best_key, 0.0)
 
-    def add(self, seen: Mapping[str, float]) -> None:
-        """After a trial: ``seen``, every config measured so far and its value."""
+    def add(self, seen: Mapping[str, float], key: str = "") -> None:
+        """After a trial: ``seen``, every config measured so far and its value; ``key``, the
+        trial's config."""
         self.curve.append(min(seen.values()) / self.land.best)
         if self.hit5 is None and self.curve[-1] <= 1.05:
             self.hit5 = len(seen)
         if self.hit2 is None and self.curve[-1] <= 1.02:
             self.hit2 = len(seen)
+        value = seen.get(key, math.inf)
+        if self.tie is None and math.isfinite(value) and tied(value, self.land.intervals.get(key, 0.0),
+                                                              self.land.best, self._best_interval):
+            self.tie = len(seen)
 
     def done(self, seen: Mapping[str, float]) -> bool:
-        return self.hit2 is not None or len(seen) == self.land.valid
+        return (self.hit2 is not None and self.tie is not None) or len(seen) == self.land.valid
 
-    def result(self) -> tuple[int, int, list[float]]:
-        return self.hit5 or self.land.valid, self.hit2 or self.land.valid, self.curve
+    def result(self) -> RunResult:
+        valid = self.land.valid
+        return RunResult(self.hit5 or valid, self.hit2 or valid, self.curve, self.tie or valid)
 
 
 def run(land: _Landscape, name: str, seed: int, in_flight: int = IN_FLIGHT,
-        first: Sequence[Mapping[str, Any]] = (), *, failed_as_fail: bool = False) -> tuple[int, int, list[float]]:
+        first: Sequence[Mapping[str, Any]] = (), *, failed_as_fail: bool = False) -> RunResult:
     """Measured trials for sampler ``name`` to come within 5% and 2% of the landscape's best, and
     the best-so-far curve, with the rules of a real study: configs the family rejects or the
     landscape lacks are told ``inf`` without counting, a config measured or in flight asked again
@@ -213,7 +240,7 @@ def run(land: _Landscape, name: str, seed: int, in_flight: int = IN_FLIGHT,
             else:
                 study.tell(trial, None if told else value, state=told)
             seen[key] = value
-            progress.add(seen)
+            progress.add(seen, key)
             if progress.done(seen):
                 return progress.result()
     return progress.result()
@@ -252,7 +279,8 @@ def bench_search(paths: Sequence[str | Path], *, seeds: int = 20, samplers: Sequ
             if name == "tpe-warm" and not first[name]:
                 continue
             for seed in range(seeds):
-                five, two, curve = run(land, name, seed, in_flight, first.get(name, ()))
+                five, two, curve, tie = run(land, name, seed, in_flight, first.get(name, ()))
+                result.trials_tie.append(tie)
                 result.trials_5pct.append(five)
                 result.trials_2pct.append(two)
                 result.curves.append(curve)

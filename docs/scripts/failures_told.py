@@ -16,7 +16,7 @@ import statistics
 
 import optuna
 
-from tuner.searchbench import _quantile, _samplers, load, run_once
+from tuner.searchbench import _quantile, load, run
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
         two, five = [], []
         for land in lands:
             for seed in range(args.seeds):
-                f, t, _ = run_once(land, _samplers("tpe", seed, land.space, land), failed_as_fail=as_fail)
+                f, t, _, _ = run(land, "optuna-tpe", seed, 1, failed_as_fail=as_fail)
                 five.append(f)
                 two.append(t)
         print(f"| {label} | {len(two)} | {statistics.median(two):g} | {_quantile(two, 0.9):g} | "

@@ -21,8 +21,9 @@ def test_report_has_the_promised_json_shape(report):
     assert set(data["samplers"]) == {"tpe", "random"}  # tpe-warm needs a second landscape
     assert data["samplers"]["tpe"]["runs"] == 3
     for stats in data["samplers"].values():
-        assert {"median_trials_2pct", "p90_trials_2pct", "median_trials_5pct"} <= set(stats)
+        assert {"median_trials_2pct", "p90_trials_2pct", "median_trials_5pct", "median_trials_tie"} <= set(stats)
         assert 1 <= stats["median_trials_5pct"] <= stats["median_trials_2pct"] <= data["space_size"]
+        assert 1 <= stats["median_trials_tie"] <= data["space_size"]
     assert data["space_size"] == 744 and data["seeds"] == 3
     assert set(data["not_applicable"]) == {"cmaes", "gp"}
 
@@ -38,15 +39,14 @@ def test_a_run_counts_each_config_once_and_can_measure_everything():
     land = load(LANDSCAPE)
     unreachable = land.__class__(**{**land.__dict__, "best": land.best / 2})  # 2% never reached
     for name, in_flight in (("grid", 1), ("tpe", 16), ("optuna-tpe", 16)):
-        five, two, curve = run(unreachable, name, 0, in_flight)
+        five, two, curve, tie = run(unreachable, name, 0, in_flight)
         assert two == five == land.valid and len(curve) == land.valid  # every valid config measured
 
 
 def test_warm_start_from_the_winner_finds_it_first():
     land = load(LANDSCAPE)
     for name, in_flight in (("tpe", 1), ("tpe", 16), ("optuna-tpe", 16)):
-        five, two, curve = run(land, name, 0, in_flight, first=[land.winner])
-        assert (five, two, curve) == (1, 1, [1.0])
+        assert run(land, name, 0, in_flight, first=[land.winner]) == (1, 1, [1.0], 1)
 
 
 def test_tpe_start_measures_the_family_starting_points_first():
@@ -95,3 +95,22 @@ def test_the_old_sampler_names_run_as_their_new_ones(caplog):
     report = bench_search([LANDSCAPE], seeds=1, samplers=("tpe-batch",))
     assert set(report.samplers) == {"tpe"}
     assert "'tpe-batch' is now called 'tpe'" in caplog.text
+
+
+def test_a_run_reaches_a_tie_when_a_config_within_the_bests_interval_is_measured():
+    """The best's interval (half its IQR, a 1% floor) and another config's overlap: measuring that
+    one first is a tie with the best at once, though it is not within 2%; one far off is not."""
+    from storage import params_key
+
+    land = load(LANDSCAPE)
+    best_key = params_key(land.winner)
+    near = min((k for k, v in land.values.items() if k != best_key and v < float("inf")),
+               key=lambda k: land.values[k])
+    gap = land.values[near] / land.best - 1
+    wide = {**land.intervals, best_key: 2 * land.best * gap, near: 0.0}  # the best's noise covers the gap
+    noisy = land.__class__(**{**land.__dict__, "intervals": wide})
+    result = run(noisy, "tpe", 0, 1, first=[json.loads(near)])
+    assert result.tie == 1 and (result.two > 1 or gap <= 0.02)
+    narrow = land.__class__(**{**land.__dict__, "intervals": {k: 0.0 for k in land.intervals}})
+    far = max((k for k, v in land.values.items() if v < float("inf")), key=lambda k: land.values[k])
+    assert run(narrow, "tpe", 0, 1, first=[json.loads(far)]).tie > 1
