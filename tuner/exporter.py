@@ -60,6 +60,7 @@ def launch_document(family: KernelFamily, problem: Problem, best: Any, *, source
         "problem": problem.to_json(),
         "measured": {
             "median_ms": best.median_ms,
+            "interval_ms": best.interval_ms,  # the half-width of its noise (storage.ranking)
             "min_ms": best.min_ms,
             "max_ms": best.max_ms,
             "iqr_ms": best.iqr_ms,
