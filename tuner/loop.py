@@ -418,7 +418,9 @@ class Coordinator:
                 self._serve_pool()
             return asked
         began = time.perf_counter()
+        # in flight here, and what other coordinators sharing the study measure now: never proposed
         pending = [f.proposal.params for f in self._in_flight.values()]
+        pending += [self.space.encode(p) for p in map(json.loads, self._elsewhere) if self.space.contains(p)]
         picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)
         if self.meter is not None:
             self.meter.asked(time.perf_counter() - began, len(picks))
@@ -481,8 +483,9 @@ class Coordinator:
         if why == "full":
             self._full = True
             return
-        if why == "held":
-            self._elsewhere.add(key)
+        # held or measured elsewhere: not proposed again (the batch proposer, whose picks repeat
+        # until its observations change, is told it is in flight) until a sync brings its result
+        self._elsewhere.add(key)
         self.progress.reused()
         self._idle += 1
 

@@ -36,24 +36,34 @@ logger = logging.getLogger("tuner")
 
 DEFAULT_TOP = 5  # trials re-timed at the end of a study (0: none)
 TIE_ROUNDS = 2  # re-timings again of the configs within the leader's noise, at most
+NOISE_FACTOR = 3  # candidates past the top still within the leader's noise: up to this many times top
 RETIMED_FLOOR = 0.0025  # storage.ranking.RETIMED_FLOOR: a re-timed median's relative floor
 
 
 def candidates(trials: Sequence[Any], top: int) -> list[Any]:
     """The ``top`` fastest ok trials (``storage.TrialRecord``) with distinct cubins, fastest
     first (ties: the lower number), by ``storage.ranked_ms``: their normalized medians where
-    several GPUs measured the study."""
+    several GPUs measured the study; then those further down still within the leader's noise
+    (their intervals overlap, ``storage.ranking.tied``), up to ``NOISE_FACTOR`` times ``top``
+    in all: the re-timing grows with the noise."""
     picked, cubins = [], set()
+
     def ranked(t: Any) -> tuple[float, int]:
         return ranked_ms(getattr(t, "normalized_ms", None), t.median_ms), t.number
+
+    def interval(t: Any) -> float | None:
+        return getattr(t, "interval_ms", None)
 
     for trial in sorted((t for t in trials if t.ok), key=ranked):
         if trial.cubin_hash is not None and trial.cubin_hash in cubins:
             continue
+        if len(picked) >= top:
+            lead = picked[0]
+            if len(picked) >= NOISE_FACTOR * top or not tied(ranked(lead)[0], interval(lead),
+                                                             ranked(trial)[0], interval(trial)):
+                break
         cubins.add(trial.cubin_hash)
         picked.append(trial)
-        if len(picked) == top:
-            break
     return picked
 
 

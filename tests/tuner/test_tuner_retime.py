@@ -232,3 +232,17 @@ def test_a_tie_within_the_noise_is_timed_again_then_broken_by_fewer_registers(to
 def test_a_leader_apart_from_the_rest_wins_without_more_timing(toy):
     decided, calls = _decided(toy, [(3, 1.000, 255), (7, 1.05, 96)])
     assert calls == [] and decided.tied == [] and decided.order == [3, 7] and decided.state() == {}
+
+
+def test_the_candidates_grow_with_the_noise_up_to_three_times_top():
+    """Past the top, trials still within the leader's noise are re-timed too (3x top at most);
+    a trial outside it stops the list."""
+    def trial(number, ms, interval):
+        return SimpleNamespace(number=number, ok=True, normalized_ms=None, median_ms=ms, cubin_hash=f"c{number}",
+                               interval_ms=interval)
+
+    quiet = [trial(n, 1.0 + 0.01 * n, 0.001) for n in range(12)]
+    assert [t.number for t in retime.candidates(quiet, 3)] == [0, 1, 2]  # 1.03 is out of 1.00's noise
+    noisy = [trial(n, 1.0 + 0.01 * n, 0.05) for n in range(12)]  # +-5%: 1.00 to 1.09 overlap
+    assert [t.number for t in retime.candidates(noisy, 3)] == list(range(9))  # capped at 3 x 3
+    assert [t.number for t in retime.candidates(noisy, 5)] == list(range(10))  # 1.10 and past: not within 0.10
