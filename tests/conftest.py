@@ -89,3 +89,15 @@ def url(request: pytest.FixtureRequest, tmp_path) -> str:
     # Every connection made from this URL (ours and Optuna's) works in that schema only.
     scoped = database.update_query_dict({"options": f"-csearch_path={schema}"})
     return scoped.render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def module_ray() -> Iterator[None]:
+    """A local Ray up from the first test of a module that asks for it to the module's end, as
+    ``workers.ray_session.shared_ray`` keeps one across studies: the studies there (replays,
+    in this process) find it up, and neither start nor stop one (about 6 s each on the 2-core
+    CI machine). The module's later tests find it up too."""
+    from workers.ray_session import shared_ray
+
+    with shared_ray():
+        yield

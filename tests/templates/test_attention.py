@@ -18,12 +18,11 @@ from templates.family import (
     DeviceLimits,
     KernelArg,
     Launch,
-    KernelFamily,
     TemplateError,
     TensorMap,
     check_outputs,
-    summarize_space,
 )
+from whole_space import whole_product
 
 FAMILY = get_family("attention")
 PROBLEMS = [
@@ -38,23 +37,44 @@ REASONS = {"divisibility", "shared memory", "registers", "layout", "threads", "a
            "stages"}
 
 
-@pytest.mark.parametrize("problem", PROBLEMS[1::3], ids=lambda p: p.key)  # D=64 fp16 causal, D=128 bf16
+# The problems whose whole product is checked config by config (whole_space.py: one pass a problem,
+# about 35 s, shared by the tests below). By default one: D=128 (the tighter registers and shared
+# memory), a sequence no tile divides, causal (its own parameters), bf16. The soak tier
+# (``pytest -m soak``) checks five more: D=64 with and without the mask, fp16 and bf16, and
+# 4x16x4096x128 fp16. Every problem's enumerated configs render in the default run
+# (test_every_valid_config_of_every_problem_renders).
+WHOLE = [pytest.param(PROBLEMS[7], id=PROBLEMS[7].key)] + [
+    pytest.param(p, id=p.key, marks=pytest.mark.soak)
+    for p in (PROBLEMS[1], PROBLEMS[0], PROBLEMS[3], PROBLEMS[6], FAMILY.parse_problem("4,16,4096,128", "fp16"))
+]
+
+
+def _assert_renders(config, problem) -> None:
+    source = FAMILY.render(config, problem)
+    assert "attention_fwd" in source and "{{" not in source and "/*%" not in source
+    assert f"#define BLOCK_M {config['BLOCK_M']}" in source
+    assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
+    assert f"#define CAUSAL {int(problem.flag('causal'))}" in source
+    assert ("cp.async.bulk.tensor" in source) == (config["LOADS"] == "tma")
+
+
+@pytest.mark.parametrize("problem", WHOLE)
 def test_every_config_renders_or_is_rejected_with_a_reason(problem):
-    rendered = tma = 0
-    for config in FAMILY.configs():
-        reason = FAMILY.check(config, problem, H100_LIMITS)
-        if reason is not None:
-            assert reason.split(":")[0] in REASONS, reason
-            continue
-        source = FAMILY.render(config, problem)
-        assert "attention_fwd" in source and "{{" not in source and "/*%" not in source
-        assert f"#define BLOCK_M {config['BLOCK_M']}" in source
-        assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
-        assert f"#define CAUSAL {int(problem.flag('causal'))}" in source
-        assert ("cp.async.bulk.tensor" in source) == (config["LOADS"] == "tma")
-        rendered += 1
-        tma += config["LOADS"] == "tma"
-    assert rendered > 100 and tma > 100
+    checked = whole_product("attention", problem)
+    assert set(checked.summary.reasons) <= REASONS, checked.summary.reasons
+    for config in checked.valid:
+        _assert_renders(config, problem)
+    assert len(checked.valid) > 100 and sum(c["LOADS"] == "tma" for c in checked.valid) > 100
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
+def test_every_valid_config_of_every_problem_renders(problem):
+    """Each problem's valid configs, as the family enumerates them (the whole product's, where
+    test_valid_configs_are_those_of_the_whole_product checks it), render."""
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    for config in valid:
+        _assert_renders(config, problem)
+    assert len(valid) > 100 and sum(c["LOADS"] == "tma" for c in valid) > 100
 
 
 def test_the_default_config_is_the_one_before_the_tma_path():
@@ -126,8 +146,9 @@ def test_constraints_reject_what_cannot_fit():
     assert FAMILY.check(fits, problem, small_gpu).startswith("shared memory")
 
 
-def test_space_summary_counts_valid_and_rejected():
-    summary = summarize_space(FAMILY, FAMILY.parse_problem("4,16,4096,128", "fp16"), H100_LIMITS)
+@pytest.mark.parametrize("problem", WHOLE)
+def test_space_summary_counts_valid_and_rejected(problem):
+    summary = whole_product("attention", problem).summary  # summarize_space's count
     assert summary.total == math.prod(len(p.choices) for p in FAMILY.params)
     assert 0 < summary.valid < summary.total
     assert summary.valid + sum(summary.reasons.values()) == summary.total
@@ -389,12 +410,11 @@ def test_older_configs_complete_to_the_kernels_they_were():
     assert recorded["BLOCK_M"] == (64, 128) and recorded["STAGES"] == (2, 3) and recorded["MMA"] == ("sync", "wgmma")
 
 
-@pytest.mark.parametrize("index", [0, 3, 6])
-def test_valid_configs_are_those_of_the_whole_product(index):
+@pytest.mark.parametrize("problem", WHOLE)
+def test_valid_configs_are_those_of_the_whole_product(problem):
     """The family enumerates its valid configs among the path rules' candidates: the same set as
     checking every config of the product (which cost a study 10 s before its first trial)."""
-    problem = PROBLEMS[index]
-    everything = KernelFamily.valid_configs(FAMILY, problem, H100_LIMITS)
+    everything = whole_product("attention", problem).valid  # KernelFamily.valid_configs's list
     fast = FAMILY.valid_configs(problem, H100_LIMITS)
     key = lambda c: tuple(sorted(c.items()))  # noqa: E731
     assert len(fast) == len({key(c) for c in fast})

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from templates import families, get_family
-from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem, TemplateError, check_outputs
+from templates.family import H100_LIMITS, DeviceLimits, Problem, TemplateError, check_outputs
 from templates.gemm import problem as gemm
 from templates.gemm import render, space, starts
+from whole_space import whole_product
 
 FAMILY = get_family("gemm")
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,21 +89,40 @@ def test_the_default_config_is_the_engineers_first_tile():
     assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
 
 
-@pytest.mark.parametrize("problem", [_problem("4096,4096,4096", "bf16", "tt", "bias_gelu"), _problem("17,1000,33")],
-                         ids=lambda p: p.key)
+# The problems whose whole product is checked config by config (whole_space.py: one pass a problem,
+# shared by the tests below): by default a large one and a small one; the soak tier
+# (``pytest -m soak``) checks two more.
+WHOLE = [pytest.param(p, id=p.key) for p in (_problem("4096,4096,4096", "bf16", "tt", "bias_gelu"),
+                                             _problem("17,1000,33"))] + [
+    pytest.param(p, id=p.key, marks=pytest.mark.soak)
+    for p in (_problem("4096,4096,4096", "bf16", "tn"), _problem("1,17,1000"))
+]
+
+
+def _assert_renders(config, problem) -> None:
+    source = FAMILY.render(config, problem)
+    assert "extern \"C\" __global__" in source and "{{" not in source and "/*%" not in source
+    assert f"#define BLOCK_M {config['BLOCK_M']}" in source and f"#define GROUP_M {config['GROUP_M']}" in source
+    assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
+
+
+@pytest.mark.parametrize("problem", WHOLE)
 def test_every_config_renders_or_is_rejected_with_a_reason(problem):
-    rendered = 0
-    for config in FAMILY.configs():
-        reason = FAMILY.check(config, problem, H100_LIMITS)
-        if reason is not None:
-            assert reason.split(":")[0] in REASONS, reason
-            continue
-        source = FAMILY.render(config, problem)
-        assert "extern \"C\" __global__" in source and "{{" not in source and "/*%" not in source
-        assert f"#define BLOCK_M {config['BLOCK_M']}" in source and f"#define GROUP_M {config['GROUP_M']}" in source
-        assert ("bf16.bf16" in source) == (problem.dtype == "bf16")
-        rendered += 1
-    assert rendered > (500 if problem.shape[0] > 1000 else 30)
+    checked = whole_product("gemm", problem)
+    assert set(checked.summary.reasons) <= REASONS, checked.summary.reasons
+    for config in checked.valid:
+        _assert_renders(config, problem)
+    assert len(checked.valid) > (500 if problem.shape[0] > 1000 else 30)
+
+
+@pytest.mark.parametrize("problem", [p.values[0] for p in WHOLE], ids=lambda p: p.key)
+def test_every_valid_config_of_every_problem_renders(problem):
+    """Each problem's valid configs, as the family enumerates them (the whole product's, where
+    test_valid_configs_are_those_of_the_whole_product checks it), render."""
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    for config in valid:
+        _assert_renders(config, problem)
+    assert len(valid) > (500 if problem.shape[0] > 1000 else 30)
 
 
 def test_constraints_reject_what_cannot_fit_with_reasons():
@@ -129,12 +149,13 @@ def test_constraints_reject_what_cannot_fit_with_reasons():
         FAMILY.render(dict(FAMILY.default_params(), BLOCK_K=48), problem)
 
 
-def test_valid_configs_are_those_of_the_whole_product():
-    for problem in (_problem("4096,4096,4096", "bf16", "tn"), _problem("1,17,1000")):
-        key = lambda c: tuple(sorted(c.items()))  # noqa: E731
-        fast = FAMILY.valid_configs(problem, H100_LIMITS)
-        assert {key(c) for c in fast} == {key(c) for c in KernelFamily.valid_configs(FAMILY, problem, H100_LIMITS)}
-        assert len(fast) == len({key(c) for c in fast}) > 0
+@pytest.mark.parametrize("problem", WHOLE)
+def test_valid_configs_are_those_of_the_whole_product(problem):
+    key = lambda c: tuple(sorted(c.items()))  # noqa: E731
+    fast = FAMILY.valid_configs(problem, H100_LIMITS)
+    everything = whole_product("gemm", problem).valid  # KernelFamily.valid_configs's list
+    assert {key(c) for c in fast} == {key(c) for c in everything}
+    assert len(fast) == len({key(c) for c in fast}) > 0
 
 
 def test_no_two_valid_configs_render_the_same_kernel():
@@ -601,7 +622,7 @@ def test_swapped_configs_compile_without_spilling(tmp_path):
     ("gemm_64x4096x14336-bf16-nt_h100", "64,4096,14336", "bf16", "nt", 40),
     ("gemm_2048x2048x2048-fp16-nn_h100", "2048,2048,2048", "fp16", "nn", 40),
 ])
-def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path):
+def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path, module_ray):
     import json
 
     import tuner

@@ -33,11 +33,18 @@ def empty_db(db: str) -> str:
 
 
 @pytest.fixture
-def pools(monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
-    """Make :func:`tuner.tune` measure on FakePools."""
+def pools(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> PoolFactory:
+    """Make :func:`tuner.tune` measure on FakePools. Their studies run without the
+    optuna-dashboard copy (``TUNER_OPTUNA_COPY=0``): the copy's process, its start and its
+    Optuna tables, cost each of these studies about 1.2 s of the 1.4 s it took on the 2-core CI
+    machine. A test whose studies have their copy (it reads the copy, or the copy is what it
+    tests) is marked ``optuna_copy``: test_tuner_dashboard.py, and the studies in
+    test_tuner_concurrency.py and test_tuner_replay.py (real processes, real Ray) have theirs."""
     factory = PoolFactory()
     monkeypatch.setattr(tuner.api, "_open_pool", factory)
     monkeypatch.setattr(tuner.api, "_ray", no_ray)
+    if request.node.get_closest_marker("optuna_copy") is None:
+        monkeypatch.setenv("TUNER_OPTUNA_COPY", "0")
     return factory
 
 

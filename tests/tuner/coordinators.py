@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import storage
 import tuner
@@ -38,8 +39,9 @@ class Coordinator:
     def __init__(self, argv: list[str], cwd: Path) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         env.pop("TUNER_DB", None)
-        self.process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
+        with _ctrl_c_not_ignored():
+            self.process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
         self.started = time.monotonic()
         self.spawned: dict[int, int] = {}  # pid -> start time, of every process seen under it
         self.err_lines: list[str] = []
@@ -147,6 +149,21 @@ class Coordinator:
             if not alive or time.monotonic() > deadline:
                 return [_command(pid) for pid in alive]
             time.sleep(0.25)
+
+
+@contextmanager
+def _ctrl_c_not_ignored() -> Iterator[None]:
+    """A process started here gets Ctrl-C (SIGINT) as a terminal's command does, even where the
+    tests run with it ignored (a shell's background job, ``pytest &``, starts so, and a child
+    inherits an ignored signal): while the child is started, this process handles it."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _command(pid: int) -> str:

@@ -99,23 +99,37 @@ def test_an_export_folder_that_cannot_be_written(toy, stored, tmp_path, capsys):
     assert _one_line(capsys) == f"cannot write to {taken / 'sub'}: Not a directory"
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "cannot start the workers: cannot read landscape {path}: No such file or directory"),
-    ("not json", "cannot start the workers: landscape {path} is not JSON: Expecting value"),
-    ("[1, 2]", "cannot start the workers: landscape {path}: not an object"),
-    ('{"format": 1}', "cannot start the workers: landscape {path} is malformed: KeyError: "),
-])
-def test_a_missing_or_corrupt_replay_file(tmp_path, content, message):
-    """The real path (Ray starts, the pool reads the file): one line, and no database created."""
-    path = tmp_path / "landscape.json"
-    if content is not None:
-        path.write_text(content)
-    done = run_cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
-                   "--replay", str(path), "--db", f"sqlite:///{tmp_path / 'tuner.db'}", cwd=tmp_path)
-    ours = [line for line in done.stderr.splitlines() if "Token authentication" not in line]
-    assert done.returncode == 2 and done.stdout == "" and len(ours) == 1, done.stderr
-    assert ours[0].startswith("tuner: error: " + message.format(path=path)), ours[0]
-    assert not (tmp_path / "tuner.db").exists()
+@pytest.fixture(scope="class")
+def class_ray():
+    """A local Ray for a class's tests, as ``workers.ray_session.shared_ray`` keeps one across
+    studies: their commands find it up and neither start nor stop one."""
+    from workers.ray_session import shared_ray
+
+    with shared_ray():
+        yield
+
+
+@pytest.mark.usefixtures("class_ray")
+class TestAMissingOrCorruptReplayFile:
+    """Refused after Ray started, once the pool reads the file: one line, and no database
+    created. In this process, on the class's Ray (the same refusal from ``python -m tuner``, its
+    own Ray started, is test_the_bundled_replay_file_of_another_problem's and
+    test_a_landscape_of_negative_times_stores_no_winner's)."""
+
+    @pytest.mark.parametrize("content, message", [
+        (None, "cannot start the workers: cannot read landscape {path}: No such file or directory"),
+        ("not json", "cannot start the workers: landscape {path} is not JSON: Expecting value"),
+        ("[1, 2]", "cannot start the workers: landscape {path}: not an object"),
+        ('{"format": 1}', "cannot start the workers: landscape {path} is malformed: KeyError: "),
+    ])
+    def test_a_missing_or_corrupt_replay_file(self, tmp_path, content, message, capsys):
+        path = tmp_path / "landscape.json"
+        if content is not None:
+            path.write_text(content)
+        assert _run(["tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
+                     "--replay", str(path), "--db", f"sqlite:///{tmp_path / 'tuner.db'}"]) == 2
+        assert _one_line(capsys).startswith(message.format(path=path))
+        assert not (tmp_path / "tuner.db").exists()
 
 
 def test_the_bundled_replay_file_of_another_problem(tmp_path):

@@ -1,6 +1,13 @@
 """Interruption and concurrency through real processes: real ``tuner tune`` commands, each with
 its own local Ray, on replayed landscapes (tests/data) and real databases, SQLite files and the
-local PostgreSQL (``url``)."""
+local PostgreSQL (``url``).
+
+Two coordinators sharing a study run on both backends by default; the kills, on SQLite, and on
+PostgreSQL in the soak tier (``pytest -m soak``): what differs on PostgreSQL, a lease left by a
+dead owner taken over and a killed study resumed, is tested on both backends in this process
+(tests/storage/test_storage_leases.py, tests/tuner/test_tuner_loop.py). A Ctrl-C the moment Ray
+starts to start and 4.5 s after run in the soak tier too: 2.0 s after, and once Ray is up, by
+default."""
 
 from __future__ import annotations
 
@@ -11,6 +18,11 @@ import time
 import pytest
 
 from coordinators import OTHER, Coordinator, assert_settled_once, stored_keys, tune_argv
+
+
+# SQLite by default, PostgreSQL in the soak tier (the module's docstring says why)
+SQLITE_THEN_SOAK_POSTGRESQL = pytest.mark.parametrize(
+    "url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.soak)], indirect=True)
 
 
 def _measured(out: str) -> int:
@@ -34,6 +46,7 @@ def test_two_coordinators_share_one_study_and_stop_together_at_its_trial_count(u
     assert all(_measured(out) > 0 for _, out, _ in results)  # both did a share of the work
 
 
+@SQLITE_THEN_SOAK_POSTGRESQL
 def test_a_coordinator_killed_beside_another_leaves_it_the_study(url, tmp_path):
     """Two coordinators on one study, one killed with ``kill -9`` mid-study: the other takes over
     the configs its leases held (its pid is gone) and completes the study alone, to its count,
@@ -69,6 +82,7 @@ def test_two_studies_on_one_sqlite_file_at_once_lose_nothing(tmp_path):
     assert all(len(keys) == len(set(keys)) == 120 for keys in studies.values())
 
 
+@SQLITE_THEN_SOAK_POSTGRESQL
 def test_kill_9_mid_study_then_the_same_command_finishes_it(url, tmp_path):
     """``kill -9`` of the coordinator: its Ray goes with it (every process it started ends within
     seconds), and the same command keeps what was stored, measures what was in flight first,
@@ -96,9 +110,9 @@ def test_kill_9_mid_study_then_the_same_command_finishes_it(url, tmp_path):
 
 
 @pytest.mark.parametrize(("signum", "moment", "after_s"), [
-    (signal.SIGINT, "starting Ray", 0.0),
+    pytest.param(signal.SIGINT, "starting Ray", 0.0, marks=pytest.mark.soak),  # as 2.0 s in
     (signal.SIGINT, "starting Ray", 2.0),
-    (signal.SIGINT, "starting Ray", 4.5),
+    pytest.param(signal.SIGINT, "starting Ray", 4.5, marks=pytest.mark.soak),  # as 2.0 s in, or as "Ray is up"
     (signal.SIGINT, "Ray is up", 0.0),  # the workers starting
     (signal.SIGTERM, "starting Ray", 2.0),
     (signal.SIGTERM, "Ray is up", 0.0),

@@ -17,6 +17,7 @@ import tuner
 from tuner_doubles import PROBLEM, failure_of
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard")  # in the [test] extra: never skipped there
+pytestmark = pytest.mark.optuna_copy  # the studies here keep their copy: it is what is tested
 
 
 def _get(app, path):

@@ -1,18 +1,25 @@
 """tune-many, best for a shape never tuned (and --validate), coverage and tune --json, through
 real Ray, Optuna and SQLite on landscapes recorded on an H200 (three fp16 causal D=64 problems:
-tests/data and the one the attention family ships)."""
+tests/data and the one the attention family ships).
+
+The commands run in this process (:func:`cli`), as ``python -m tuner`` runs them in one of its own
+(which tests/tuner/test_tuner_concurrency.py and test_tuner_replay.py do); after the first tests,
+on one Ray for the rest of the module (``module_ray``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sqlite3
 import statistics
+import subprocess
 
 import pytest
 
 import tuner
 from tuner.cli import main
-from tuner_doubles import LANDSCAPE, ROOT, run_cli
+from tuner_doubles import LANDSCAPE, ROOT
 
 DATA = ROOT / "tests" / "data"
 SHAPES = """\
@@ -24,15 +31,24 @@ SHAPES = """\
 NEW = ["attention", "--shape", "1,16,2048,64", "--dtype", "fp16", "--causal"]  # never tuned
 
 
+def cli(*argv: str, cwd) -> subprocess.CompletedProcess:
+    """``tuner ARGV`` run in this process from the folder ``cwd``: its exit code, stdout and
+    stderr (the progress lines too: the command's log handler writes to the stderr it finds)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
-    """Two problems tuned by `tuner tune-many` (one CLI process, one Ray)."""
+    """Two problems tuned by `tuner tune-many` (one command, one Ray, started and stopped by it)."""
     folder = tmp_path_factory.mktemp("many")
     (folder / "shapes.yaml").write_text(SHAPES)
     db = f"sqlite:///{folder / 'tuner.db'}"
-    done = run_cli("tune-many", "attention", "--shapes", "shapes.yaml", "--trials", "10", "--retime", "2",
-                   "--seed", "3", "--replay", str(DATA), str(LANDSCAPE.parent), "--db", db, "--json",
-                   cwd=folder)
+    done = cli("tune-many", "attention", "--shapes", "shapes.yaml", "--trials", "10", "--retime", "2",
+               "--seed", "3", "--replay", str(DATA), str(LANDSCAPE.parent), "--db", db, "--json",
+               cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder, db, done
 
@@ -67,26 +83,6 @@ def test_tune_many_tunes_each_problem_to_its_budget_warm_starting_the_later_ones
     assert any("problem 2/2 4x8x512x64-fp16-causal: finished" in line for line in lines)
 
 
-def test_tune_many_run_again_skips_what_is_at_its_budget_and_goes_on_with_the_rest(many, tmp_path):
-    folder, db, _ = many
-    db = copy_of(db, tmp_path / "copy.db")
-    before = {k: s.n_trials for k, s in studies_of(db).items()}
-    (folder / "more.yaml").write_text(SHAPES + '- {shape: "1,16,2048,64", dtype: fp16, flags: {causal: true}}\n')
-    done = run_cli("tune-many", "attention", "--shapes", "more.yaml", "--trials", "10", "--retime", "0",
-                   "--replay", str(DATA), str(LANDSCAPE), "--db", db, cwd=folder)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("skipped: at its budget (10 trials; 10 measured)") == 2
-    assert "1x16x2048x64-fp16-causal  finished: 10 trials measured; 10 measured now" in done.stdout
-    after = {k: s.n_trials for k, s in studies_of(db).items()}
-    assert after == {**before, (1, 16, 2048, 64): 10}
-    # a bigger budget continues each study where it stopped
-    bigger = run_cli("tune-many", "attention", "--shapes", "shapes.yaml", "--trials", "12", "--retime", "0",
-                     "--replay", str(DATA), str(LANDSCAPE), "--db", db, "--json", cwd=folder)
-    assert bigger.returncode == 0, bigger.stderr[-3000:]
-    assert [(e["result"]["measured"], e["result"]["previous"]) for e in json.loads(bigger.stdout)] == [(2, 10), (2, 10)]
-    assert {k: s.n_trials for k, s in studies_of(db).items()}[(2, 8, 1024, 64)] == 12
-
-
 def test_best_for_a_shape_never_tuned_answers_from_the_nearest_tuned_problem(many, tmp_path, capsys):
     folder, db, _ = many
     db = copy_of(db, tmp_path / "copy.db")
@@ -109,15 +105,43 @@ def test_best_for_a_shape_never_tuned_answers_from_the_nearest_tuned_problem(man
                                         "recorded landscape with --replay FILE)"]
     assert studies_of(db).keys() == before.keys()
 
-    # --validate on a replay measures that one config and stores it: best is then measured
-    done = run_cli("best", *NEW, "--db", db, "--validate", "--replay",
-                   str(DATA / "attention_1x16x2048x64-fp16-causal_h200.json"), "--json", cwd=tmp_path)
+
+def test_best_validate_on_a_replay_measures_the_answer_and_stores_it(many, tmp_path, capsys, module_ray):
+    """--validate on a replay measures the config answered from the nearest tuned problem and
+    stores it: best is then measured."""
+    folder, db, _ = many
+    db = copy_of(db, tmp_path / "copy.db")
+    assert main(["best", *NEW, "--db", db, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["measured"] is False
+    done = cli("best", *NEW, "--db", db, "--validate", "--replay",
+               str(DATA / "attention_1x16x2048x64-fp16-causal_h200.json"), "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout)
     assert measured["measured"] is True and measured["params"] == answer["params"]
     study = studies_of(db)[(1, 16, 2048, 64)]
     trials = tuner.show(study.name, db=db).trials
     assert [t.params for t in trials] == [answer["params"]] and trials[0].median_ms == measured["median_ms"]
+
+
+def test_tune_many_run_again_skips_what_is_at_its_budget_and_goes_on_with_the_rest(many, tmp_path, module_ray):
+    folder, db, _ = many
+    db = copy_of(db, tmp_path / "copy.db")
+    before = {k: s.n_trials for k, s in studies_of(db).items()}
+    (folder / "more.yaml").write_text(SHAPES + '- {shape: "1,16,2048,64", dtype: fp16, flags: {causal: true}}\n')
+    done = cli("tune-many", "attention", "--shapes", "more.yaml", "--trials", "10", "--retime", "0",
+               "--replay", str(DATA), str(LANDSCAPE), "--db", db, cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("skipped: at its budget (10 trials; 10 measured)") == 2
+    assert "1x16x2048x64-fp16-causal  finished: 10 trials measured; 10 measured now" in done.stdout
+    after = {k: s.n_trials for k, s in studies_of(db).items()}
+    assert after == {**before, (1, 16, 2048, 64): 10}
+    # a bigger budget continues each study where it stopped
+    bigger = cli("tune-many", "attention", "--shapes", "shapes.yaml", "--trials", "12", "--retime", "0",
+                 "--replay", str(DATA), str(LANDSCAPE), "--db", db, "--json", cwd=folder)
+    assert bigger.returncode == 0, bigger.stderr[-3000:]
+    assert [(e["result"]["measured"], e["result"]["previous"]) for e in json.loads(bigger.stdout)] == [(2, 10), (2, 10)]
+    assert {k: s.n_trials for k, s in studies_of(db).items()}[(2, 8, 1024, 64)] == 12
 
 
 def test_coverage_tables_the_tuned_problems_and_scores_the_rule_leave_one_out(many, capsys):
@@ -158,11 +182,11 @@ def test_coverage_tables_the_tuned_problems_and_scores_the_rule_leave_one_out(ma
     assert f"leave-one-out over {len(held)} tuned problem(s)" in text
 
 
-def test_tune_json_prints_the_runs_summary(tmp_path):
+def test_tune_json_prints_the_runs_summary(tmp_path, module_ray):
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
     # the landscape the attention family ships, by its name (as a wheel install runs the README)
-    done = run_cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal", "--trials", "6",
-                   "--retime", "2", "--replay", LANDSCAPE.name, "--db", db, "--json", cwd=tmp_path)
+    done = cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal", "--trials", "6",
+               "--retime", "2", "--replay", LANDSCAPE.name, "--db", db, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["status"] == "finished" and result["measured"] == 6 and result["study"].endswith("/replay")

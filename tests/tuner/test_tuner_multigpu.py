@@ -184,6 +184,7 @@ def test_noise_is_small_and_deterministic():
     assert max(abs(v - 1) for v in values) <= 0.002 + 1e-12 and noise("x", 1) == noise("x", 1)
 
 
+@pytest.mark.optuna_copy
 def test_the_optuna_copy_has_the_values_the_sampler_had(toy, db, pools, tmp_path):
     import optuna
 

@@ -32,7 +32,7 @@ def two_replayed_gpus(monkeypatch):
     return opened
 
 
-def test_a_study_on_two_gpus_is_one_set_of_timings(two_replayed_gpus, tmp_path):
+def test_a_study_on_two_gpus_is_one_set_of_timings(two_replayed_gpus, tmp_path, module_ray):
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
     result = tuner.tune(*PROBLEM, trials=40, replay=LANDSCAPE, db=db, seed=1)
     assert two_replayed_gpus and result.status == "finished" and result.measured == 40

@@ -11,10 +11,11 @@ from optuna.trial import TrialState
 
 import tuner
 from tuner.cli import main
-from tuner_doubles import LANDSCAPE, run_cli
+from tuner_doubles import LANDSCAPE
 from workers.replay import load_landscape
 
 PROBLEM = ("attention", "2,8,1024,64", "fp16", {"causal": True})
+pytestmark = pytest.mark.usefixtures("module_ray")  # one Ray for the module's studies
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +77,19 @@ def test_resuming_a_finished_replay_measures_nothing_new(replayed):
     assert again.study == result.study and again.measured == 0 and again.previous == 30
 
 
-def test_cli_replays_and_says_so(replayed, tmp_path):
+def test_cli_replays_and_says_so(replayed, tmp_path, capsys):
+    """The commands in this process (``python -m tuner`` runs them in one of its own in
+    test_sigterm_mid_study_ends_it_as_ctrl_c_and_the_same_command_finishes_it and
+    tests/tuner/test_tuner_concurrency.py)."""
     db = f"sqlite:///{tmp_path / 'cli.db'}"
-    done = run_cli("tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
-                   "--trials", "8", "--replay", str(LANDSCAPE), "--db", db, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "/replay" in done.stdout and "8 measured" in done.stdout
-    best = run_cli("best", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
-                   "--db", db, cwd=tmp_path, timeout=120)
-    assert best.returncode == 0 and "(replayed)" in best.stdout and "H200" in best.stdout
+    code = main(["tune", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
+                 "--trials", "8", "--replay", str(LANDSCAPE), "--db", db])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    assert "/replay" in out.out and "8 measured" in out.out
+    assert main(["best", "attention", "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal", "--db", db]) == 0
+    best = capsys.readouterr().out
+    assert "(replayed)" in best and "H200" in best
 
 
 def test_the_same_study_runs_on_sqlite_and_postgresql(url):

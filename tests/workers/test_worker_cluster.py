@@ -67,8 +67,9 @@ def _ours(tmp: Path) -> list[int]:
 
 
 def _stop_head(tmp: Path, group: int) -> None:
-    """Stop this test's head only (``ray stop`` would stop every Ray of this user)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """Stop this test's head only (``ray stop`` would stop every Ray of this user): SIGTERM, and
+    what is left after 3 s (some of the head's processes outlast it) SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
         try:
             os.killpg(group, sig)
         except ProcessLookupError:
@@ -78,7 +79,7 @@ def _stop_head(tmp: Path, group: int) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace
         while _ours(tmp) and time.monotonic() < deadline:
             time.sleep(0.2)
         if not _ours(tmp):
