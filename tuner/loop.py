@@ -207,6 +207,9 @@ class Coordinator:
         self._idle = 0
         self._unmeasured: set[str] = set()  # valid configs neither measured nor in flight
         self._elsewhere: set[str] = set()  # configs other coordinators sharing the study measure now
+        # configs known here that the sampler's observations may lack (a result lost to another
+        # coordinator, a proposal of one known): the batch proposer is told them as in flight
+        self._not_again: set[str] = set()
         self._n_valid = 0
         self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
@@ -325,6 +328,7 @@ class Coordinator:
         params = self.space.decode(proposal.params)
         key = params_key(params)
         if key in self._known:
+            self._not_again.add(key)
             self._mirror.repeated(proposal)
             self.progress.reused()
             self._idle += 1
@@ -420,7 +424,8 @@ class Coordinator:
         began = time.perf_counter()
         # in flight here, and what other coordinators sharing the study measure now: never proposed
         pending = [f.proposal.params for f in self._in_flight.values()]
-        pending += [self.space.encode(p) for p in map(json.loads, self._elsewhere) if self.space.contains(p)]
+        pending += [self.space.encode(p) for p in map(json.loads, self._elsewhere | self._not_again)
+                    if self.space.contains(p)]
         picks = batcher.propose(observed=self._mirror.observed(), pending=pending, count=count)
         if self.meter is not None:
             self.meter.asked(time.perf_counter() - began, len(picks))
@@ -588,6 +593,7 @@ class Coordinator:
         """This run stalled past the trial's lease's life; another coordinator took the config."""
         logger.warning("trial %d: its lease was taken over meanwhile; the result is not stored",
                        flight.proposal.number)
+        self._not_again.add(flight.key)
         for follower in flight.followers:
             self._mirror.drop(follower)
 
