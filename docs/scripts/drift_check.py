@@ -9,7 +9,9 @@ On a machine with two GPUs, in one call: every valid config of the problem measu
 median) timed again interleaved on the reference GPU (whose first timing of the anchor is the
 study's standard), beside the study's anchor, ``--rounds`` rounds (``GpuBench.retime``). A
 re-timed median is put in the standard's terms by the anchor timed in the same rounds (re-timed x
-standard / anchor re-timed). Prints a table (stored +- interval, re-timed raw and in the
+standard / anchor re-timed). Then again in groups of like time: the top configs together with the
+anchor, every other one beside the anchor alone (at the power cap a config's ratio to the anchor
+moves with what else the GPU runs: ``pair_order.py``). Prints a table (stored +- interval, re-timed raw and in the
 standard's terms, the difference), how many of the top configs' pairs that differ by more than
 their intervals keep their order, ``tuner best`` of the study, and one JSON line ``DRIFT {...}``.
 """
@@ -37,16 +39,26 @@ def retime_configs(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     _, problem, kernels = _compiled(spec)
     bench = GpuBench(0)
+    anchor = kernels[-1]
     try:
         info = bench.device_info()
         turns = bench.retime(kernels, "attention", problem, rounds=spec["rounds"], max_seconds=120)
+        # the same configs in groups of like time, each with the anchor: the top ones together,
+        # every other one beside the anchor alone (the GPU's state at its cap follows what it runs)
+        top = bench.retime(kernels[:spec["top"]] + [anchor], "attention", problem, rounds=spec["rounds"],
+                           max_seconds=60)
+        grouped = [m.timing.median_ms / top.measurements[-1].timing.median_ms for m in top.measurements[:-1]]
+        for kernel in kernels[spec["top"]:-1]:
+            pair = bench.retime([kernel, anchor], "attention", problem, rounds=spec["rounds"], max_seconds=30)
+            grouped.append(pair.measurements[0].timing.median_ms / pair.measurements[1].timing.median_ms)
     finally:
         bench.close()
     if not all(m.ok for m in turns.measurements):
         sys.exit(f"a config failed: {[m.reason for m in turns.measurements if not m.ok]}")
     print(json.dumps({"gpu": info.identity, "ms": [m.timing.median_ms for m in turns.measurements],
                       "min": [m.timing.min_ms for m in turns.measurements],
-                      "iqr": [m.timing.iqr_ms for m in turns.measurements], "rounds": turns.rounds}))
+                      "iqr": [m.timing.iqr_ms for m in turns.measurements], "rounds": turns.rounds,
+                      "grouped_ratio": grouped}))
 
 
 def main() -> None:
@@ -95,7 +107,7 @@ def main() -> None:
                                   for i in range(args.spread)]
     configs = [t.params for t in picked] + [json.loads(anchor_key)]
     spec = {"shape": args.shape, "dtype": args.dtype, "causal": args.causal, "configs": configs,
-            "rounds": args.rounds, "cache": str(cache)}
+            "rounds": args.rounds, "cache": str(cache), "top": args.top}
     (args.folder / "spec.json").write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, str(HERE), "--retime-configs", str(args.folder / "spec.json")],
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": reference, "TUNER_CACHE": str(cache)},
@@ -107,39 +119,45 @@ def main() -> None:
     rows = []
     print(f"grid: {result['measured']} configs in {grid_s:.0f} s on 2 GPUs; anchor {anchor_key}, standard "
           f"{standard:.4f} ms, re-timed now {anchor_now:.4f} ms on the reference ({reference})")
-    print("| rank | trial | GPU | stored ms | +- | re-timed raw | in standard terms | difference |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| rank | trial | GPU | stored ms | +- | re-timed raw | in standard terms | difference | "
+          "grouped, standard terms | difference |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, (t, raw) in enumerate(zip(picked, again["ms"])):
         standard_terms = raw * standard / anchor_now
         diff = t.ranked_ms / standard_terms - 1
+        grouped = again["grouped_ratio"][i] * standard
+        gdiff = t.ranked_ms / grouped - 1
         rows.append({"rank": ranked.index(t) + 1, "trial": t.number, "gpu": t.gpu_index, "stored": t.ranked_ms,
                      "interval": t.interval_ms, "retimed": raw, "standard_terms": standard_terms, "diff": diff,
                      "raw": t.median_ms, "min": t.min_ms, "iqr": t.iqr_ms, "ratio": t.gpu_ratio,
                      "anchor_ms": (t.gpu_state or {}).get("anchor_ms"), "retimed_min": again["min"][i],
-                     "retimed_iqr": again["iqr"][i]})
+                     "retimed_iqr": again["iqr"][i], "grouped": grouped, "grouped_diff": gdiff})
         print(f"| {ranked.index(t) + 1} | #{t.number} | {t.gpu_index} | {t.ranked_ms:.4f} | {t.interval_ms:.4f} | "
-              f"{raw:.4f} | {standard_terms:.4f} | {100 * diff:+.2f}% |")
+              f"{raw:.4f} | {standard_terms:.4f} | {100 * diff:+.2f}% | {grouped:.4f} | {100 * gdiff:+.2f}% |")
     within = sum(abs(r["diff"]) <= 0.02 for r in rows)
     within_raw = sum(abs(r["stored"] / r["retimed"] - 1) <= 0.02 for r in rows)
+    within_grouped = sum(abs(r["grouped_diff"]) <= 0.02 for r in rows)
+    print(f"{within_grouped} of {len(rows)} within 2% of the grouped re-timing")
     print(f"{paired} of {len(trials)} trials timed beside the anchor; {within_raw} of {len(rows)} stored values "
           f"within 2% of the raw re-timing")
     top = rows[:args.top]
-    pairs = kept = 0
+    pairs = kept = kept_grouped = 0
     for i in range(len(top)):
         for j in range(i + 1, len(top)):
             a, b = top[i], top[j]
             if not tied(a["stored"], a["interval"], b["stored"], b["interval"]):
                 pairs += 1
                 kept += (a["stored"] < b["stored"]) == (a["standard_terms"] < b["standard_terms"])
+                kept_grouped += (a["stored"] < b["stored"]) == (a["grouped"] < b["grouped"])
     print(f"{within} of {len(rows)} within 2% of their stored values; of the top {len(top)}'s pairs apart by more "
-          f"than their intervals, {kept} of {pairs} keep their order")
+          f"than their intervals, {kept} of {pairs} keep their order ({kept_grouped} grouped)")
     best = subprocess.run([sys.executable, "-m", "tuner", "best", "attention", "--shape", args.shape, "--dtype",
                            args.dtype, *(["--causal"] if args.causal else []), "--db", db],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     print(best.stdout)
     print("DRIFT " + json.dumps({"grid_s": grid_s, "measured": result["measured"], "standard": standard,
-                                 "anchor_now": anchor_now, "rows": rows, "within_2pct": within, "within_2pct_raw": within_raw, "paired": paired,
-                                 "ordered_pairs": [kept, pairs], "reference": reference}))
+                                 "anchor_now": anchor_now, "rows": rows, "within_2pct": within, "within_2pct_raw": within_raw, "within_2pct_grouped": within_grouped, "paired": paired,
+                                 "ordered_pairs": [kept, pairs], "ordered_pairs_grouped": [kept_grouped, pairs], "reference": reference}))
 
 
 if __name__ == "__main__":
