@@ -145,7 +145,7 @@ def _from_path(path: Path) -> KernelFamily:
     if hasattr(module, "FAMILY"):
         return _checked(module.FAMILY, str(path))
     # no FAMILY: the one family it defines (a decorated reference function)
-    found = [value for value in vars(module).values() if isinstance(value, KernelFamily)]
+    found = list({id(v): v for v in vars(module).values() if isinstance(v, KernelFamily)}.values())
     if len(found) != 1:
         raise TemplateError(f"{path} is not a kernel family: it defines no FAMILY" if not found else
                             f"{path} defines {len(found)} kernel families: name the one to use FAMILY")
