@@ -56,6 +56,7 @@ class FakeBench(TakesRequests):
                            detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
                                   f"abort_above_ms={options.get('abort_above_ms')} "
                                   f"max_reps={options.get('max_reps')} target_ms={options.get('target_ms')} "
+                                  f"anchor={options['anchor'][0].cubin_hash if options.get('anchor') else None} "
                                   f"start={started:.3f} end={time.time():.3f}")
 
 
