@@ -81,7 +81,7 @@ class _Interface:
     def __init__(self, array: Any) -> None:
         typestr = "<i2" if np.dtype(array.dtype).itemsize == 2 else np.dtype(array.dtype).str
         self.__cuda_array_interface__ = {"shape": tuple(array.shape), "typestr": typestr,
-                                         "data": (int(array.ptr), True), "version": 3, "strides": None}
+                                         "data": (int(array.ptr), False), "version": 3, "strides": None}
 
 
 def output_tensor(torch: Any, array: Any, dtype: str) -> Any:
