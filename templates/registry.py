@@ -2,7 +2,7 @@
 compile task, a GPU actor on any node)::
 
     get_family("attention")                  # an installed entry point (kernel_tuner.families)
-    get_family("./my_family")                # a folder (or .py file) that defines FAMILY
+    get_family("./my_family")                # a folder (or .py file) that defines FAMILY (or one family)
     get_family("my_package.families:SCALE")  # module:ATTR, imported
     reference(family)                        # what finds it again in another process
 
@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from templates.family import KernelFamily, TemplateError
+from templates.simple import FamilyError
 
 GROUP = "kernel_tuner.families"
 
@@ -135,12 +136,20 @@ def _from_path(path: Path) -> KernelFamily:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except FamilyError:  # names its file and field already
+        del sys.modules[name]
+        raise
     except Exception as exc:  # noqa: BLE001 - the family's own error, told in one line
         del sys.modules[name]
         raise TemplateError(f"cannot load kernel family {path}: {_line(exc)}") from None
-    if not hasattr(module, "FAMILY"):
-        raise TemplateError(f"{path} is not a kernel family: it defines no FAMILY")
-    return _checked(module.FAMILY, str(path))
+    if hasattr(module, "FAMILY"):
+        return _checked(module.FAMILY, str(path))
+    # no FAMILY: the one family it defines (a decorated reference function)
+    found = list({id(v): v for v in vars(module).values() if isinstance(v, KernelFamily)}.values())
+    if len(found) != 1:
+        raise TemplateError(f"{path} is not a kernel family: it defines no FAMILY" if not found else
+                            f"{path} defines {len(found)} kernel families: name the one to use FAMILY")
+    return found[0]
 
 
 def _checked(family: object, where: str) -> KernelFamily:

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api, check_cli, cli_dispatch, search
+from tuner import api, check_cli, cli_dispatch, lint_cli, search
 from tuner import cli_text as report
 from tuner.exporter import launch_path
 from tuner.bench import bench as run_bench
@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
     check_cli.add_parser(sub, common, _seconds)
+    lint_cli.add_parser(sub, common)
     return parser
 
 
@@ -584,7 +585,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
-             "check": check_cli.run, "export-dispatch": cli_dispatch.run, "report": _report}
+             "check": check_cli.run, "export-dispatch": cli_dispatch.run, "report": _report,
+             "lint": lint_cli.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
