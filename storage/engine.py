@@ -37,7 +37,7 @@ SQLITE_BUSY_TIMEOUT_S = 30
 # within milliseconds, and a ping each cost it a round trip (a claim checked its connection out in
 # 0.3-0.8 ms of its 5-15 ms).
 PING_IDLE_S = 1.0
-# Optuna's tables: the copy optuna-dashboard reads lives in our database (tuner.dashboard), and a
+# Optuna's tables: the copy optuna-dashboard reads lives in our database (tuner.study.dashboard), and a
 # database of Optuna's alone is one we may share (ours go beside them, our version in a table of ours).
 OPTUNA_TABLES = frozenset({
     "alembic_version", "studies", "study_directions", "study_system_attributes", "study_user_attributes",
@@ -273,7 +273,7 @@ def use_sqlite_writer(engine: Engine) -> None:
 
 def sqlite_pragmas(dbapi_connection: Any) -> None:
     """Write-ahead logging, synced at checkpoints: for every connection to a SQLite database,
-    ours and Optuna's (:func:`tuner.search.optuna_storage`).
+    ours and Optuna's (:func:`tuner.study.search.optuna_storage`).
 
     In WAL mode a commit appends to one file instead of rewriting a rollback journal, and readers
     no longer block the writer (a study's ask/tell loop ran twice as fast). ``synchronous=NORMAL``

@@ -443,7 +443,7 @@ class Repository(BatchedTrials):
         """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
         best, or one that moves to another trial or re-timing, changes it; the trials and
         re-timings it points at never change, so an answer read from the bests holds while it is
-        equal (``tuner.reader`` caches by it)."""
+        equal (``tuner.answers.reader`` caches by it)."""
         # It is read before every cached answer. On SQLite, first PRAGMA data_version on a
         # connection of its own: unchanged, nothing was committed since the rows were last read
         # (read after it), and they are returned without reading them again.

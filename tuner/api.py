@@ -9,7 +9,7 @@
 
 ``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); a study's trials are stored
 there, in our tables, their record; a copy in Optuna's tables of the same database follows them
-for optuna-dashboard (:mod:`tuner.dashboard`), and :func:`export_optuna` copies a study to another
+for optuna-dashboard (:mod:`tuner.study.dashboard`), and :func:`export_optuna` copies a study to another
 Optuna storage. Every error a user can cause is a :class:`tuner.TunerError`
 whose text is one line.
 """
@@ -27,13 +27,14 @@ import optuna
 
 from templates import families, reference
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
-from tuner import retime as retiming
-from tuner import dashboard, database, lookup, search, warmstart
-from tuner import rule as rules
+from tuner import database, lookup
+from tuner.answers import rule as rules
+from tuner.answers.exporter import Export, render_export, write_export
 from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
-from tuner.exporter import Export, render_export, write_export
-from tuner.loop import Coordinator, LoopOutcome
-from tuner.meter import Meter
+from tuner.study import dashboard, search, warmstart
+from tuner.study import final_best
+from tuner.study.loop import Coordinator, LoopOutcome
+from tuner.study.meter import Meter
 
 logger = logging.getLogger("tuner")
 
@@ -63,8 +64,8 @@ class TuneResult:
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
     shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
-    throughput: Any = None  # tuner.meter.ThroughputReport: asks, database calls, GPUs' busy shares
-    faults: tuple[Any, ...] = ()  # tuner.faults.FaultCost: this call's failed trials and their cost
+    throughput: Any = None  # tuner.study.meter.ThroughputReport: asks, database calls, GPUs' busy shares
+    faults: tuple[Any, ...] = ()  # tuner.study.faults.FaultCost: this call's failed trials and their cost
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def tune(
     seed: int | None = None,
     measure_timeout_s: float = 60.0,
     warm_start: int = warmstart.DEFAULT_PICKS,
-    retime: int = retiming.DEFAULT_TOP,
+    retime: int = final_best.DEFAULT_TOP,
     early_stop: bool = True,
     simulate_gpus: int | None = None,
     batch: bool | None = None,
@@ -310,7 +311,7 @@ def _run_study(
 @dataclass(frozen=True)
 class Derived:
     """The answer of :func:`best` for a problem never tuned (on the GPU asked for): the config
-    the rule picks from the tuned problems (:mod:`tuner.rule`), not measured for this shape."""
+    the rule picks from the tuned problems (:mod:`tuner.answers.rule`), not measured for this shape."""
 
     family: str
     shape: tuple[int, ...]
@@ -569,8 +570,8 @@ def show_in(repo: Any, name: str) -> StudyDetail:
 def export_optuna(name: str, target: str, db: str | None = None) -> str:
     """Copy the stored study ``name`` into an Optuna storage at ``target`` (an RDB URL, or the
     path of a journal file), for optuna-dashboard; returns ``target``. Refuses a target that
-    holds a study of that name already (:mod:`tuner.optuna_export`)."""
-    from tuner.optuna_export import copy_study, study_attrs
+    holds a study of that name already (:mod:`tuner.study.optuna_export`)."""
+    from tuner.study.optuna_export import copy_study, study_attrs
 
     detail = show(name, db=db)
     try:
@@ -585,7 +586,7 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
 
 def ray_for(address: str | None, replay: str | Path | None, *, family: KernelFamily) -> Any:
     """The Ray that :func:`tune` runs in (:func:`_ray`), for callers that run several studies in
-    one (``tuner.many``): up for the ``with`` block, unless this process has it up already."""
+    one (``tuner.study.many``): up for the ``with`` block, unless this process has it up already."""
     return _ray(address, replay, family=reference(family))
 
 

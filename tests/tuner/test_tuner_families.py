@@ -10,7 +10,7 @@ import pytest
 
 import tuner.api
 import workers
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner_doubles import KERNEL_SOURCE, PROBLEM
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]

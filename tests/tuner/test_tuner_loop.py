@@ -20,7 +20,8 @@ from tuner_doubles import (
     latency_ms,
     valid_configs,
 )
-from tuner import api, loop, search
+from tuner import api
+from tuner.study import loop, search
 
 
 def _tune(**kwargs):
@@ -372,7 +373,7 @@ def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools,
 
     monkeypatch.setattr(FakePool, "poll", poll)
     assert _tune(trials=12, db=db).measured == 12
-    assert seen and all(young >= tuner.collector.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
+    assert seen and all(young >= tuner.study.gc_tuning.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 

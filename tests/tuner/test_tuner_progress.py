@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from tuner.progress import Best, Progress, format_seconds
+from tuner.study.progress import Best, Progress, format_seconds
 from tuner_doubles import FakeClock
 
 

@@ -9,7 +9,7 @@ database. It runs against anything with the :class:`workers.WorkerPool` interfac
 
 Rules it keeps:
 
-- the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`), on a study
+- the sampler asks and learns in memory (:class:`tuner.study.mirror.MirroredStudy`), on a study
   rebuilt from the stored trials; a trial that goes to the GPU is stored as running (its
   number taken), and measured it is stored in its place: our tables are its one record;
 - configs given as ``first`` (warm start, the family's starting points) are asked before
@@ -31,14 +31,14 @@ Rules it keeps:
   for them (and measures any whose coordinator dies);
 - running trials of a killed or interrupted run are settled, at the start and at every sync:
   dropped when their config is measured, else measured first (a trial whose coordinator still
-  runs and renews its lease is left to it: :func:`tuner.search.owner_alive`);
+  runs and renews its lease is left to it: :func:`tuner.study.search.owner_alive`);
 - on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
-  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not);
+  the stored best follows the re-timed medians (:mod:`tuner.study.final_best`; 0: not);
 - with several GPUs, each trial's median is also stored normalized by the study's anchor (a fixed
   config every GPU times now and then) as its own GPU timed it close in time, in the terms of the
-  reference GPU's first timing of it (:mod:`tuner.normalize`), with the anchor's drift around it;
+  reference GPU's first timing of it (:mod:`tuner.study.normalize`), with the anchor's drift around it;
   the sampler, the best so far and the re-timing's candidates go by the normalized medians; a
   result of a GPU with no ratio yet waits in flight for its first round. With one GPU nothing of
   it runs.
@@ -59,12 +59,12 @@ import optuna
 
 from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
-from tuner import collector, search
-from tuner.faults import FaultCost
-from tuner.mirror import MirroredStudy, Proposal, Synced, objective
-from tuner.normalize import GpuScale
-from tuner.progress import Best, Progress
-from tuner.retime import DEFAULT_TOP, retime_study
+from tuner.study import gc_tuning, search
+from tuner.study.faults import FaultCost
+from tuner.study.final_best import DEFAULT_TOP, retime_study
+from tuner.study.mirror import MirroredStudy, Proposal, Synced, objective
+from tuner.study.normalize import GpuScale
+from tuner.study.progress import Best, Progress
 from workers.depth import MIN_DEPTH
 from workers.results import Measurement
 
@@ -116,12 +116,12 @@ class LoopOutcome:
     elapsed_s: float
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
     shared: int = 0  # measured meanwhile by other coordinators sharing the study
-    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.faults)
+    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.study.faults)
 
 
 def gpu_scale(pool: Pool) -> GpuScale | None:
     """With several GPUs (``pool.gpus``), what makes their timings one set: ratios to the first,
-    where the re-timing runs (:mod:`tuner.normalize`); None with one."""
+    where the re-timing runs (:mod:`tuner.study.normalize`); None with one."""
     gpus = list(getattr(pool, "gpus", None) or [])
     return GpuScale(str(gpus[0].get("uuid") or "")) if len(gpus) > 1 else None
 
@@ -181,7 +181,7 @@ class Coordinator:
         valid: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.family, self.problem, self.pool = family, problem, pool
-        self.meter = meter  # tuner.meter.Meter: asks and tells timed
+        self.meter = meter  # tuner.study.meter.Meter: asks and tells timed
         self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
         self.first = [dict(params) for params in first]
         self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
@@ -214,14 +214,14 @@ class Coordinator:
         self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
-        self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
+        self._proposer: Any = None  # tuner.study.batchtpe.BatchProposer, made on the first batch
         # the family's valid configs: given (the caller listed them already), else listed by _resume
         self._given_valid = None if valid is None else list(valid)
         self._valid: list[dict[str, Any]] = []
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
-        self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.normalize)
+        self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.study.normalize)
         self._served = 0.0  # time.monotonic() of the pool's last serve between asks
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class Coordinator:
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
-            with collector.quiet():
+            with gc_tuning.quiet():
                 reason = self._loop()
             status = "finished"
         except KeyboardInterrupt:
@@ -269,7 +269,7 @@ class Coordinator:
                      for ticket, c in self._failed)
 
     def _retime(self) -> list[Any]:
-        """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
+        """Re-time the study's fastest trials (:mod:`tuner.study.final_best`); Ctrl-C skips it."""
         if self.retime < 1:
             return []
         try:
@@ -372,7 +372,7 @@ class Coordinator:
     def _fill(self) -> None:
         """Ask until ``lookahead`` trials are in flight, in batches: the free slots' configs
         asked (``tpe``: proposed at once, one model for the batch,
-        :class:`tuner.batchtpe.BatchProposer`), screened, and their leases claimed in one
+        :class:`tuner.study.batchtpe.BatchProposer`), screened, and their leases claimed in one
         transaction (``Repository.claim_trials``)."""
         self._synced(self._mirror.sync())
         idle_rounds = 0
@@ -412,7 +412,7 @@ class Coordinator:
     def _propose(self, count: int) -> list[Proposal]:
         """Up to ``count`` proposals: the sampler's asks where it is not ``tpe``; else the configs
         enqueued (warm start, settled trials) first, asked with their params, or else one batch of
-        :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
+        :class:`tuner.study.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
         is asked no more: it lacks the batches' trials)."""
         batcher, waiting = self._batcher(), self._mirror.waiting()
         if batcher is None or waiting:  # waiting: enqueued configs, asked with their own params
@@ -446,7 +446,7 @@ class Coordinator:
     def _batcher(self) -> Any:
         """The batch proposer of a ``tpe`` study (None for the other samplers), made once."""
         if self._proposer is None and getattr(self.sampler, "batch_proposals", False):
-            from tuner.batchtpe import BatchProposer
+            from tuner.study.batchtpe import BatchProposer
 
             # the valid configs of the space (not a walk of the space: attention's is 7.3 million)
             valid = [c for c in self._valid if self.space.contains(c)]
@@ -610,7 +610,7 @@ class Coordinator:
 
     def _published(self, trial: Any) -> None:
         """A stored trial, to whoever wants each one (``stored``: the optuna-dashboard copy,
-        :mod:`tuner.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
+        :mod:`tuner.study.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
         if self.stored is not None:
             self.stored(trial)
 
@@ -666,7 +666,7 @@ class Coordinator:
         elif math.isfinite(value) and (self._best_known is None or (value, key) < self._best_known):
             self._best_known = (value, key)
 
-    # -- several GPUs: one set of timings (tuner.normalize) ----------------------------------
+    # -- several GPUs: one set of timings (tuner.study.normalize) ----------------------------------
     def _normalized(self, m: Measurement) -> tuple[float | None, float | None]:
         """(the trial's median on the reference GPU, the ratio used); (None, None) with one GPU
         or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import optuna
 
 from tuner.errors import UsageError, one_line
-from tuner.optuna_export import optuna_trial, space_distributions
+from tuner.study.optuna_export import optuna_trial, space_distributions
 
 MIN_IMPORTANCE_TRIALS = 10  # ok trials below which importances are not computed
 TOP_PARAMS = 12  # parameters shown in the importance panel
@@ -49,7 +49,7 @@ def plot_study(name: str, out: str | Path, db: str | None = None) -> Path:
 def figure(plt: Any, summary: Any, trials: Sequence[Any]) -> Any:
     """The report of a study (``storage.StudySummary``) and its trials (``storage.TrialRecord``),
     as a matplotlib figure."""
-    from tuner.optuna_export import study_attrs
+    from tuner.study.optuna_export import study_attrs
 
     attrs = study_attrs(summary)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))

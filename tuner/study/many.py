@@ -13,7 +13,7 @@ The file lists problems, each a shape, a dtype and the family's flags::
 
 Each problem gets the whole budget (``trials`` measured trials of its study, or ``time_budget``
 seconds) and is tuned in the file's order, so that each warm-starts from the winners of those
-tuned before it (:mod:`tuner.warmstart`). Run again, the same call resumes: a problem whose study
+tuned before it (:mod:`tuner.study.warmstart`). Run again, the same call resumes: a problem whose study
 is at its budget (``trials`` measured; with a time budget, a study that finished) is skipped,
 the one that was interrupted goes on, the rest follow. One Ray serves every problem.
 """
@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from templates.family import KernelFamily, Problem
 from tuner import api, database, lookup
 from tuner.errors import UsageError, one_line
-from tuner.progress import format_params
+from tuner.study.progress import format_params
 
 logger = logging.getLogger("tuner")
 

@@ -22,19 +22,21 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from tuner import api, check_cli, cli_dispatch, search
-from tuner import cli_text as report
-from tuner.exporter import launch_path
-from tuner.bench import bench as run_bench
-from tuner.bench import suite_of
+from tuner import api
+from tuner.answers.exporter import launch_path
+from tuner.cli import check, export_dispatch
+from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
-from tuner.searchbench import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
-from tuner.searchbench import IN_FLIGHT
-from tuner.searchbench import bench_search, check_plot
-from tuner.searchbench import plot as plot_search
-from tuner.landscape import record_landscape
-from tuner.study_plot import plot_study
-from tuner.progress import format_params
+from tuner.reports.bench import bench as run_bench
+from tuner.reports.bench import suite_of
+from tuner.reports.bench_search import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
+from tuner.reports.bench_search import IN_FLIGHT
+from tuner.reports.bench_search import bench_search, check_plot
+from tuner.reports.bench_search import plot as plot_search
+from tuner.reports.landscape import record_landscape
+from tuner.reports.study_plot import plot_study
+from tuner.study import search
+from tuner.study.progress import format_params
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -222,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
-    cli_dispatch.add_parser(sub, common)
+    export_dispatch.add_parser(sub, common)
 
     serve = sub.add_parser("serve", parents=[common],
                            help="serve the stored results read-only over HTTP (JSON API and a page)")
@@ -240,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
-    check_cli.add_parser(sub, common, _seconds)
+    check.add_parser(sub, common, _seconds)
     return parser
 
 
@@ -365,7 +367,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_many(args: argparse.Namespace) -> int:
-    from tuner.many import tune_many
+    from tuner.study.many import tune_many
 
     done = tune_many(
         args.family, args.shapes, trials=args.trials, time_budget=args.time_budget,
@@ -389,7 +391,7 @@ def _tune_many(args: argparse.Namespace) -> int:
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    from tuner.covered import coverage, table
+    from tuner.answers.covered import coverage, table
 
     found = coverage(args.family, db=args.db)
     if args.json:
@@ -564,7 +566,7 @@ SERVE_EXTRA = ("tuner serve needs FastAPI and uvicorn: pip install 'kernel-tuner
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from tuner.serve import serve
+        from tuner.answers.serve import serve
     except ImportError as error:
         raise UsageError(f"{SERVE_EXTRA} ({error})") from None
     serve(args.db, host=args.host, port=args.port)
@@ -584,7 +586,7 @@ def _landscape(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
-             "check": check_cli.run, "export-dispatch": cli_dispatch.run, "report": _report}
+             "check": check.run, "export-dispatch": export_dispatch.run, "report": _report}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
 from storage import LEASE_RENEW_S, ClaimRefused, ranked_ms
-from tuner import search
+from tuner.study import search
 
 SYNC_INTERVAL_S = 5.0
 
@@ -44,7 +44,7 @@ SYNC_INTERVAL_S = 5.0
 @dataclass
 class Proposal:
     """One asked config: its in-memory trial and, once recorded, its stored trial's number. A
-    config proposed outside Optuna's ask (a batch: :mod:`tuner.batchtpe`) has no trial but its
+    config proposed outside Optuna's ask (a batch: :mod:`tuner.study.batchtpe`) has no trial but its
     ``encoded`` params; told, it joins :meth:`MirroredStudy.observed` alone (adding it to the
     memory study cost 1 ms a trial, and the batch proposer reads the observations only)."""
 
@@ -80,7 +80,7 @@ class MirroredStudy:
                  sync_interval_s: float = SYNC_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, meter: Any = None) -> None:
         """``owner``: who measures the trials this records (``search.owner_id()``); ``meter``:
-        a :class:`tuner.meter.Meter` that times the sampler's asks and tells."""
+        a :class:`tuner.study.meter.Meter` that times the sampler's asks and tells."""
         self.repository, self.study_id, self.space, self.owner = repository, study_id, space, owner
         self.meter = meter
         self._observed: list[tuple[dict[str, Any], float]] = []  # see observed()
