@@ -38,6 +38,7 @@ _MODULES = {
     "tuner.answers.covered": ("coverage",),
     "tuner.answers.dispatch": ("export_dispatch",),
     "tuner.study.many": ("tune_many",),
+    "tuner.study.options": ("StudyOptions",),
     "tuner.reports.landscape": ("record_landscape",),
     "tuner.reports.study_plot": ("plot_study",),
 }
@@ -50,6 +51,7 @@ __all__ = [
     "NoGPU",
     "NotFound",
     "StudyDetail",
+    "StudyOptions",
     "TemplateMismatch",
     "TuneResult",
     "TunerError",

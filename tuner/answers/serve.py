@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.answers.reader import Reader
-from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, one_line
+from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, first_line
 
 logger = logging.getLogger("tuner")
 
@@ -142,13 +142,13 @@ def create_app(reader: Reader) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": one_line(Exception(str(error.detail)))}, status_code=error.status_code,
+        return JSONResponse({"detail": first_line(Exception(str(error.detail)))}, status_code=error.status_code,
                             headers=getattr(error, "headers", None))
 
     @app.exception_handler(Exception)
     def unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("serve: %s %s failed", request.method, request.url.path)
-        return JSONResponse({"detail": f"internal error: {one_line(error)}"}, status_code=500)
+        return JSONResponse({"detail": f"internal error: {first_line(error)}"}, status_code=500)
 
     return app
 

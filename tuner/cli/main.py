@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 from tuner import api
@@ -35,7 +36,9 @@ from tuner.reports.bench_search import bench_search, check_plot
 from tuner.reports.bench_search import plot as plot_search
 from tuner.reports.landscape import record_landscape
 from tuner.reports.study_plot import plot_study
+from workers.pool_options import PoolOptions
 from tuner.study import search
+from tuner.study.options import StudyOptions
 from tuner.study.progress import format_params
 
 EXIT_USAGE = 2
@@ -329,17 +332,26 @@ def _family_flags(args: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
 
 
 # -- the commands: call the API, print what it returned -------------------------------------------
+def _study_options(args: argparse.Namespace) -> StudyOptions:
+    """``tune``'s and ``tune-many``'s search arguments, once."""
+    return StudyOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
+                        seed=args.seed, warm_start=args.warm_start, retime=args.retime,
+                        early_stop=args.early_stop, constant_liar=getattr(args, "constant_liar", True))
+
+
+def _pool_options(args: argparse.Namespace, **fields: Any) -> PoolOptions:
+    """Where ``tune``'s and ``tune-many``'s trials are measured, once (``fields``: replaced)."""
+    where = PoolOptions(ray_address=args.ray_address, replay=getattr(args, "replay", None),
+                        measure_timeout_s=args.measure_timeout,
+                        simulate_gpus=getattr(args, "simulate_gpus", None))
+    return replace(where, **fields)
+
+
 def _tune(args: argparse.Namespace) -> int:
     if args.no_batch:
         logging.getLogger("tuner").warning("--no-batch no longer has an effect: trials are always asked, leased and stored in batches")
-    result = api.tune(
-        args.family, args.shape, args.dtype, args.flags, trials=args.trials,
-        time_budget=args.time_budget, sampler=args.sampler, db=args.db,
-        ray_address=args.ray_address, replay=args.replay, seed=args.seed,
-        measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
-        early_stop=args.early_stop, simulate_gpus=args.simulate_gpus,
-        constant_liar=args.constant_liar,
-    )
+    result = api.tune(args.family, args.shape, args.dtype, args.flags, db=args.db,
+                      options=_study_options(args), pool=_pool_options(args))
     code = EXIT_INTERRUPTED if result.status == "interrupted" else 0
     if args.json:
         print(json.dumps(report.plain(result), indent=2))
@@ -369,12 +381,8 @@ def _tune(args: argparse.Namespace) -> int:
 def _tune_many(args: argparse.Namespace) -> int:
     from tuner.study.many import tune_many
 
-    done = tune_many(
-        args.family, args.shapes, trials=args.trials, time_budget=args.time_budget,
-        sampler=args.sampler, db=args.db, ray_address=args.ray_address, replay=args.replay,
-        seed=args.seed, measure_timeout_s=args.measure_timeout, warm_start=args.warm_start,
-        retime=args.retime, early_stop=args.early_stop,
-    )
+    done = tune_many(args.family, args.shapes, db=args.db, replay=args.replay,
+                     options=_study_options(args), pool=_pool_options(args, replay=None))
     stopped = any(d.result is None or d.result.status == "interrupted" for d in done)
     if args.json:
         print(json.dumps([{"problem": d.problem, "result": report.plain(d.result)} for d in done], indent=2))

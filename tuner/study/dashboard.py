@@ -60,7 +60,7 @@ from typing import Any, Sequence
 
 import optuna
 
-from tuner.errors import one_line
+from tuner.errors import first_line
 from tuner.study import search
 from tuner.study.optuna_export import COPY_MARK, describe, optuna_trial, space_distributions, study_attrs
 
@@ -172,7 +172,7 @@ def serve(stream: Any, running: int | None = None) -> int:
         storage, study, numbers = _open(url, record)
         distributions = space_distributions(record.space)
     except Exception as error:  # noqa: BLE001 - the copy never fails the study
-        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, one_line(error))
+        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, first_line(error))
         return 0
     written = 0
 
@@ -216,7 +216,7 @@ def _write(storage: Any, study: optuna.Study, trials: Sequence[Any], distributio
             break
         except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
             if attempt == WRITE_ATTEMPTS - 1:
-                logger.warning("optuna-dashboard copy: %d trials not written: %s", len(frozen), one_line(error))
+                logger.warning("optuna-dashboard copy: %d trials not written: %s", len(frozen), first_line(error))
                 return 0
             time.sleep(0.05 * 2 ** attempt)
     return sum(_write_one(study, trial) for trial in frozen)
@@ -270,7 +270,7 @@ def _write_one(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
         except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
             if attempt == WRITE_ATTEMPTS - 1:
                 logger.warning("optuna-dashboard copy: trial %d not written: %s", trial.user_attrs.get("number"),
-                               one_line(error))
+                               first_line(error))
             time.sleep(0.05 * 2 ** attempt)
     return 0
 

@@ -338,7 +338,7 @@ class _ValidRandomSampler(optuna.samplers.RandomSampler):
     """Random search among a list of points (the family's valid configs), each drawn with equal
     chance, repeats included. Optuna's RandomSampler draws from the whole product: in attention's
     space one draw in 5,000 is valid, so a study would meet the loop's limit of 500 rejected asks
-    in a row (``loop.MAX_IDLE_ASKS``) before its first few trials."""
+    in a row (``options.MAX_IDLE_ASKS``) before its first few trials."""
 
     def __init__(self, points: Sequence[Mapping[str, Any]], distributions: Mapping[str, Any],
                  seed: int | None = None) -> None:
