@@ -182,13 +182,18 @@ class TrialRecord:
     def interval_ms(self) -> float | None:
         """The half-width of :attr:`ranked_ms`'s interval (:func:`storage.ranking.interval_ms`):
         its repetitions' spread, scaled as it is, and the anchor's drift around it where several
-        GPUs measured the study."""
+        GPUs measured the study; timed beside the anchor (``workers.paired``), the spread of its
+        ratios to the anchor's instead."""
         value = self.ranked_ms
         if value is None or not self.median_ms:
             return None
+        state = self.gpu_state or {}
+        ratio, ratio_iqr = state.get("anchor_ratio"), state.get("anchor_ratio_iqr")
+        if self.normalized_ms is not None and ratio and ratio_iqr is not None:
+            # timed beside the anchor: the spread of its ratios to the anchor's is its noise
+            return ranking.interval_ms(value, ratio_iqr * value / ratio, self.repetitions)
         iqr = self.iqr_ms * value / self.median_ms if self.iqr_ms is not None else None
-        return ranking.interval_ms(value, iqr, self.repetitions,
-                                   drift=(self.gpu_state or {}).get("anchor_spread"))
+        return ranking.interval_ms(value, iqr, self.repetitions, drift=state.get("anchor_spread"))
 
 
 @dataclass(frozen=True)

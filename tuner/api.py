@@ -568,7 +568,7 @@ def quiet_optuna() -> Any:
 def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
     """The family's space, or for a replay the part of it its landscape recorded, so that every
     config a replayed study proposes has an answer (landscapes recorded before the space grew)."""
-    recorded = getattr(pool, "recorded", None)
+    recorded = pool.recorded
     return search.SearchSpace(fam.params if recorded is None else fam.recorded_space(recorded))
 
 

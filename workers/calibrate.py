@@ -65,6 +65,12 @@ class CalibrationSchedule:
         """Whether the anchor is chosen (an incumbent was made ready): later ones are not taken."""
         return self._incumbent is not None
 
+    @property
+    def anchor(self) -> Any:
+        """What every GPU times in rounds, and beside each trial (``workers.paired``) once
+        chosen: the anchor's item, or None."""
+        return self._incumbent[1] if self._incumbent is not None else None
+
     def offer(self, key: str, item: Any) -> None:
         """A new incumbent; it becomes the anchor once :meth:`ready`, unless there is one."""
         if key != self.key and not self.anchored:

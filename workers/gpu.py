@@ -29,6 +29,7 @@ from workers.driver import check_call, driver_api
 from workers.errors import LaunchError, NoGPUError
 from workers.hold import StreamHold, compile_hold
 from workers.nvml import NvmlClocks
+from workers.paired import paired_run
 from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
 from workers.request import TakesRequests
@@ -227,21 +228,30 @@ class GpuBench(TakesRequests):
     ) -> Measurement:
         """Load, run, validate, check determinism, time (as ``timing`` says). ``family_ref`` is
         what ``get_family`` resolves in this process (a name, a path, module:ATTR, or the family
-        shipped by value); ``params`` is unused (replay needs it)."""
+        shipped by value); ``params`` is unused (replay needs it). With ``timing.anchor`` (the
+        study's anchor, several GPUs), the repetitions alternate with the anchor's
+        (``workers.paired``)."""
         if self.dead:
             return Measurement.failed("worker", "this GPU worker's context is dead", **self._tags(binary))
 
         start = time.perf_counter()
         trial = Trial(self, binary, launch)
+        paired = Trial(self, *timing.anchor) if timing.anchor is not None else None
         try:
             family = get_family(family_ref)
-            result = trial.run(family, problem, seed=seed, timing=timing)
+            if paired is None:
+                result = trial.run(family, problem, seed=seed, timing=timing)
+            else:
+                result = paired_run(trial, paired, family, problem, {"seed": seed, **vars(timing)})
         except LaunchError as exc:
             result = self.classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker
             result = _host_failure(exc)
         finally:
-            self._release([trial])
+            self._release([trial] if paired is None else [trial, paired])
+        if paired is not None:
+            trial.kernel_ms += paired.kernel_ms
+            trial.flush_ms += paired.flush_ms
         seconds = time.perf_counter() - start
         clocks = dict(trial.clocks) if result.ok else {}
         return Measurement(**{**result.__dict__, **self._tags(binary), "gpu_seconds": seconds,

@@ -679,6 +679,9 @@ class WorkerPool:
             timing = replace(timing, **{k: min(v, getattr(timing, k)) for k, v in CALIBRATE_TIMING.items()})
         elif self._abort_above_ms is not None and timing.abort_above_ms is None:
             timing = replace(timing, abort_above_ms=self._abort_above_ms)
+        anchor = self._schedule.anchor if self._schedule is not None and not item.calibration else None
+        if anchor is not None and anchor.binary is not None and item.binary is not None:
+            timing = replace(timing, anchor=(anchor.binary, anchor.launch))  # timed beside it (workers.paired)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
         # to its GPU's host (a node agent, simulated GPUs), with the poll's others (Mailbox.flush)

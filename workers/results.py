@@ -88,6 +88,26 @@ class Timing:
         )
 
 
+@dataclass(frozen=True)
+class Paired:
+    """A trial timed interleaved with the study's anchor on its GPU (``workers.paired``): the
+    anchor's median over the same repetitions, the median of the repetitions' ratios (each
+    trial repetition over the anchor's right after it) and their IQR."""
+
+    anchor_ms: float
+    ratio: float
+    ratio_iqr: float
+    repetitions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Paired":
+        return cls(float(data["anchor_ms"]), float(data["ratio"]), float(data["ratio_iqr"]),
+                   int(data["repetitions"]))
+
+
 def timing_of(samples_ms: list[float]) -> Timing:
     """The summary of a set of repetitions' times (milliseconds)."""
     ordered = sorted(samples_ms)
@@ -171,6 +191,7 @@ class Measurement:
     # timed repetitions: {"before": {...}, "after": {...}} ({} for a failure)
     clocks: Mapping[str, Any] = field(default_factory=dict)
     gpu: Mapping[str, Any] = field(default_factory=dict)  # which GPU: {"uuid", "index", "name"}
+    paired: Paired | None = None  # timed interleaved with the study's anchor (several GPUs)
 
     def __post_init__(self) -> None:
         if self.ok and self.timing is None:
@@ -238,6 +259,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "replayed": m.replayed,
         "clocks": dict(m.clocks),
         "gpu": dict(m.gpu),
+        "paired": m.paired.to_json() if m.paired else None,
     }
 
 
@@ -264,4 +286,5 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         replayed=bool(data.get("replayed", False)),
         clocks=dict(data.get("clocks") or {}),
         gpu=dict(data.get("gpu") or {}),
+        paired=Paired.from_json(data["paired"]) if data.get("paired") else None,
     )

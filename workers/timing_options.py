@@ -9,6 +9,7 @@ calibration round and a candidate stopped early are the same options with a fiel
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class TimingOptions:
     target_ms: float = 300.0  # the timed repetitions take about this long together
     flush_l2: bool = True  # the L2 flushed before each timed launch
     abort_above_ms: float | None = None  # stop after the first repetitions when their median is above
+    # the study's anchor (Binary, Launch), its repetitions alternating with the trial's (several
+    # GPUs: workers.paired); None: the trial timed alone
+    anchor: tuple[Any, Any] | None = None
 
     @classmethod
     def of(cls, options: "TimingOptions | dict | None") -> "TimingOptions":

@@ -84,7 +84,9 @@ def main() -> None:
     trials = [t for t in tuner.show(result["study"], db=db).trials if t.ok and t.normalized_ms]
     ranked = sorted(trials, key=lambda t: t.ranked_ms)
     # the reference: its trials before its second timing of the anchor carry the ratio 1 exactly
-    reference = next(t.gpu_uuid for t in sorted(trials, key=lambda t: t.number) if t.gpu_ratio == 1.0)
+    reference = next((t.gpu_uuid for t in sorted(trials, key=lambda t: t.number) if t.gpu_ratio == 1.0),
+                     next(t.gpu_uuid for t in trials if t.gpu_index == min(u.gpu_index for u in trials)))
+    paired = sum("anchor_ratio" in (t.gpu_state or {}) for t in trials)
     anchored = [t for t in trials if (t.gpu_state or {}).get("anchor") and t.gpu_ratio]
     anchor_key = anchored[0].gpu_state["anchor"]
     standard = anchored[0].gpu_ratio * anchored[0].gpu_state["anchor_ms"]
@@ -118,6 +120,9 @@ def main() -> None:
         print(f"| {ranked.index(t) + 1} | #{t.number} | {t.gpu_index} | {t.ranked_ms:.4f} | {t.interval_ms:.4f} | "
               f"{raw:.4f} | {standard_terms:.4f} | {100 * diff:+.2f}% |")
     within = sum(abs(r["diff"]) <= 0.02 for r in rows)
+    within_raw = sum(abs(r["stored"] / r["retimed"] - 1) <= 0.02 for r in rows)
+    print(f"{paired} of {len(trials)} trials timed beside the anchor; {within_raw} of {len(rows)} stored values "
+          f"within 2% of the raw re-timing")
     top = rows[:args.top]
     pairs = kept = 0
     for i in range(len(top)):
@@ -133,7 +138,7 @@ def main() -> None:
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     print(best.stdout)
     print("DRIFT " + json.dumps({"grid_s": grid_s, "measured": result["measured"], "standard": standard,
-                                 "anchor_now": anchor_now, "rows": rows, "within_2pct": within,
+                                 "anchor_now": anchor_now, "rows": rows, "within_2pct": within, "within_2pct_raw": within_raw, "paired": paired,
                                  "ordered_pairs": [kept, pairs], "reference": reference}))
 
 

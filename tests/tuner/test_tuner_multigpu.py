@@ -303,3 +303,29 @@ def test_a_gpu_slowing_10_percent_over_the_run_does_not_cost_the_true_best(toy, 
     assert _drifting_wins(db, pools, 20) >= 19
     monkeypatch.setattr(tuner.study.loop, "gpu_scale", lambda pool: None)
     assert _drifting_wins(db.replace("tuner.db", "raw_tuner.db"), pools, 20) <= 16
+
+
+def _throttled_errors(db, pools, *, paired: bool) -> list[float]:
+    """GPU 1's trials' errors, normalized (those timed beside the anchor only, where ``paired``:
+    the first, measured before the anchor was chosen, are normalized by the rounds)."""
+    pool = TwoGpuPool(throttle=0.10, paired=paired, slowdown=1.0)
+    _, _, _, trials = _tune(db, pools, pool)
+    return [t.normalized_ms / latency_ms(t.params) - 1 for t in trials
+            if t.ok and t.gpu_index == 1 and t.normalized_ms is not None
+            and (not paired or "anchor_ratio" in (t.gpu_state or {}))]
+
+
+def test_trials_timed_beside_the_anchor_stay_within_1_percent_when_each_timing_is_throttled(toy, db, pools):
+    """GPU 1's every timing up to 10% slow, each its own draw: normalized by the anchor timed in
+    rounds, its trials land up to 10% off; timed beside the anchor under the same clocks, each
+    stays within 1% of its true time, stored with the ratio and its spread."""
+    rounds = _throttled_errors(db, pools, paired=False)
+    assert max(abs(e) for e in rounds) > 0.03
+    paired = _throttled_errors(db.replace("tuner.db", "paired.db"), pools, paired=True)
+    assert len(paired) > 20 and max(abs(e) for e in paired) < 0.01
+    repo = open_repository(db.replace("tuner.db", "paired.db"))
+    study = repo.studies()[0]
+    beside = [t for t in repo.trials(study.id) if t.ok and "anchor_ratio" in (t.gpu_state or {})]
+    assert beside and all(t.gpu_state["anchor_ratio_iqr"] > 0 for t in beside)
+    for t in beside:  # the interval is the ratio's spread (0.4%) and the 1% floor, not the raw IQR
+        assert t.interval_ms == pytest.approx(t.normalized_ms * (0.002 ** 2 + 0.01 ** 2) ** 0.5, rel=1e-6)

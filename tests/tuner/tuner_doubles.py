@@ -38,7 +38,7 @@ from templates.family import (
 from storage import params_key
 from workers.depth import MIN_DEPTH
 from workers.calibrate import CalibrationSchedule
-from workers.results import FAILURE_KINDS, Calibration, DeviceInfo, Measurement, Resources, Retiming, Timing
+from workers.results import FAILURE_KINDS, Calibration, DeviceInfo, Measurement, Paired, Resources, Retiming, Timing
 
 KERNEL_SOURCE = "__global__ void toy_kernel() {}\n"
 
@@ -348,13 +348,18 @@ class TwoGpuPool(FakePool):
     ``gpu_of(params, ticket)`` (default: alternately). The incumbent is timed on every GPU in
     rounds, by the pool's own schedule (``workers.calibrate``); ``retime`` runs on GPU 0.
     ``latency`` is the landscape (the first GPU's times). ``drift``: the second GPU slows by that
-    share more over the first ``drift_trials`` results (a GPU heating at its power cap)."""
+    share more over the first ``drift_trials`` results (a GPU heating at its power cap).
+    ``throttle``: every timing of GPU 1 runs up to that share slower, each its own draw (a GPU at
+    its power cap, whose clocks change from one timing to the next); ``paired``: once the anchor
+    is chosen, each trial is timed beside it (``workers.paired``) under the same throttle."""
 
     def __init__(self, *, gpus: int = 2, slowdown: float = 1.04, latency: Any = latency_ms,
                  gpu_of: Any = None, calibrate_every: int = 3, drift: float = 0.0,
-                 drift_trials: int = 100, **options: Any) -> None:
+                 drift_trials: int = 100, throttle: float = 0.0, paired: bool = False,
+                 **options: Any) -> None:
         super().__init__(**options)
         self.drift, self.drift_trials, self.results = drift, drift_trials, 0
+        self.throttle, self.paired, self._timings = throttle, paired, 0
         self.gpus = [dict(g) for g in GPUS[:gpus]]
         self.num_gpus = gpus
         self.slowdown, self.latency = slowdown, latency
@@ -393,12 +398,24 @@ class TwoGpuPool(FakePool):
         self._calibrate()
         return results
 
+    def throttled(self, gpu: int) -> float:
+        """The next timing's throttle on GPU ``gpu``: 1 on GPU 0, else 1 to 1 + ``throttle``."""
+        self._timings += 1
+        if gpu == 0 or not self.throttle:
+            return 1.0
+        return 1.0 + self.throttle * ((zlib.crc32(f"throttle {self._timings}".encode()) % 1001) / 1000.0)
+
     def _on(self, gpu: int, params: dict[str, Any], m: Measurement) -> Measurement:
         """``m`` as GPU ``gpu`` measured it."""
         out = replace(m, gpu=dict(self.gpus[gpu]))
         if m.ok and m.timing is not None:
-            ms = self.ms_on(gpu, params)
+            throttle = self.throttled(gpu)
+            ms = self.ms_on(gpu, params) * throttle
             out = replace(out, timing=Timing(ms, ms * 0.99, ms * 1.02, ms * 0.01, 50))
+            anchor = self.schedule.anchor if self.paired and self.schedule is not None else None
+            if anchor is not None:
+                anchor_ms = self.ms_on(gpu, anchor) * throttle
+                out = replace(out, paired=Paired(anchor_ms, ms / anchor_ms, 0.004 * ms / anchor_ms, 25))
             self.timed.append((gpu, params, ms))
         return out
 
@@ -410,7 +427,7 @@ class TwoGpuPool(FakePool):
                 continue
             number, params = due
             self.calibrated[gpu] = number
-            ms = self.ms_on(gpu, params)
+            ms = self.ms_on(gpu, params) * self.throttled(gpu)
             self.calibration_log.append((number, gpu, dict(params), ms))
             m = Measurement(ok=True, timing=Timing(ms, ms, ms, 0.0, 50), gpu=dict(self.gpus[gpu]))
             self._calibrations.append(Calibration(number, dict(params), m))

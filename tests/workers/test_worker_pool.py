@@ -238,6 +238,25 @@ def test_the_incumbent_is_timed_on_each_gpu_with_fewer_repetitions_and_never_sto
         assert "abort_above_ms=5.0 max_reps=200 target_ms=300.0" in m.detail
 
 
+def test_once_the_anchor_is_compiled_every_trial_is_sent_with_it_to_be_timed_beside_it(pool_factory):
+    """Several GPUs: the anchor's binary and launch travel with each trial dispatched after it
+    was compiled (``workers.paired``); its own timings in rounds do not carry it."""
+    pool = pool_factory(worker_cls=TwoFakeBenches)
+    pool.set_incumbent({"behaviour": "ok", "tag": 99}, _source(99), LAUNCH, ())
+    calibrations: list = []
+    end = time.monotonic() + 30
+    while len(calibrations) < 2 and time.monotonic() < end:
+        pool.poll(timeout=0.2)
+        calibrations += pool.calibrations()
+    assert len(calibrations) == 2 and all("anchor=None" in c.measurement.detail for c in calibrations)
+    for ticket in range(4):
+        _submit(pool, ticket)
+    results = _drain(pool)
+    anchors = {m.detail.split("anchor=")[1].split()[0] for m in results.values()}
+    assert len(results) == 4 and len(anchors) == 1 and anchors != {"None"}
+    assert pool._schedule.anchor.binary.cubin_hash in anchors  # the anchor's own cubin
+
+
 def test_equal_cubins_are_measured_once(pool_factory):
     pool = pool_factory(worker_cls=TwoFakeBenches)
     source = _source(7)

@@ -58,6 +58,7 @@ class FakeBench(TakesRequests):
                            detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
                                   f"abort_above_ms={timing.abort_above_ms} "
                                   f"max_reps={timing.max_reps} target_ms={timing.target_ms} "
+                                  f"anchor={timing.anchor[0].cubin_hash if timing.anchor else None} "
                                   f"start={started:.3f} end={time.time():.3f}")
 
 

@@ -198,6 +198,9 @@ def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None,
     state = dict(m.clocks)
     if state and m.gpu.get("name"):
         state["name"] = m.gpu["name"]
+    if m.paired is not None and normalized is not None:  # timed beside the anchor (workers.paired)
+        state["anchor_ratio"] = m.paired.ratio
+        state["anchor_ratio_iqr"] = m.paired.ratio_iqr
     if anchor[0] is not None:
         state["anchor_ms"] = anchor[0]
     if anchor[1] is not None:
@@ -720,6 +723,8 @@ class Coordinator:
         or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""
         if self._scale is None or not m.ok or m.timing is None:
             return None, None
+        if m.paired is not None and self._scale.standard is not None:
+            return self._scale.paired(m.paired.ratio, m.paired.anchor_ms)
         return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
 
     def _anchor(self, m: Measurement) -> tuple[float | None, float | None, str | None]:
@@ -728,6 +733,8 @@ class Coordinator:
         if self._scale is None or not m.ok or m.timing is None:
             return None, None, None
         uuid = m.gpu.get("uuid")
+        if m.paired is not None and self._scale.standard is not None:  # its own, over the same time
+            return m.paired.anchor_ms, None, self._anchor_key
         return self._scale.local(uuid), self._scale.spread(uuid), self._anchor_key
 
     def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
@@ -735,9 +742,7 @@ class Coordinator:
         round has not come back: the first trial or two of a study on each GPU but the
         reference) before it is told and stored, so that it too is normalized. It stays in
         flight meanwhile; :meth:`_release_held` finishes it."""
-        if self._scale is None or not m.ok or m.timing is None:
-            return False
-        if self._scale.ratio(m.gpu.get("uuid")) is not None:
+        if self._scale is None or not m.ok or m.timing is None or self._ratio_known(m):
             return False
         self._held[ticket] = m
         self._refresh_incumbent()
@@ -752,9 +757,17 @@ class Coordinator:
         busy = self.pool.pending() or self.pool.calibrating()
         idle = force or not busy
         for ticket, m in list(self._held.items()):
-            if idle or self._scale is None or self._scale.ratio(m.gpu.get("uuid")) is not None:
+            if idle or self._scale is None or self._ratio_known(m):
                 del self._held[ticket]
                 self._finish_ticket(ticket, m)
+
+    def _ratio_known(self, m: Measurement) -> bool:
+        """Whether ``m`` can be normalized now: timed beside the anchor, once the standard is
+        known; else once its GPU has a ratio."""
+        assert self._scale is not None
+        if m.paired is not None:
+            return self._scale.standard is not None
+        return self._scale.ratio(m.gpu.get("uuid")) is not None
 
     def _calibrated(self) -> None:
         """Take in the GPUs' timings of the anchor that came back (``pool.calibrations``)."""

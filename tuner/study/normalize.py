@@ -76,6 +76,13 @@ class GpuScale:
         ratio = self.ratio(gpu)
         return (median_ms * ratio if ratio is not None else median_ms), ratio
 
+    def paired(self, ratio: float, anchor_ms: float) -> tuple[float, float | None]:
+        """A trial timed beside the anchor (``workers.paired``): (its median in the standard's
+        terms, the factor its anchor's time over the same repetitions gives), from the median of
+        its repetitions' ratios to the anchor's. Needs the standard."""
+        assert self.standard is not None
+        return ratio * self.standard, (self.standard / anchor_ms if anchor_ms > 0 else None)
+
     def ratios(self) -> dict[str, float]:
         """Every GPU's ratio now, the reference's included."""
         out = {self.reference: self.ratio(self.reference) or 1.0}
