@@ -1,7 +1,8 @@
 """A trial timed interleaved with the study's anchor on the same GPU: T A T A ..., so that the
 trial's time can be stated relative to the anchor's over the same milliseconds::
 
-    m = bench.measure(binary, launch, "attention", problem, anchor=(anchor_binary, anchor_launch))
+    m = bench.measure(binary, launch, "attention", problem,
+                      timing=TimingOptions(anchor=(anchor_binary, anchor_launch)))
     m.paired.ratio          # median over the repetitions of (trial's time / the anchor's right after)
     m.paired.anchor_ms      # the anchor's median over the same repetitions
 
@@ -10,7 +11,7 @@ run throttled: on two H200s one config's repetitions had an IQR of 7-15% of thei
 whole trials ran 6-14% slow, so a calibration round every few seconds cannot follow it. Timed in
 pairs, both kernels meet the same clock state: the ratio moves far less than either time. The
 coordinator stores a trial's normalized median as this ratio times the anchor's standard
-(``tuner.normalize``).
+(``tuner.study.normalize``).
 
 The trial is loaded, checked and verified as ``Trial.run`` does; the anchor is loaded beside it
 and launched on the same buffers, not verified again (it was, when it was measured). Warm-up
