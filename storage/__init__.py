@@ -24,7 +24,7 @@ _MODULES = {
     "storage.errors": ("ClaimRefused", "StorageError"),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",
-                        "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",
+                        "StudySpec", "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",
                         "config_key", "params_key"),
     "storage.ranking": ("interval_ms", "ranked_ms", "tied"),
     "storage.repository": ("Repository",),

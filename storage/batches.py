@@ -34,8 +34,8 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage import queries, rows
-from storage.errors import ClaimRefused, StorageError, one_line
-from storage.models import RunningTrial, Trial, utcnow
+from storage.errors import ClaimRefused, StorageError, driver_message
+from storage.models import RunningTrial, TrialRow, utcnow
 from storage.records import LEASE_TTL_S, TRIAL_STATUSES, TrialOutcome, TrialRecord, config_key
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ class BatchedTrials:
         what = "a trial" if len(plain) == 1 else "trials"
         with self._session(f"cannot start {what} of study {study_id}", write=True) as session:  # type: ignore[attr-defined]
             queries.lock_study(session, study_id)
-            measured = set(session.scalars(select(Trial.config_key).where(
-                Trial.study_id == study_id, Trial.config_key.in_(set(keys)))))
+            measured = set(session.scalars(select(TrialRow.config_key).where(
+                TrialRow.study_id == study_id, TrialRow.config_key.in_(set(keys)))))
             held = {r.config_key: r for r in session.scalars(select(RunningTrial).where(
                 RunningTrial.study_id == study_id, RunningTrial.config_key.in_(set(keys))))}
             number, count = _numbers(session, study_id)
@@ -131,11 +131,11 @@ class BatchedTrials:
             return
         try:
             with engine.connect() as connection:
-                connection.exec_driver_sql(f"ANALYZE {Trial.__tablename__}, {RunningTrial.__tablename__}")
+                connection.exec_driver_sql(f"ANALYZE {TrialRow.__tablename__}, {RunningTrial.__tablename__}")
                 connection.commit()
         except SQLAlchemyError as error:
             logger.warning("could not analyze the trial tables (lookups slow down as the study grows): %s",
-                           one_line(error))
+                           driver_message(error))
 
     def record_trials(self, study_id: int, results: Sequence[tuple[int, Mapping[str, Any], TrialOutcome]],
                       *, owner: str | None = None) -> list[TrialRecord | ClaimRefused]:
@@ -155,9 +155,9 @@ class BatchedTrials:
             kept = [t for t in made if owner is None or t["number"] in mine]
             records: dict[int, TrialRecord] = {}
             if kept:  # one executemany (no unit of work, no statement of every row's values), then the ids
-                session.execute(insert(Trial.__table__), kept)
-                ids = {number: trial_id for number, trial_id in session.execute(select(Trial.number, Trial.id).where(
-                    Trial.study_id == study_id, Trial.number.in_([t["number"] for t in kept])))}
+                session.execute(insert(TrialRow.__table__), kept)
+                ids = {number: trial_id for number, trial_id in session.execute(select(TrialRow.number, TrialRow.id).where(
+                    TrialRow.study_id == study_id, TrialRow.number.in_([t["number"] for t in kept])))}
                 records = {t["number"]: rows.trial_record_of(ids[t["number"]], t) for t in kept}
             for trial in made:
                 if trial["number"] not in records:
@@ -177,7 +177,7 @@ def _numbers(session: Any, study_id: int) -> tuple[int, int]:
     trip that each table's index on (study_id, number) answers."""
     ends = session.execute(select(*(select(func.min(model.number) if low else func.max(model.number))
                                     .where(model.study_id == study_id).scalar_subquery()
-                                    for model in (Trial, RunningTrial) for low in (True, False)))).one()
+                                    for model in (TrialRow, RunningTrial) for low in (True, False)))).one()
     lows, highs = [n for n in ends[0::2] if n is not None], [n for n in ends[1::2] if n is not None]
     if not highs:
         return 0, 0
@@ -187,7 +187,7 @@ def _numbers(session: Any, study_id: int) -> tuple[int, int]:
 def _trial_count(session: Any, study_id: int) -> int:
     """A study's trials, measured and running, in one round trip."""
     counts = session.execute(select(*(select(func.count(model.id)).where(model.study_id == study_id)
-                                      .scalar_subquery() for model in (Trial, RunningTrial)))).one()
+                                      .scalar_subquery() for model in (TrialRow, RunningTrial)))).one()
     return sum(n or 0 for n in counts)
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 
-from storage.errors import StorageError, one_line
+from storage.errors import StorageError, driver_message
 from storage.migrate import current_revision, head_revision, refuse_newer, upgrade
 from storage.repository import Repository
 
@@ -37,7 +37,7 @@ SQLITE_BUSY_TIMEOUT_S = 30
 # within milliseconds, and a ping each cost it a round trip (a claim checked its connection out in
 # 0.3-0.8 ms of its 5-15 ms).
 PING_IDLE_S = 1.0
-# Optuna's tables: the copy optuna-dashboard reads lives in our database (tuner.dashboard), and a
+# Optuna's tables: the copy optuna-dashboard reads lives in our database (tuner.study.dashboard), and a
 # database of Optuna's alone is one we may share (ours go beside them, our version in a table of ours).
 OPTUNA_TABLES = frozenset({
     "alembic_version", "studies", "study_directions", "study_system_attributes", "study_user_attributes",
@@ -69,7 +69,7 @@ def open_repository(url: str | None = None) -> Repository:
         upgrade(engine)
     except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
         engine.dispose()
-        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+        raise StorageError(f"cannot open database {shown}: {driver_message(error)}") from error
     return Repository(engine)
 
 
@@ -96,7 +96,7 @@ def open_reader(url: str | None = None) -> Repository:
                 "a read-only reader does not migrate it: run `tuner studies --db URL` once to upgrade it")
     except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
         engine.dispose()
-        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+        raise StorageError(f"cannot open database {shown}: {driver_message(error)}") from error
     return Repository(engine)
 
 
@@ -120,7 +120,7 @@ def check_database(url: str | None = None) -> None:
             our_revision(connection, empty=True)
     except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
         shown = engine.url.render_as_string(hide_password=True)
-        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+        raise StorageError(f"cannot open database {shown}: {driver_message(error)}") from error
     finally:
         engine.dispose()
 
@@ -182,8 +182,8 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
     except Exception as error:  # unknown dialect, missing driver module, bad options
         shown = parsed.render_as_string(hide_password=True)
         if isinstance(error, ImportError) and parsed.get_backend_name() == "postgresql":
-            raise StorageError(f"cannot open database {shown}: {POSTGRES_DRIVER} ({one_line(error)})") from error
-        raise StorageError(f"cannot open database {shown}: {one_line(error)}") from error
+            raise StorageError(f"cannot open database {shown}: {POSTGRES_DRIVER} ({driver_message(error)})") from error
+        raise StorageError(f"cannot open database {shown}: {driver_message(error)}") from error
     if engine.dialect.name == "sqlite":
         _make_sqlite_transactional(engine, read_only=read_only)
     else:
@@ -207,7 +207,7 @@ def _ping_when_idle(engine: Engine) -> None:
         try:
             alive = engine.dialect.do_ping(dbapi_connection)
         except Exception as error:  # the driver's own error: the connection is gone
-            raise DisconnectionError(one_line(error)) from error
+            raise DisconnectionError(driver_message(error)) from error
         if not alive:
             raise DisconnectionError("the database did not answer a ping")
 
@@ -273,7 +273,7 @@ def use_sqlite_writer(engine: Engine) -> None:
 
 def sqlite_pragmas(dbapi_connection: Any) -> None:
     """Write-ahead logging, synced at checkpoints: for every connection to a SQLite database,
-    ours and Optuna's (:func:`tuner.search.optuna_storage`).
+    ours and Optuna's (:func:`tuner.study.search.optuna_storage`).
 
     In WAL mode a commit appends to one file instead of rewriting a rollback journal, and readers
     no longer block the writer (a study's ask/tell loop ran twice as fast). ``synchronous=NORMAL``

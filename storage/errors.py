@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def one_line(error: BaseException) -> str:
+def driver_message(error: BaseException) -> str:
     """The driver's message of ``error`` (not SQLAlchemy's wrapper), on one line."""
     message = str(getattr(error, "orig", None) or error)
     lines = [line.strip() for line in message.splitlines() if line.strip()]

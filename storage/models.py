@@ -116,7 +116,7 @@ class TemplateVersion(Base):
     family: Mapped[Family] = relationship(lazy="raise")
 
 
-class Problem(Base):
+class ProblemRow(Base):
     __tablename__ = "tuner_problems"
     # A problem is its family's spec: shape, element type and the family's own flags (what they
     # mean is the family's business, not the storage's).
@@ -150,11 +150,11 @@ class Study(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     template_version: Mapped[TemplateVersion] = relationship(lazy="raise")
-    problem: Mapped[Problem] = relationship(lazy="raise")
+    problem: Mapped[ProblemRow] = relationship(lazy="raise")
     device: Mapped[Device] = relationship(lazy="raise")
 
 
-class Trial(Base):
+class TrialRow(Base):
     __tablename__ = "tuner_trials"
     __table_args__ = (
         UniqueConstraint("study_id", "number"),
@@ -255,10 +255,10 @@ class Retime(Base):
     gpu_state: Mapped[dict[str, Any] | None]  # clocks and temperature before and after
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    trial: Mapped[Trial] = relationship(lazy="raise")
+    trial: Mapped[TrialRow] = relationship(lazy="raise")
 
 
-class Best(Base):
+class BestRow(Base):
     """The fastest ok trial per (template version, problem, device), kept by ``record_trial``;
     a re-timing (``record_retiming``) points it at its winner, with the re-timed median."""
 
@@ -275,4 +275,4 @@ class Best(Base):
     retime_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_retimes.id"))  # None: search time
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
-    trial: Mapped[Trial] = relationship(lazy="raise")
+    trial: Mapped[TrialRow] = relationship(lazy="raise")

@@ -20,14 +20,14 @@ from storage import rows
 from storage.errors import StorageError
 from storage.models import (
     Base,
-    Best,
+    BestRow,
     Device,
     Family,
-    Problem,
+    ProblemRow,
     Retime,
     Study,
     TemplateVersion,
-    Trial,
+    TrialRow,
     utcnow,
 )
 from storage.ranking import ranked_ms, ranked_ms_sql
@@ -90,14 +90,14 @@ def template_version(
 
 def problem(
     session: Session, family: Family, shape: Sequence[int], dtype: str, flags: Mapping[str, Any]
-) -> Problem:
+) -> ProblemRow:
     key = {
         "family_id": family.id,
         "shape": [int(d) for d in shape],
         "dtype": dtype,
         "flags": plain_json("flags", dict(flags)),
     }
-    return get_or_create(session, Problem, key)
+    return get_or_create(session, ProblemRow, key)
 
 
 def device(session: Session, device: Mapping[str, Any]) -> Device:
@@ -146,7 +146,7 @@ def touch_study(session: Session, study_id: int, when: datetime) -> Any:
     return found
 
 
-def offer_best(session: Session, study: Study | Any, trial: Trial | TrialRecord) -> None:
+def offer_best(session: Session, study: Study | Any, trial: TrialRow | TrialRecord) -> None:
     """Make ``trial`` (ok and stored: a flushed row or the record of one) the best of its
     study's (template version, problem, device) when there is none yet or it is strictly faster
     than the stored one: by its normalized median where several GPUs measured the study (then
@@ -175,26 +175,26 @@ def retime_best(session: Session, study: Study, winner: Retime, retimed: set[int
         _set(best, values)
 
 
-def _best_row(session: Session, study: Study | Any, values: Mapping[str, Any]) -> Best | None:
+def _best_row(session: Session, study: Study | Any, values: Mapping[str, Any]) -> BestRow | None:
     """The locked best row of the study's key; None when there was none and ``values`` became it."""
     key = {
         "template_version_id": study.template_version_id,
         "problem_id": study.problem_id,
         "device_id": study.device_id,
     }
-    stmt = select(Best).filter_by(**key).with_for_update()
+    stmt = select(BestRow).filter_by(**key).with_for_update()
     best = session.scalars(stmt).one_or_none()
     if best is None:
         try:
             with session.begin_nested():
-                session.add(Best(**key, **values))
+                session.add(BestRow(**key, **values))
             return None
         except IntegrityError:  # another writer stored a best for this key just now
             best = session.scalars(stmt).one()
     return best
 
 
-def _set(best: Best, values: Mapping[str, Any]) -> None:
+def _set(best: BestRow, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         setattr(best, name, value)
     best.updated_at = utcnow()
@@ -207,27 +207,27 @@ def bests_statement(
     device_name: str | None,
     template_hash: str | None,
 ) -> Select[Any]:
-    """Best rows matching the filters (None: any), fastest first, with what
+    """Stored bests (BestRow) matching the filters (None: any), fastest first, with what
     :func:`rows.best_record` needs."""
     stmt = (
         select(
-            Best, Trial, Study.name, Family.name, TemplateVersion.template_hash, Problem, Device,
+            BestRow, TrialRow, Study.name, Family.name, TemplateVersion.template_hash, ProblemRow, Device,
             Retime,
         )
-        .join(Trial, Best.trial_id == Trial.id)
-        .join(Study, Trial.study_id == Study.id)
-        .join(TemplateVersion, Best.template_version_id == TemplateVersion.id)
+        .join(TrialRow, BestRow.trial_id == TrialRow.id)
+        .join(Study, TrialRow.study_id == Study.id)
+        .join(TemplateVersion, BestRow.template_version_id == TemplateVersion.id)
         .join(Family, TemplateVersion.family_id == Family.id)
-        .join(Problem, Best.problem_id == Problem.id)
-        .join(Device, Best.device_id == Device.id)
-        .outerjoin(Retime, Best.retime_id == Retime.id)
+        .join(ProblemRow, BestRow.problem_id == ProblemRow.id)
+        .join(Device, BestRow.device_id == Device.id)
+        .outerjoin(Retime, BestRow.retime_id == Retime.id)
         .where(Family.name == family)
-        .order_by(Best.median_ms, Best.id)
+        .order_by(BestRow.median_ms, BestRow.id)
     )
     if dtype is not None:
-        stmt = stmt.where(Problem.dtype == dtype)
+        stmt = stmt.where(ProblemRow.dtype == dtype)
     if flags is not None:
-        stmt = stmt.where(Problem.flags == plain_json("flags", dict(flags)))
+        stmt = stmt.where(ProblemRow.flags == plain_json("flags", dict(flags)))
     if device_name is not None:
         stmt = stmt.where(Device.name == device_name)
     if template_hash is not None:
@@ -245,21 +245,21 @@ def best_statement(
 ) -> Select[Any]:
     """The fastest best row of one problem matching the filters."""
     stmt = bests_statement(family, dtype, flags, device_name, template_hash)
-    return stmt.where(Problem.shape == [int(d) for d in shape]).limit(1)
+    return stmt.where(ProblemRow.shape == [int(d) for d in shape]).limit(1)
 
 
 def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
     """Every study (or the one named) with its trial counts, oldest first."""
-    ok = Trial.status == "ok"
+    ok = TrialRow.status == "ok"
     counts = (
         select(
-            Trial.study_id,
+            TrialRow.study_id,
             func.count().label("n_trials"),
             func.sum(case((ok, 1), else_=0)).label("n_ok"),
-            func.min(case((ok, ranked_ms_sql(Trial.normalized_ms, Trial.median_ms)))).label("best_ms"),
-            func.max(case((ok, Trial.tflops))).label("best_tflops"),  # same problem: fastest
+            func.min(case((ok, ranked_ms_sql(TrialRow.normalized_ms, TrialRow.median_ms)))).label("best_ms"),
+            func.max(case((ok, TrialRow.tflops))).label("best_tflops"),  # same problem: fastest
         )
-        .group_by(Trial.study_id)
+        .group_by(TrialRow.study_id)
         .subquery()
     )
     stmt = (
@@ -267,7 +267,7 @@ def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
             Study,
             Family.name,
             TemplateVersion.template_hash,
-            Problem,
+            ProblemRow,
             Device.name,
             counts.c.n_trials,
             counts.c.n_ok,
@@ -276,7 +276,7 @@ def summaries(session: Session, name: str | None = None) -> list[StudySummary]:
         )
         .join(TemplateVersion, Study.template_version_id == TemplateVersion.id)
         .join(Family, TemplateVersion.family_id == Family.id)
-        .join(Problem, Study.problem_id == Problem.id)
+        .join(ProblemRow, Study.problem_id == ProblemRow.id)
         .join(Device, Study.device_id == Device.id)
         .outerjoin(counts, counts.c.study_id == Study.id)
         .order_by(Study.created_at, Study.id)

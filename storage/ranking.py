@@ -12,7 +12,7 @@ Each value carries an interval (``interval_ms``, a half-width): half its repetit
 power cap the clocks switch between states within one timing: on two H200s a 0.42 ms kernel's
 repetitions had an IQR of 17% of the median, and such a config's median moved 13-15% between
 timings, 2026-11-28), the drift of the anchor around it on its GPU (several GPUs,
-``tuner.normalize``), and a floor for what moves between two timings of one config: at the 700 W cap an H100's or H200's SM clock moved
+``tuner.study.normalize``), and a floor for what moves between two timings of one config: at the 700 W cap an H100's or H200's SM clock moved
 between about 1,400 and 1,980 MHz from one timing to the next, and one config's median by 1-3%
 (docs/BENCHMARKS.md, "Tuner throughput on GPUs"). Timed interleaved with the others on one GPU
 (the final re-timing), every config meets the same clocks: two GPUs' in-turns timings of the same

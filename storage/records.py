@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,8 +29,10 @@ LEASE_TTL_S = 60.0
 
 
 def params_key(params: Mapping[str, Any]) -> str:
-    """The canonical text of a parameter set: equal configs give equal keys."""
-    return json.dumps(dict(params), sort_keys=True)
+    """The canonical text of a parameter set: equal configs give equal keys, whatever the order
+    (a value JSON has no type for is written as its ``str``). The one key of a config: the
+    database finds it by it, a replay landscape looks it up by it, the pool drops repeats by it."""
+    return json.dumps(dict(params), sort_keys=True, default=str)
 
 
 def config_key(params: Mapping[str, Any]) -> str:
@@ -49,6 +51,26 @@ class DeviceRecord:
     compute_capability: str  # "9.0"
     driver_version: str
     cuda_version: str
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What a study is opened with (``Repository.open_study``): its family and template version
+    (``template_hash``, the ``space``), its problem (``shape``, ``dtype``, ``flags``), its
+    ``device`` (the keys name, sm_count, compute_capability, driver_version and cuda_version;
+    others, a DeviceInfo's uuid or clocks, are ignored), its ``sampler``, whether it is a
+    ``replay`` and the ``settings`` it was started with."""
+
+    family: str
+    template_hash: str
+    space: Mapping[str, Any]
+    shape: Sequence[int]
+    dtype: str
+    flags: Mapping[str, Any]
+    device: Mapping[str, Any]
+    sampler: str
+    replay: bool
+    settings: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.batches import BatchedTrials
-from storage.errors import ClaimRefused, StorageError, one_line
-from storage.models import Best, Retime, RunningTrial, Study, Trial, utcnow
+from storage.errors import ClaimRefused, StorageError, driver_message
+from storage.models import BestRow, Retime, RunningTrial, Study, TrialRow, utcnow
 from storage.records import (
     LEASE_TTL_S,
     STUDY_STATUSES,
@@ -43,6 +43,7 @@ from storage.records import (
     RetimeRecord,
     RunningRecord,
     StudyRecord,
+    StudySpec,
     StudySummary,
     TrialOutcome,
     TrialRecord,
@@ -98,7 +99,7 @@ class Repository(BatchedTrials):
             raise
         except SQLAlchemyError as error:
             session.rollback()
-            raise StorageError(f"{what}: {one_line(error)}") from error
+            raise StorageError(f"{what}: {driver_message(error)}") from error
         finally:
             session.close()
 
@@ -143,28 +144,17 @@ class Repository(BatchedTrials):
 
     # -- studies ----------------------------------------------------------------------------
 
-    def open_study(
-        self,
-        name: str,
-        *,
-        family: str,
-        template_hash: str,
-        space: Mapping[str, Any],
-        shape: Sequence[int],
-        dtype: str,
-        flags: Mapping[str, Any],
-        device: Mapping[str, Any],
-        sampler: str,
-        replay: bool,
-        settings: Mapping[str, Any],
-    ) -> StudyRecord:
-        """Create the study ``name``, or re-open it (its status goes back to 'running').
+    def open_study(self, name: str, spec: StudySpec | None = None, /, **fields: Any) -> StudyRecord:
+        """Create the study ``name``, or re-open it (its status goes back to 'running'), as
+        ``spec`` says (:class:`storage.StudySpec`; or its fields as keywords).
 
-        ``device`` needs the keys name, sm_count, compute_capability, driver_version and
-        cuda_version; others (a DeviceInfo's uuid, clocks) are ignored. A study that exists keeps
-        its sampler, replay flag and settings; one that exists for another template version,
-        problem or device raises StorageError.
+        A study that exists keeps its sampler, replay flag and settings; one that exists for
+        another template version, problem or device raises StorageError.
         """
+        spec = spec if spec is not None else StudySpec(**fields)
+        family, template_hash, space, device = spec.family, spec.template_hash, spec.space, spec.device
+        shape, dtype, flags = spec.shape, spec.dtype, spec.flags
+        sampler, replay, settings = spec.sampler, spec.replay, spec.settings
         with self._session(f"cannot open study {name!r}", write=True) as session:
             family_row = queries.family(session, family)
             version = queries.template_version(session, family_row, template_hash, space)
@@ -286,21 +276,21 @@ class Repository(BatchedTrials):
         """The trials of a study, ordered by number; ``numbers``: those of these numbers only."""
         with self._session(f"cannot read the trials of study {study_id}") as session:
             queries.study(session, study_id)
-            stmt = select(Trial).where(Trial.study_id == study_id).order_by(Trial.number)
+            stmt = select(TrialRow).where(TrialRow.study_id == study_id).order_by(TrialRow.number)
             if numbers is None:
                 return [rows.trial_record(trial) for trial in session.scalars(stmt)]
             wanted = sorted(set(numbers))
             return [rows.trial_record(trial) for start in range(0, len(wanted), _NUMBERS_A_STATEMENT)
                     for trial in session.scalars(stmt.where(
-                        Trial.number.in_(wanted[start:start + _NUMBERS_A_STATEMENT])))]
+                        TrialRow.number.in_(wanted[start:start + _NUMBERS_A_STATEMENT])))]
 
     def trial_numbers(self, study_id: int) -> list[int]:
         """The numbers of a study's stored trials, in order: what a coordinator reads to find
         the trials it lacks (reading every trial grew with the study: 4,000 took tens of ms)."""
         with self._session(f"cannot read the trials of study {study_id}") as session:
             queries.study(session, study_id)
-            return list(session.scalars(select(Trial.number).where(Trial.study_id == study_id)
-                                        .order_by(Trial.number)))
+            return list(session.scalars(select(TrialRow.number).where(TrialRow.study_id == study_id)
+                                        .order_by(TrialRow.number)))
 
     def measured(self, study_id: int) -> dict[str, TrialRecord]:
         """The trials of a study keyed by :func:`params_key`; a config measured twice maps to
@@ -340,7 +330,7 @@ class Repository(BatchedTrials):
             gpu_state = queries.plain_json("gpu_state", gpu_state)
         with self._session(f"cannot record a re-timing of study {study_id}", write=True) as session:
             study = queries.study(session, study_id, lock=True)  # one re-timing at a time
-            stmt = select(Trial).where(Trial.study_id == study_id, Trial.number.in_(numbers))
+            stmt = select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number.in_(numbers))
             trials = {trial.number: trial for trial in session.scalars(stmt)}
             for number in numbers:
                 if number not in trials:
@@ -392,10 +382,10 @@ class Repository(BatchedTrials):
         with self._session(f"cannot read the re-timings of study {study_id}") as session:
             queries.study(session, study_id)
             stmt = (
-                select(Retime, Trial)
-                .join(Trial, Retime.trial_id == Trial.id)
+                select(Retime, TrialRow)
+                .join(TrialRow, Retime.trial_id == TrialRow.id)
                 .where(Retime.study_id == study_id)
-                .order_by(Retime.retiming, Retime.rank.is_(None), Retime.rank, Trial.number)
+                .order_by(Retime.retiming, Retime.rank.is_(None), Retime.rank, TrialRow.number)
             )
             if not every:
                 latest = select(func.max(Retime.retiming)).where(Retime.study_id == study_id)
@@ -443,7 +433,7 @@ class Repository(BatchedTrials):
         """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
         best, or one that moves to another trial or re-timing, changes it; the trials and
         re-timings it points at never change, so an answer read from the bests holds while it is
-        equal (``tuner.reader`` caches by it)."""
+        equal (``tuner.answers.reader`` caches by it)."""
         # It is read before every cached answer. On SQLite, first PRAGMA data_version on a
         # connection of its own: unchanged, nothing was committed since the rows were last read
         # (read after it), and they are returned without reading them again.
@@ -455,7 +445,7 @@ class Repository(BatchedTrials):
             with self.engine.connect() as connection:  # Core, not a Session: it is on every call
                 found = tuple(tuple(row) for row in connection.execute(_BESTS_VERSION))
         except (SQLAlchemyError, sqlite3.Error) as error:
-            raise StorageError(f"cannot read the stored bests: {one_line(error)}") from error
+            raise StorageError(f"cannot read the stored bests: {driver_message(error)}") from error
         with self._watch_lock:
             self._watched = (stamp, found)
         return found
@@ -476,4 +466,4 @@ class Repository(BatchedTrials):
                 cursor.close()
 
 
-_BESTS_VERSION = select(Best.id, Best.trial_id, Best.retime_id).order_by(Best.id)
+_BESTS_VERSION = select(BestRow.id, BestRow.trial_id, BestRow.retime_id).order_by(BestRow.id)

@@ -6,15 +6,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from storage.models import (
-    Best,
+    BestRow,
     Device,
     Family,
-    Problem,
+    ProblemRow,
     Retime,
     RunningTrial,
     Study,
     TemplateVersion,
-    Trial,
+    TrialRow,
 )
 from storage.records import (
     BestRecord,
@@ -39,7 +39,7 @@ def device_record(device: Device) -> DeviceRecord:
 
 
 def study_record(
-    study: Study, family: Family, version: TemplateVersion, problem: Problem, device: Device
+    study: Study, family: Family, version: TemplateVersion, problem: ProblemRow, device: Device
 ) -> StudyRecord:
     return StudyRecord(
         id=study.id,
@@ -67,7 +67,7 @@ TRIAL_FIELDS = (
 ).split()
 
 
-def trial_record(trial: Trial) -> TrialRecord:
+def trial_record(trial: TrialRow) -> TrialRecord:
     values: dict[str, Any] = {name: getattr(trial, name) for name in TRIAL_FIELDS}
     return TrialRecord(
         id=trial.id,
@@ -110,7 +110,7 @@ RETIME_FIELDS = (
 ).split()
 
 
-def retime_record(retime: Retime, trial: Trial) -> RetimeRecord:
+def retime_record(retime: Retime, trial: TrialRow) -> RetimeRecord:
     values: dict[str, Any] = {name: getattr(retime, name) for name in RETIME_FIELDS}
     return RetimeRecord(
         id=retime.id,
@@ -124,12 +124,12 @@ def retime_record(retime: Retime, trial: Trial) -> RetimeRecord:
 
 
 def best_record(
-    best: Best,
-    trial: Trial,
+    best: BestRow,
+    trial: TrialRow,
     study: str,
     family: str,
     template_hash: str,
-    problem: Problem,
+    problem: ProblemRow,
     device: Device,
     retime: Retime | None = None,
 ) -> BestRecord:
@@ -173,7 +173,7 @@ def study_summary(
     study: Study,
     family: str,
     template_hash: str,
-    problem: Problem,
+    problem: ProblemRow,
     device_name: str,
     counts: tuple[int | None, int | None, float | None, float | None],
 ) -> StudySummary:

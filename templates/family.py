@@ -562,7 +562,7 @@ class KernelFamily(abc.ABC):
 
     # -- deployment (C++ dispatch header) ---------------------------------------------------------
     # The family's C++ for `tuner export-dispatch`: a Jinja file of its folder (see
-    # tuner/dispatch.py for what it defines). Empty: the family has no C++ dispatch.
+    # tuner/answers/dispatch.py for what it defines). Empty: the family has no C++ dispatch.
     dispatch_file: str = ""
 
     def dispatch_variant(self, problem: Problem) -> int:

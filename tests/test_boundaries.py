@@ -26,9 +26,9 @@ import tuner
 after_import = loaded()
 names = {{name: repr(getattr(tuner, name)) for name in tuner.__all__}}
 after_names = loaded()
-for module in pkgutil.iter_modules(tuner.__path__):
-    if module.name != "__main__":
-        importlib.import_module("tuner." + module.name)
+for module in pkgutil.walk_packages(tuner.__path__, "tuner."):
+    if module.name != "tuner.__main__":
+        importlib.import_module(module.name)
 after_modules = loaded()
 print(json.dumps(dict(after_import=after_import, after_names=after_names,
                       after_modules=after_modules, names=names,
@@ -47,7 +47,7 @@ def test_import_tuner_imports_neither_ray_nor_sqlalchemy():
     assert seen["after_modules"] == []  # every module of tuner/ imported: still neither
     assert set(seen["names"]) >= {"tune", "best", "export", "show", "studies", "bench",
                                   "record_landscape", "UsageError", "TunerError", "TuneResult"}
-    assert seen["bench"] == "tuner.bench" and seen["usage"]  # tuner.bench is the function
+    assert seen["bench"] == "tuner.reports.bench" and seen["usage"]  # tuner.bench is the function
 
 
 @pytest.mark.parametrize("package", ["tuner", "workers", "storage"])
@@ -143,20 +143,20 @@ def test_no_module_uses_another_modules_private_names():
 
 def test_the_private_name_check_finds_both_forms():
     source = ("from tuner.api import _ray, tune\n"
-              "import tuner.search as search\n"
-              "from tuner import loop\n"
+              "import tuner.study.search as search\n"
+              "from tuner.study import loop\n"
               "search._point_key({})\n"
               "loop._helper()\n"
               "tune._x\n"
               "from . import api\n"
               "api._space\n"
-              "import tuner.bench\n"
-              "tuner.bench._bench_rows\n"
+              "import tuner.reports.bench\n"
+              "tuner.reports.bench._bench_rows\n"
               "self._own, optuna._x, templates_x._y\n")
     assert private_uses(source, "tuner.sample", "tuner") == [
-        "1: from tuner.api import _ray", "4: tuner.search._point_key", "5: tuner.loop._helper",
-        "6: tuner.api.tune._x", "8: tuner.api._space", "10: tuner.bench._bench_rows"]
-    assert private_uses("import tuner.bench\ntuner.bench._x\n", "tuner.bench", "tuner") == []
+        "1: from tuner.api import _ray", "4: tuner.study.search._point_key", "5: tuner.study.loop._helper",
+        "6: tuner.api.tune._x", "8: tuner.api._space", "10: tuner.reports.bench._bench_rows"]
+    assert private_uses("import tuner.reports.bench\ntuner.reports.bench._x\n", "tuner.reports.bench", "tuner") == []
 
 
 # What would name a family in the service's own code: the built-in family and its one flag.

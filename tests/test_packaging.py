@@ -57,7 +57,7 @@ NO_DRIVER = """
 import sys
 sys.modules["psycopg"] = None  # as if the [postgres] extra were not installed
 sys.modules["psycopg2"] = None
-from tuner.cli import main
+from tuner.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -90,8 +90,8 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"templates/attention/landscapes/{name}" in names
     # tuner export-dispatch's C++ templates
-    assert {"tuner/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
-    assert {"tuner/page/index.html", "tuner/page/page.js"} <= names  # the page `tuner serve` shows
+    assert {"tuner/answers/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
+    assert {"tuner/answers/page/index.html", "tuner/answers/page/page.js"} <= names  # the page `tuner serve` shows
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata
     assert "Provides-Extra: serve" in metadata

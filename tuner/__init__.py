@@ -9,7 +9,7 @@
 The same from a shell: ``tuner tune attention --shape 4,16,4096,128 --dtype fp16 --causal``.
 
 ``import tuner`` is quick and imports neither Ray nor SQLAlchemy (nor Optuna): the names of
-``tuner.api`` and ``tuner.landscape`` are imported when first used (PEP 562), and Ray and the
+``tuner.api`` and ``tuner.reports.landscape`` are imported when first used (PEP 562), and Ray and the
 database only when a call needs them.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 # Imported now: ``tuner.bench`` is both a module and the function it defines, and the function
 # must be what ``tuner.bench`` names whatever is imported later (``tuner.bench`` is light).
-from tuner.bench import BenchRow, bench
+from tuner.reports.bench import BenchRow, bench
 from tuner.errors import (
     DatabaseError,
     NoGPU,
@@ -34,12 +34,13 @@ from tuner.errors import (
 _MODULES = {
     "tuner.api": ("Derived", "StudyDetail", "TuneResult", "best", "export", "export_optuna", "show",
                   "studies", "tune", "validate"),
-    "tuner.sanitize": ("check",),
-    "tuner.covered": ("coverage",),
-    "tuner.dispatch": ("export_dispatch",),
-    "tuner.many": ("tune_many",),
-    "tuner.landscape": ("record_landscape",),
-    "tuner.study_plot": ("plot_study",),
+    "tuner.answers.sanitize": ("check",),
+    "tuner.answers.covered": ("coverage",),
+    "tuner.answers.dispatch": ("export_dispatch",),
+    "tuner.study.many": ("tune_many",),
+    "tuner.study.options": ("StudyOptions",),
+    "tuner.reports.landscape": ("record_landscape",),
+    "tuner.reports.study_plot": ("plot_study",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -50,6 +51,7 @@ __all__ = [
     "NoGPU",
     "NotFound",
     "StudyDetail",
+    "StudyOptions",
     "TemplateMismatch",
     "TuneResult",
     "TunerError",

@@ -9,7 +9,7 @@
 
 ``db`` is a database URL (None: ``$TUNER_DB`` or ``./tuner.db``); a study's trials are stored
 there, in our tables, their record; a copy in Optuna's tables of the same database follows them
-for optuna-dashboard (:mod:`tuner.dashboard`), and :func:`export_optuna` copies a study to another
+for optuna-dashboard (:mod:`tuner.study.dashboard`), and :func:`export_optuna` copies a study to another
 Optuna storage. Every error a user can cause is a :class:`tuner.TunerError`
 whose text is one line.
 """
@@ -18,22 +18,25 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import optuna
 
+from storage.records import StudySpec
 from templates import families, reference
 from templates.family import H100_LIMITS, DeviceLimits, KernelFamily, Problem
-from tuner import retime as retiming
-from tuner import dashboard, database, lookup, search, warmstart
-from tuner import rule as rules
-from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, one_line
-from tuner.exporter import Export, render_export, write_export
-from tuner.loop import Coordinator, LoopOutcome
-from tuner.meter import Meter
+from tuner import database, lookup
+from tuner.answers import rule as rules
+from tuner.answers.exporter import Export, render_export, write_export
+from tuner.errors import NoGPU, NotFound, TemplateMismatch, UsageError, WorkerFailure, first_line
+from tuner.study import dashboard, search, warmstart
+from tuner.study.loop import Coordinator, LoopOutcome, Pool, StudyPlan
+from tuner.study.meter import Meter
+from tuner.study.options import DEFAULT_LOOP, LoopOptions, StudyOptions, split_keywords
+from workers.pool_options import PoolOptions
 
 logger = logging.getLogger("tuner")
 
@@ -63,8 +66,8 @@ class TuneResult:
     kernel_busy_s: float = 0.0  # of gpu_busy_s, the time the GPU ran the kernels (CUDA events)
     flush_busy_s: float = 0.0  # and the time it flushed the L2 before timed launches (CUDA events)
     shared: int = 0  # trials measured meanwhile by other coordinators sharing the study
-    throughput: Any = None  # tuner.meter.ThroughputReport: asks, database calls, GPUs' busy shares
-    faults: tuple[Any, ...] = ()  # tuner.faults.FaultCost: this call's failed trials and their cost
+    throughput: Any = None  # tuner.study.meter.ThroughputReport: asks, database calls, GPUs' busy shares
+    faults: tuple[Any, ...] = ()  # tuner.study.faults.FaultCost: this call's failed trials and their cost
 
 
 @dataclass(frozen=True)
@@ -83,23 +86,17 @@ def tune(
     dtype: str,
     flags: Mapping[str, Any] | None = None,
     *,
-    trials: int | None = None,
-    time_budget: float | None = None,
-    sampler: str = "tpe",
     db: str | None = None,
-    ray_address: str | None = None,
-    replay: str | Path | None = None,
-    seed: int | None = None,
-    measure_timeout_s: float = 60.0,
-    warm_start: int = warmstart.DEFAULT_PICKS,
-    retime: int = retiming.DEFAULT_TOP,
-    early_stop: bool = True,
-    simulate_gpus: int | None = None,
-    batch: bool | None = None,
-    constant_liar: bool = True,
+    options: StudyOptions | None = None,
+    pool: PoolOptions | None = None,
+    **keywords: Any,
 ) -> TuneResult:
     """Search the family's space for its problem (``shape``, ``dtype`` and the family's ``flags``:
     attention's ``{"causal": True}``) on the visible GPU (or a replay file).
+
+    ``options`` (:class:`tuner.study.options.StudyOptions`) says how it searches, ``pool``
+    (``workers.pool_options.PoolOptions``) where; each of their keywords may be given alone
+    instead (``trials=200``), as below, and replaces that field.
 
     A new study first measures the family's starting points and the winners of up to
     ``warm_start`` nearest problems already tuned on this GPU and template version (0: neither);
@@ -112,61 +109,39 @@ def tune(
     (for exhaustive landscapes, whose every median is replayed later).
     Ctrl-C stops it cleanly: the result says ``status="interrupted"``, and running the same
     call again resumes the study.
+    ``sampler``: ``tpe`` (the default), ``optuna-tpe``, ``random`` or ``grid``; ``seed`` makes
+    its proposals repeatable. ``ray_address``: a Ray cluster to join; ``replay``: a landscape
+    (a file, or the name of one the family ships) answered instead of a GPU;
+    ``measure_timeout_s``: a measurement running longer fails as ``timeout``.
     ``simulate_gpus``: with ``replay``, measure on that many simulated GPUs, each taking a
     trial's GPU time (:mod:`workers.simulate`); the result's ``throughput`` says how busy the
     coordinator kept them. ``constant_liar=False``: TPE proposes without counting the trials in
     flight as bad results. ``batch`` no longer has an effect (trials are asked, leased and
     stored in batches).
     """
-    if batch is not None:
-        logger.warning("tune(batch=...) no longer has an effect: trials are always asked, leased and stored in batches")
+    study, where = split_keywords("tune", keywords, options, pool)
     fam = lookup.family(family)
-    if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
+    if where.simulate_gpus is not None and (where.replay is None or where.simulate_gpus < 1):
         raise UsageError("--simulate-gpus needs --replay and a count of 1 or more")
     problem = lookup.problem(fam, shape, dtype, flags)
-    check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
+    check_budget(study, where)
     url = database.url(db)
-    replay = landscape_file(fam, replay)
+    replay = landscape_file(fam, where.replay)
+    study, where = replace(study, replay=replay), replace(where, replay=replay)
     database.check(url)  # a database that cannot be opened: refused before Ray starts
     # the workers first: without a GPU (or a replay file) nothing is opened, nor a database created
-    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam), simulate_gpus=simulate_gpus):
-        return tune_here(
-            fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
-            ray_address=ray_address, replay=replay, seed=seed, measure_timeout_s=measure_timeout_s,
-            warm_start=warm_start, retime=retime, early_stop=early_stop,
-            simulate_gpus=simulate_gpus, constant_liar=constant_liar,
-        )
+    with _quiet_optuna(), _ray(where.ray_address, replay, family=reference(fam), simulate_gpus=where.simulate_gpus):
+        return tune_here(fam, problem, url, study, where)
 
 
-def tune_here(
-    fam: KernelFamily,
-    problem: Problem,
-    url: str,
-    *,
-    trials: int | None,
-    time_budget: float | None,
-    sampler: str,
-    ray_address: str | None,
-    replay: str | Path | None,
-    seed: int | None,
-    measure_timeout_s: float,
-    warm_start: int,
-    retime: int,
-    early_stop: bool,
-    only: Mapping[str, Any] | None = None,
-    skip_at_budget: bool = False,
-    simulate_gpus: int | None = None,
-    constant_liar: bool = True,
-) -> TuneResult:
-    """:func:`tune` once Ray is up (its arguments checked). ``only``: measure that one config
-    and nothing else (no warm start). ``skip_at_budget``: a study already at its budget
-    (``trials`` measured, or finished when the budget is a time) is not run again; the result
-    says ``status="skipped"``."""
-    with _open_pool(fam, problem, ray_address=ray_address, replay=replay, simulate_gpus=simulate_gpus,
-                    measure_timeout_s=measure_timeout_s) as pool, database.repository(url) as repo:
+def tune_here(fam: KernelFamily, problem: Problem, url: str, options: StudyOptions,
+              where: PoolOptions) -> TuneResult:
+    """:func:`tune` once Ray is up (its arguments checked), on a pool made as ``where`` says."""
+    simulated = where.simulate_gpus is not None
+    with _open_pool(fam, problem, where) as pool, database.repository(url) as repo:
         space = _space(fam, pool)
-        if trials is None and time_budget is None:
-            trials = space.size if sampler == "grid" else DEFAULT_TRIALS
+        if options.trials is None and options.time_budget is None:
+            options = replace(options, trials=space.size if options.sampler == "grid" else DEFAULT_TRIALS)
         device = pool.device.name
 
         def winner() -> Any:
@@ -175,30 +150,26 @@ def tune_here(
                 device_name=device, template_hash=fam.template_hash,
             ))
 
-        name = search.study_name(fam.name, fam.template_hash, problem, device, replay=replay is not None)
-        done = database.call(lambda: repo.find_study(name)) if skip_at_budget else None
-        if done is not None and _at_budget(done, trials, time_budget):
-            budget = f"{trials} trials" if trials is not None else "its time budget"
+        name = search.study_name(fam.name, fam.template_hash, problem, device, replay=options.replay is not None)
+        done = database.call(lambda: repo.find_study(name)) if options.skip_at_budget else None
+        if done is not None and _at_budget(done, options.trials):
+            budget = f"{options.trials} trials" if options.trials is not None else "its time budget"
             return TuneResult(
                 study=name, status="skipped", reason=f"at its budget ({budget}; {done.n_trials} measured)",
                 measured=0, failed=0, reused=0, invalid=0, previous=done.n_trials, elapsed_s=0.0,
                 gpu_busy_s=0.0, best=winner(), device=device,
             )
         meter = Meter()
-        name, outcome, warm = _run_study(
-            fam, problem, pool, repo, url, space=space, sampler=sampler, seed=seed,
-            trials=trials, time_budget=time_budget, replay=replay, warm_start=warm_start,
-            retime=retime, early_stop=early_stop, only=only, meter=meter,
-            constant_liar=constant_liar,
-        )
+        name, outcome, warm = _run_study(fam, problem, pool, repo, url, space=space, options=options,
+                                         loop=LoopOptions(meter=meter))
         throughput = meter.report(
-            measured=outcome.measured, gpus=pool.num_gpus if simulate_gpus else 0,
-            intervals=pool.busy_intervals() if simulate_gpus else (),
-            simulator_cpu_s=pool.simulator_cpu_seconds() if simulate_gpus else 0.0,
-            lateness=pool.simulator_lateness() if simulate_gpus else ())
-        gpu_busy = float(getattr(pool, "gpu_busy_seconds", 0.0) or 0.0)
-        kernel_busy = float(getattr(pool, "kernel_busy_seconds", 0.0) or 0.0)
-        flush_busy = float(getattr(pool, "flush_busy_seconds", 0.0) or 0.0)
+            measured=outcome.measured, gpus=pool.num_gpus if simulated else 0,
+            intervals=pool.busy_intervals() if simulated else (),
+            simulator_cpu_s=pool.simulator_cpu_seconds() if simulated else 0.0,
+            lateness=pool.simulator_lateness() if simulated else ())
+        gpu_busy = float(pool.gpu_busy_seconds or 0.0)
+        kernel_busy = float(pool.kernel_busy_seconds or 0.0)
+        flush_busy = float(pool.flush_busy_seconds or 0.0)
         best_now = winner()
     return TuneResult(
         study=name, status=outcome.status, reason=outcome.reason, measured=outcome.measured,
@@ -211,8 +182,9 @@ def tune_here(
     )
 
 
-def _at_budget(study: Any, trials: int | None, time_budget: float | None) -> bool:
-    """Whether a stored study (``storage.StudySummary``) has had the budget asked for."""
+def _at_budget(study: Any, trials: int | None) -> bool:
+    """Whether a stored study (``storage.StudySummary``) has had the budget asked for: its
+    ``trials``, or (a time budget) it finished."""
     if trials is not None:
         return study.n_trials >= trials
     return study.status == "finished"
@@ -221,25 +193,19 @@ def _at_budget(study: Any, trials: int | None, time_budget: float | None) -> boo
 def _run_study(
     fam: KernelFamily,
     problem: Problem,
-    pool: Any,
+    pool: Pool,
     repo: Any,
     url: str,
     *,
     space: search.SearchSpace,
-    sampler: str,
-    seed: int | None,
-    trials: int | None,
-    time_budget: float | None,
-    replay: str | Path | None,
-    warm_start: int = warmstart.DEFAULT_PICKS,
-    only: Mapping[str, Any] | None = None,
-    meter: Meter | None = None,
-    constant_liar: bool = True,
-    **loop_options: Any,
+    options: StudyOptions,
+    loop: LoopOptions = DEFAULT_LOOP,
 ) -> tuple[str, LoopOutcome, list[warmstart.WarmStart]]:
     """Open (or resume) the study of this family version, problem and GPU, and run it
-    (``only``: on that one config)."""
-    sampler = search.RENAMED.get(sampler, sampler)
+    (``options.only``: on that one config)."""
+    sampler = search.RENAMED.get(options.sampler, options.sampler)
+    trials, time_budget, seed, warm_start = options.trials, options.time_budget, options.seed, options.warm_start
+    replay, only = options.replay, options.only
     device = pool.device
     if only is not None:
         only = fam.complete(only)
@@ -253,11 +219,10 @@ def _run_study(
     picks = warmstart.nearest_winners(fam, problem, database.call(lambda: repo.bests(
         fam.name, dtype=problem.dtype, device_name=device.name,
         template_hash=fam.template_hash)), limit=warm_start, limits=pool.limits) if warm_start else []
-    if warm_start:
-        picks += warmstart.family_points(fam, problem, pool.limits, picks)
-    picks = [p for p in picks if space.contains(p.params)]  # a replay answers only what it recorded
-    record = database.call(lambda: repo.open_study(
-        name, family=fam.name, template_hash=fam.template_hash,
+    starting = warmstart.family_points(fam, problem, pool.limits, picks) if warm_start else []
+    picks = [p for p in picks + starting if space.contains(p.params)]  # a replay answers only what it recorded
+    record = database.call(lambda: repo.open_study(name, StudySpec(
+        family=fam.name, template_hash=fam.template_hash,
         space={p.name: list(p.choices) for p in fam.params},
         shape=list(problem.shape), dtype=problem.dtype, flags=dict(problem.flags),
         device=device.to_json(), sampler=sampler, replay=replay is not None,
@@ -265,7 +230,7 @@ def _run_study(
                   "device": device.to_json(),
                   "warm_start": [p.to_json() for p in picks],
                   "replay_file": str(replay) if replay is not None else None},
-    ))
+    )))
     picks = [warmstart.WarmStart(**p) for p in record.settings.get("warm_start") or []] if only is None else []
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
@@ -282,18 +247,19 @@ def _run_study(
     if stored:  # resumed: a shifted seed, so that it does not replay its first proposals
         seed = search.resume_seed(seed, stored)
     first = [pick.params for pick in picks] + ([dict(only)] if only is not None else [])
-    if warm_start:  # a study begun before the family named its starting points still gets them
-        first += [p.params for p in warmstart.family_points(fam, problem, pool.limits, picks)]
+    # a study begun before the family named its starting points still gets them
+    first += [p.params for p in starting if p.params not in [pick.params for pick in picks]]
     for pick in picks:
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
-    meter = meter or Meter()
+    meter = loop.meter or Meter()
     copy = database.call(lambda: dashboard.start(url, record, repo))
     coordinator = Coordinator(
-        fam, problem, pool=pool, repository=meter.repository(repo), record=record, space=space,
-        sampler=search.make_sampler(sampler, space, seed, points, valid, constant_liar=constant_liar),
-        first=first, trials=trials, time_budget=time_budget, meter=meter,
-        stored=copy.put if copy else None, valid=listed, **loop_options,
+        StudyPlan(fam, problem, record, space, first=first, valid=listed),
+        pool=pool, repository=meter.repository(repo),
+        sampler=search.make_sampler(sampler, space, seed, points, valid, constant_liar=options.constant_liar),
+        options=replace(options, trials=trials, time_budget=time_budget),
+        loop=replace(loop, meter=meter, stored=copy.put if copy else loop.stored),
     )
     meter.start()
     try:
@@ -310,7 +276,7 @@ def _run_study(
 @dataclass(frozen=True)
 class Derived:
     """The answer of :func:`best` for a problem never tuned (on the GPU asked for): the config
-    the rule picks from the tuned problems (:mod:`tuner.rule`), not measured for this shape."""
+    the rule picks from the tuned problems (:mod:`tuner.answers.rule`), not measured for this shape."""
 
     family: str
     shape: tuple[int, ...]
@@ -398,9 +364,10 @@ def limits_by_study(settings: Mapping[str, Mapping[str, Any]]) -> Callable[[Any]
     return limits
 
 
-def check_budget(sampler: str, trials: int | None, time_budget: float | None, retime: int, warm_start: int,
-                 measure_timeout_s: float) -> None:
+def check_budget(options: StudyOptions, where: PoolOptions) -> None:
     """The budget and search arguments of a tuning run, or one UsageError naming the first wrong one."""
+    sampler, trials, time_budget = options.sampler, options.trials, options.time_budget
+    retime, warm_start, measure_timeout_s = options.retime, options.warm_start, where.measure_timeout_s
     if sampler in search.RENAMED:
         logger.warning("sampler %r is now called %r (the default)", sampler, search.RENAMED[sampler])
     elif sampler not in search.SAMPLERS:
@@ -426,29 +393,32 @@ def validate(
     *,
     db: str | None = None,
     device: str | None = None,
-    ray_address: str | None = None,
-    replay: str | Path | None = None,
-    measure_timeout_s: float = 60.0,
+    pool: PoolOptions | None = None,
+    **keywords: Any,
 ) -> TuneResult | None:
     """Measure the config :func:`best` picks for a problem never tuned (on the visible GPU, or a
     replay file) and store it: the problem's study gets that one trial, and ``best`` answers
-    it as measured from then on. None, measuring nothing, when the problem has a measured best."""
+    it as measured from then on. None, measuring nothing, when the problem has a measured best.
+    ``pool`` or its keywords (``ray_address``, ``replay``, ``measure_timeout_s``) say where."""
+    unknown = sorted(set(keywords) - {"ray_address", "replay", "measure_timeout_s"})
+    if unknown:
+        raise TypeError(f"validate() got unexpected keyword argument(s): {', '.join(unknown)}")
+    where = replace(pool or PoolOptions(), **keywords)
     fam = lookup.family(family)
     problem = lookup.problem(fam, shape, dtype, flags)
     answer = best(fam, shape, dtype, flags, db=db, device=device)
     if not isinstance(answer, Derived):
         return None
-    if not 0 < measure_timeout_s < float("inf"):
-        raise UsageError(f"the measure timeout must be a positive number of seconds, not {measure_timeout_s:g}")
+    if not 0 < where.measure_timeout_s < float("inf"):
+        raise UsageError(f"the measure timeout must be a positive number of seconds, not {where.measure_timeout_s:g}")
     url = database.url(db)
     database.check(url)  # before Ray starts
-    replay = landscape_file(fam, replay)
-    with _quiet_optuna(), _ray(ray_address, replay, family=reference(fam)):
-        return tune_here(
-            fam, problem, url, trials=None, time_budget=None, sampler="random",
-            ray_address=ray_address, replay=replay, seed=None, measure_timeout_s=measure_timeout_s,
-            warm_start=0, retime=0, early_stop=False, only=answer.params,
-        )
+    replay = landscape_file(fam, where.replay)
+    where = replace(where, replay=replay)
+    options = StudyOptions(sampler="random", warm_start=0, retime=0, early_stop=False, only=answer.params,
+                           replay=replay)
+    with _quiet_optuna(), _ray(where.ray_address, replay, family=reference(fam)):
+        return tune_here(fam, problem, url, options, where)
 
 
 def landscape_file(fam: KernelFamily, replay: str | Path | None) -> str | Path | None:
@@ -569,8 +539,8 @@ def show_in(repo: Any, name: str) -> StudyDetail:
 def export_optuna(name: str, target: str, db: str | None = None) -> str:
     """Copy the stored study ``name`` into an Optuna storage at ``target`` (an RDB URL, or the
     path of a journal file), for optuna-dashboard; returns ``target``. Refuses a target that
-    holds a study of that name already (:mod:`tuner.optuna_export`)."""
-    from tuner.optuna_export import copy_study, study_attrs
+    holds a study of that name already (:mod:`tuner.study.optuna_export`)."""
+    from tuner.study.optuna_export import copy_study, study_attrs
 
     detail = show(name, db=db)
     try:
@@ -579,13 +549,13 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
     except optuna.exceptions.DuplicatedStudyError:
         raise UsageError(f"{target} holds a study named {name!r} already") from None
     except Exception as error:  # the target's driver, path or URL errors alike
-        raise UsageError(f"cannot write the study to {target}: {one_line(error)}") from None
+        raise UsageError(f"cannot write the study to {target}: {first_line(error)}") from None
     return target
 
 
 def ray_for(address: str | None, replay: str | Path | None, *, family: KernelFamily) -> Any:
     """The Ray that :func:`tune` runs in (:func:`_ray`), for callers that run several studies in
-    one (``tuner.many``): up for the ``with`` block, unless this process has it up already."""
+    one (``tuner.study.many``): up for the ``with`` block, unless this process has it up already."""
     return _ray(address, replay, family=reference(family))
 
 
@@ -598,7 +568,7 @@ def quiet_optuna() -> Any:
 def _space(fam: KernelFamily, pool: Any) -> search.SearchSpace:
     """The family's space, or for a replay the part of it its landscape recorded, so that every
     config a replayed study proposes has an answer (landscapes recorded before the space grew)."""
-    recorded = getattr(pool, "recorded", None)
+    recorded = pool.recorded
     return search.SearchSpace(fam.params if recorded is None else fam.recorded_space(recorded))
 
 
@@ -609,41 +579,38 @@ def _ray(address: str | None, replay: str | Path | None, *, family: Any = None,
     already; without a GPU (and no replay, no cluster) nothing starts. Joining a cluster, the
     ``family`` reference's folder (if it is one) goes to every node in Ray's runtime_env."""
     from workers import ClusterUnreachable, NoGPUError
-    from workers.ray_session import start_ray, stop_ray
+    from workers.ray_session import shared_ray
     from workers.shipping import runtime_env
     from workers.simulate import simulated_resources
 
     shipped = runtime_env(family) if address is not None and family is not None else None
-    try:
-        started = start_ray(address, need_gpu=replay is None, runtime_env=shipped,
-                            resources=simulated_resources(simulate_gpus))
-    except NoGPUError:
-        raise NoGPU(NO_GPU) from None
-    except ClusterUnreachable as error:
-        raise WorkerFailure(str(error)) from None
-    except ConnectionError as error:
-        raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
-    try:
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(shared_ray(address, need_gpu=replay is None, runtime_env=shipped,
+                                           resources=simulated_resources(simulate_gpus)))
+        except NoGPUError:
+            raise NoGPU(NO_GPU) from None
+        except ClusterUnreachable as error:
+            raise WorkerFailure(str(error)) from None
+        except ConnectionError as error:
+            raise WorkerFailure(f"cannot start the workers: {first_line(error)}") from None
         yield
-    finally:
-        if started:
-            stop_ray()
 
 
 @contextmanager
-def _open_pool(fam: KernelFamily, problem: Problem, **options: Any) -> Iterator[Any]:
+def _open_pool(fam: KernelFamily, problem: Problem, where: PoolOptions) -> Iterator[Pool]:
     """A :class:`workers.WorkerPool` (imported here: Ray is slow to import and tune-only), sent
     the family's reference: what finds it in the workers' processes (``templates.reference``)."""
     from workers import ClusterUnreachable, NoGPUError, WorkerError, WorkerPool
 
     try:
-        pool = WorkerPool(reference(fam), problem, **{k: v for k, v in options.items() if v is not None})
+        pool = WorkerPool(reference(fam), problem, where)
     except NoGPUError:
         raise NoGPU(NO_GPU) from None
     except ClusterUnreachable as error:
         raise WorkerFailure(str(error)) from None
     except (WorkerError, ConnectionError) as error:
-        raise WorkerFailure(f"cannot start the workers: {one_line(error)}") from None
+        raise WorkerFailure(f"cannot start the workers: {first_line(error)}") from None
     with pool:
         yield pool
 

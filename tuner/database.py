@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
-from tuner.errors import DatabaseError, one_line
+from tuner.errors import DatabaseError, first_line
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def check(url: str) -> None:
     try:
         check_database(url)
     except StorageError as error:
-        raise DatabaseError(one_line(error)) from None
+        raise DatabaseError(first_line(error)) from None
 
 
 @contextmanager
@@ -71,7 +71,7 @@ def _opened(url: str, opener: Callable[[str], Any], *, refuse_missing: bool) -> 
     try:
         repo = opener(url)
     except StorageError as error:
-        raise DatabaseError(one_line(error)) from None
+        raise DatabaseError(first_line(error)) from None
     try:
         yield repo
     finally:
@@ -85,4 +85,4 @@ def call(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except StorageError as error:
-        raise DatabaseError(one_line(error)) from None
+        raise DatabaseError(first_line(error)) from None

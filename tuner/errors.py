@@ -39,7 +39,7 @@ class TemplateMismatch(TunerError):
     """The stored winner was measured with another version of the family's template."""
 
 
-def one_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """The first non-blank line of ``error``'s text (its type's name when it has none): what
     another package raised, told as a TunerError's message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -47,4 +47,4 @@ def one_line(error: BaseException) -> str:
 
 
 __all__ = ["DatabaseError", "NoGPU", "NotFound", "TemplateMismatch", "TunerError", "UsageError",
-           "WorkerFailure", "one_line"]
+           "WorkerFailure", "first_line"]

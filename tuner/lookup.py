@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Problem, TemplateError
-from tuner.errors import UsageError, one_line
+from tuner.errors import UsageError, first_line
 
 
 def family(ref: str | KernelFamily) -> KernelFamily:
@@ -24,7 +24,7 @@ def family(ref: str | KernelFamily) -> KernelFamily:
     try:
         return get_family(ref)
     except (TemplateError, LookupError) as error:
-        raise UsageError(one_line(error)) from None
+        raise UsageError(first_line(error)) from None
 
 
 def problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str,
@@ -34,4 +34,4 @@ def problem(fam: KernelFamily, shape: str | Sequence[int], dtype: str,
     try:
         return fam.parse_problem(shape, dtype, flags)
     except (TemplateError, ValueError, TypeError) as error:
-        raise UsageError(one_line(error)) from None
+        raise UsageError(first_line(error)) from None

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from ray.exceptions import RayActorError, RayTaskError
 
-from workers.errors import one_line
+from workers.errors import summary_line
 from workers.mailbox import Outbox
 
 
@@ -48,8 +48,8 @@ def undelivered(exc: BaseException) -> Undelivered:
     """Why a call to a GPU actor brought no Measurement: its process is gone (``died``: any loss
     of the call but the bench's own error) or the bench raised (``raised``)."""
     if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
-        return Undelivered("raised", one_line(exc.cause or exc), str(exc)[-2000:])
-    return Undelivered("died", one_line(exc))
+        return Undelivered("raised", summary_line(exc.cause or exc), str(exc)[-2000:])
+    return Undelivered("died", summary_line(exc))
 
 
 @dataclass(frozen=True)

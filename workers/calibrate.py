@@ -1,5 +1,5 @@
 """When each GPU of a pool times the study's anchor again: rounds, so that their timings can be
-made one set and each GPU's drift followed (``tuner.normalize`` turns each GPU's timings of the
+made one set and each GPU's drift followed (``tuner.study.normalize`` turns each GPU's timings of the
 anchor into its factor)::
 
     schedule = CalibrationSchedule(gpus=2, every=40)
@@ -17,7 +17,7 @@ than a trial's). Rounds start: the first as soon as there is an anchor; then
 after ``every`` trials a GPU (``every`` times the GPUs, counted over the pool) or ``seconds``,
 whichever comes first, with the incumbent of that moment. The second round comes after a quarter
 of ``every``, the third after half (``EARLY_ROUNDS``): a GPU's ratio is the median of its rounds
-(``tuner.normalize``), which a single odd round moves only from the third on. At a power cap a
+(``tuner.study.normalize``), which a single odd round moves only from the third on. At a power cap a
 round's ratio can be far off (an H100's SM clock went between 1,545 and 1,920 MHz from one trial to
 the next): in one 200-trial study on two H100s the rounds gave 0.975, 1.116 and 0.977, and 36 of
 the second GPU's 100 trials were scaled by the first two's mean, 7% off, until the third round at

@@ -7,7 +7,7 @@ class WorkerError(RuntimeError):
     """Root of every error the workers raise."""
 
 
-def one_line(exc: BaseException) -> str:
+def summary_line(exc: BaseException) -> str:
     """An error as one line: its type and the last line of its text (Ray's errors run long)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]

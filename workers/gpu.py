@@ -37,6 +37,7 @@ from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
 from workers.trial import Trial
+from workers.timing_options import DEFAULT_TIMING, TimingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -223,36 +224,25 @@ class GpuBench(TakesRequests):
         *,
         params: Mapping[str, Any] | None = None,
         seed: int = 0,
-        warmup_ms: float = 25.0,
-        rep: int | None = None,
-        min_reps: int = 20,
-        max_reps: int = 200,
-        target_ms: float = 300.0,
-        flush_l2: bool = True,
-        abort_above_ms: float | None = None,
-        anchor: tuple[Binary, Launch] | None = None,
+        timing: TimingOptions = DEFAULT_TIMING,
     ) -> Measurement:
-        """Load, run, validate, check determinism, time. ``family_ref`` is what ``get_family``
-        resolves in this process (a name, a path, module:ATTR, or the family shipped by value);
-        ``params`` is unused (replay needs it). With ``anchor`` (the study's anchor, several
-        GPUs), the repetitions alternate with the anchor's (``workers.paired``)."""
+        """Load, run, validate, check determinism, time (as ``timing`` says). ``family_ref`` is
+        what ``get_family`` resolves in this process (a name, a path, module:ATTR, or the family
+        shipped by value); ``params`` is unused (replay needs it). With ``timing.anchor`` (the
+        study's anchor, several GPUs), the repetitions alternate with the anchor's
+        (``workers.paired``)."""
         if self.dead:
             return Measurement.failed("worker", "this GPU worker's context is dead", **self._tags(binary))
 
         start = time.perf_counter()
         trial = Trial(self, binary, launch)
-        paired = Trial(self, *anchor) if anchor is not None else None
+        paired = Trial(self, *timing.anchor) if timing.anchor is not None else None
         try:
             family = get_family(family_ref)
             if paired is None:
-                result = trial.run(family, problem, seed=seed, warmup_ms=warmup_ms, rep=rep,
-                                   min_reps=min_reps, max_reps=max_reps, target_ms=target_ms,
-                                   flush_l2=flush_l2, abort_above_ms=abort_above_ms)
+                result = trial.run(family, problem, seed=seed, timing=timing)
             else:
-                result = paired_run(trial, paired, family, problem, {
-                    "seed": seed, "warmup_ms": warmup_ms, "rep": rep, "min_reps": min_reps,
-                    "max_reps": max_reps, "target_ms": target_ms, "flush_l2": flush_l2,
-                    "abort_above_ms": abort_above_ms})
+                result = paired_run(trial, paired, family, problem, timing, seed)
         except LaunchError as exc:
             result = self.classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker

@@ -17,6 +17,7 @@ from workers.compile import compile_cubin, default_cache_dir
 from workers.errors import CompileError
 from workers.hold import stream_handle
 from workers.results import Binary, CompileRequest, DeviceInfo, Measurement
+from workers.timing_options import TimingOptions
 
 
 class LocalBench:
@@ -26,7 +27,7 @@ class LocalBench:
         from workers.gpu import GpuBench
 
         self._bench = GpuBench(device_ordinal)
-        self._options = measure_options
+        self._timing = TimingOptions.of(measure_options)
 
     @property
     def device(self) -> DeviceInfo:
@@ -38,7 +39,7 @@ class LocalBench:
             binary = _compiled(source, launch, options)
         except CompileError as exc:
             return Measurement.failed("compile", str(exc), detail=exc.log[-2000:])
-        return self._bench.measure(binary, launch, family, problem, seed=seed, **self._options)
+        return self._bench.measure(binary, launch, family, problem, seed=seed, timing=self._timing)
 
     def failures(self, family: KernelFamily, configs: Sequence[tuple[Problem, Params]]) -> list[str]:
         """Each (problem, params) rendered, compiled and measured (the workers' checks: outputs

@@ -1,7 +1,8 @@
 """A trial timed interleaved with the study's anchor on the same GPU: T A T A ..., so that the
 trial's time can be stated relative to the anchor's over the same milliseconds::
 
-    m = bench.measure(binary, launch, "attention", problem, anchor=(anchor_binary, anchor_launch))
+    m = bench.measure(binary, launch, "attention", problem,
+                      timing=TimingOptions(anchor=(anchor_binary, anchor_launch)))
     m.paired.ratio          # median over the repetitions of (trial's time / the anchor's right after)
     m.paired.anchor_ms      # the anchor's median over the same repetitions
 
@@ -10,7 +11,7 @@ run throttled: on two H200s one config's repetitions had an IQR of 7-15% of thei
 whole trials ran 6-14% slow, so a calibration round every few seconds cannot follow it. Timed in
 pairs, both kernels meet the same clock state: the ratio moves far less than either time. The
 coordinator stores a trial's normalized median as this ratio times the anchor's standard
-(``tuner.normalize``).
+(``tuner.study.normalize``).
 
 The trial is loaded, checked and verified as ``Trial.run`` does; the anchor is loaded beside it
 and launched on the same buffers, not verified again (it was, when it was measured). Warm-up
@@ -24,28 +25,27 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from typing import Any, Mapping
+from typing import Any
 
 from templates.family import KernelFamily, Problem
 from workers.driver import check_call, driver_api
 from workers.errors import LaunchError
 from workers.hold import HOLD_BATCH
 from workers.results import Measurement, Paired, timing_of
+from workers.timing_options import TimingOptions
 from workers.trial import EARLY_REPS, Trial, late_note
 
 logger = logging.getLogger(__name__)
 
 
 def paired_run(trial: Trial, anchor: Trial, family: KernelFamily, problem: Problem,
-               options: Mapping[str, Any]) -> Measurement:
-    """``trial`` loaded, verified and timed interleaved with ``anchor`` (``options``: the
-    measurement's seed, warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2 and
-    abort_above_ms). Raises LaunchError as ``Trial.run`` does; the caller releases both."""
+               timing: TimingOptions, seed: int) -> Measurement:
+    """``trial`` loaded, verified and timed interleaved with ``anchor`` on the inputs of
+    (``problem``, ``seed``). Raises LaunchError as ``Trial.run`` does; the caller releases both."""
     bench = trial.bench
     failure = trial.load()
     if failure is not None:
         return failure
-    seed = int(options.get("seed", 0))
     trial.attach(family, problem, seed)
     failure, validation = trial.verify(family, problem)
     samples: list[float] = []
@@ -54,20 +54,18 @@ def paired_run(trial: Trial, anchor: Trial, family: KernelFamily, problem: Probl
     if failure is None:
         if _loaded(anchor):
             anchor.attach(family, problem, seed)
-            samples, anchor_samples = _time_pairs(trial, anchor, options)
+            samples, anchor_samples = _time_pairs(trial, anchor, timing)
             ratios = [t / a for t, a in zip(samples, anchor_samples) if a > 0]
         else:
-            samples = trial._time(float(options.get("warmup_ms", 25.0)), options.get("rep"),
-                                  int(options.get("min_reps", 20)), int(options.get("max_reps", 200)),
-                                  float(options.get("target_ms", 300.0)), bool(options.get("flush_l2", True)),
-                                  options.get("abort_above_ms"))
+            samples = trial._time(timing.warmup_ms, timing.rep, timing.min_reps, timing.max_reps,
+                                  timing.target_ms, timing.flush_l2, timing.abort_above_ms)
     trial.stage = "check"  # after any run, failed or not: the next trial needs intact inputs
     changed = bench.residents.changed()
     if changed is not None:
         return Measurement.failed("wrong", f"the kernel wrote into its input {changed!r}")
     if failure is not None:
         return failure
-    abort = options.get("abort_above_ms")
+    abort = timing.abort_above_ms
     detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above {abort:.4g} ms"
               if trial.stopped_early else "")
     if trial.late_batches:
@@ -95,18 +93,14 @@ def _loaded(anchor: Trial) -> bool:
     return failure is None
 
 
-def _time_pairs(trial: Trial, anchor: Trial, options: Mapping[str, Any]) -> tuple[list[float], list[float]]:
+def _time_pairs(trial: Trial, anchor: Trial, timing: TimingOptions) -> tuple[list[float], list[float]]:
     """Warm both up, then time (trial, anchor) pairs: the trial's times and the anchor's. With
     ``abort_above_ms`` the first EARLY_REPS pairs decide, as a trial alone does."""
-    warmup_ms = float(options.get("warmup_ms", 25.0))
-    estimate = trial.warm_up(warmup_ms / 2) + anchor.warm_up(warmup_ms / 2)
-    rep = options.get("rep")
-    min_reps = int(options.get("min_reps", 20))
-    count = int(rep) if rep is not None else min(
-        max(math.ceil(float(options.get("target_ms", 300.0)) / estimate), min_reps),
-        max(min_reps, int(options.get("max_reps", 200)) // 2))  # as many launches as a trial alone
-    flush = bool(options.get("flush_l2", True))
-    abort = options.get("abort_above_ms")
+    estimate = trial.warm_up(timing.warmup_ms / 2) + anchor.warm_up(timing.warmup_ms / 2)
+    count = timing.rep if timing.rep is not None else min(
+        max(math.ceil(timing.target_ms / estimate), timing.min_reps),
+        max(timing.min_reps, timing.max_reps // 2))  # as many launches as a trial alone
+    flush, abort = timing.flush_l2, timing.abort_above_ms
     before = trial._read_clocks()
     first = EARLY_REPS if abort is not None and count > EARLY_REPS else count
     samples, anchor_samples = _repeat_pairs(trial, anchor, first, flush)

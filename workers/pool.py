@@ -48,6 +48,7 @@ from typing import Any, Mapping, Sequence
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
+from storage.records import params_key
 from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
 from workers.agent import AgentGpu, NodeAgent, Undelivered, node_id, on_node
@@ -55,10 +56,10 @@ from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSche
 from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.depth import MAX_DEPTH, ActorDepth
-from workers.errors import NoGPUError, WorkerError, one_line
+from workers.errors import NoGPUError, WorkerError, summary_line
 from workers.mailbox import Mailbox
+from workers.pool_options import PoolOptions
 from workers.ray_session import start_ray, stop_ray
-from workers.replay import params_key
 from workers.request import pack
 from workers.results import Binary, Calibration, CompileRequest, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS
@@ -119,42 +120,13 @@ class _Hashes:
 
 
 class WorkerPool:
-    def __init__(
-        self,
-        family: str | KernelFamily,
-        problem: Problem,
-        *,
-        ray_address: str | None = None,
-        replay: str | Path | None = None,
-        compile_workers: int | None = None,
-        measure_timeout_s: float = 60.0,
-        compile_timeout_s: float = 300.0,
-        cache_dir: str | Path | None = None,
-        worker_cls: type | None = None,
-        backend: str = "auto",
-        seed: int = 0,
-        measure_options: Mapping[str, Any] | None = None,
-        screen_spill_bytes: int | None = SCREEN_SPILL_BYTES,
-        ship_folder: bool | None = None,
-        calibrate_every: int = CALIBRATE_EVERY,
-        calibrate_seconds: float | None = None,
-        replay_gpus: Sequence[float] | None = None,
-        simulate_gpus: int | None = None,
-    ) -> None:
-        """``ship_folder``: a family given as a folder goes to the actors through Ray's
-        ``runtime_env`` ``py_modules`` (None: when joining the cluster at ``ray_address``); Ray
-        must be started with it (the pool does, when it starts Ray).
-
-        ``calibrate_every`` / ``calibrate_seconds``: with several GPUs, every GPU times the
-        incumbent again after that many trials of its own, or that many seconds, whichever comes
-        first (``workers.calibrate``). ``replay_gpus`` (tests and simulations only, with
-        ``replay``): one replay actor per factor, each standing for a GPU whose times are the
-        recorded ones times its factor (``ReplayBench.simulate``). ``simulate_gpus``: with
-        ``replay``, that many simulated GPUs that each take a trial's GPU time
-        (:mod:`workers.simulate`), on Ray's custom resource ``sim_gpu`` (the pool's own Ray
-        gets it; a Ray started elsewhere must have it); they are one GPU model, the landscape's
-        (no calibration, no ratios between them). A bench class (``worker_cls``) takes packed
-        requests: it derives from :class:`workers.request.TakesRequests`."""
+    def __init__(self, family: str | KernelFamily, problem: Problem, options: PoolOptions | None = None,
+                 **keywords: Any) -> None:
+        """A pool for the family's ``problem``, run as ``options`` say (:class:`PoolOptions`;
+        keywords replace its fields: ``WorkerPool(family, problem, replay=path)``)."""
+        self.options = o = PoolOptions.of(options, keywords)
+        ray_address, replay, simulate_gpus, worker_cls = o.ray_address, o.replay, o.simulate_gpus, o.worker_cls
+        backend, replay_gpus, ship_folder = o.backend, o.replay_gpus, o.ship_folder
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
         self._simulate = simulate_gpus
@@ -164,14 +136,14 @@ class WorkerPool:
         self.family, self.problem = family, problem
         self._replay = replay is not None
         self.recorded: tuple[Mapping[str, Any], ...] | None = None  # a replay's configs
-        self._measure_timeout_s = measure_timeout_s
-        self._compile_timeout_s = compile_timeout_s
-        self._cache_dir = str(cache_dir if cache_dir is not None else default_cache_dir())
-        self._backend, self._seed = backend, seed
-        self._measure_options = dict(measure_options or {})
-        self._screen_spill_bytes = screen_spill_bytes
+        self._measure_timeout_s = o.measure_timeout_s
+        self._compile_timeout_s = o.compile_timeout_s
+        self._cache_dir = str(o.cache_dir if o.cache_dir is not None else default_cache_dir())
+        self._backend, self._seed = backend, o.seed
+        self._timing = o.timing
+        self._screen_spill_bytes = o.screen_spill_bytes
         self._abort_above_ms: float | None = None
-        self._calibrate = (calibrate_every, calibrate_seconds)
+        self._calibrate = (o.calibrate_every, o.calibrate_seconds)
         self._schedule: CalibrationSchedule | None = None  # set when there are several GPUs
         self._calibrations: list[Calibration] = []
         self._depth = ActorDepth()  # measurements sent to each actor at once
@@ -183,7 +155,7 @@ class WorkerPool:
                                    runtime_env=runtime_env(family) if ship_folder else None,
                                    resources=simulated_resources(simulate_gpus))
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-        self._compile_workers = max(1, compile_workers or cpus)
+        self._compile_workers = max(1, o.compile_workers or cpus)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(compile_task)
         self._compile_queue: deque[_Ticket] = deque()
         self._compiling: dict[Any, _Ticket] = {}
@@ -261,7 +233,7 @@ class WorkerPool:
                     slot.simulate = (i, self._replay_gpus[i])
                     slot.gpu = ray.get(slot.actor.simulate.remote(*slot.simulate), timeout=_START_TIMEOUT_S)
             except RayError as exc:
-                raise WorkerError(f"a worker failed to start: {one_line(exc)}") from None
+                raise WorkerError(f"a worker failed to start: {summary_line(exc)}") from None
         if replay is None:  # a replay answers from its landscape: its actors need no family
             self._check_family()
         for slot in self._slots:  # after device_info: the pool does not wait for it
@@ -281,7 +253,7 @@ class WorkerPool:
             nodes = ray.get([slot.actor.__ray_call__.remote(node_id) for slot in self._slots],
                             timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a worker failed to start: {one_line(exc)}") from None
+            raise WorkerError(f"a worker failed to start: {summary_line(exc)}") from None
         on: dict[str, dict[int, _Slot]] = {}
         for index, (slot, node) in enumerate(zip(self._slots, nodes)):
             on.setdefault(node, {})[index] = slot
@@ -293,7 +265,7 @@ class WorkerPool:
         try:  # each agent connected to its actors before a trial's time runs
             ray.get([agent.ready.remote() for agent in agents.values()], timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a node agent failed to start: {one_line(exc)}") from None
+            raise WorkerError(f"a node agent failed to start: {summary_line(exc)}") from None
         self._mail = Mailbox((self._shipment.ref,), None)
         self._posted = {id(slot.post_to): slot for slot in self._slots}
         logger.info("%d GPU workers called through %d node agents", len(self._slots), len(agents))
@@ -341,7 +313,7 @@ class WorkerPool:
         try:
             infos = ray.get([host.device_info.remote() for host, _ in self._hosts], timeout=_START_TIMEOUT_S)
         except RayError as exc:
-            raise WorkerError(f"a simulated GPU host failed to start: {one_line(exc)}") from None
+            raise WorkerError(f"a simulated GPU host failed to start: {summary_line(exc)}") from None
         self.device = infos[0]
 
     def busy_intervals(self) -> list[tuple[int, float, float]]:
@@ -375,7 +347,7 @@ class WorkerPool:
             try:
                 why = ray.get(ref, timeout=_START_TIMEOUT_S)
             except RayError as exc:
-                why = one_line(exc.cause if isinstance(exc, RayTaskError) and exc.cause else exc)
+                why = summary_line(exc.cause if isinstance(exc, RayTaskError) and exc.cause else exc)
             if why is not None:
                 raise missing(self._shipment, why)
 
@@ -423,6 +395,11 @@ class WorkerPool:
     @property
     def limits(self) -> DeviceLimits:
         return self.device.limits
+
+    @property
+    def compile_workers(self) -> int:
+        """Configs compiled at once (one a CPU of the cluster, unless told)."""
+        return self._compile_workers
 
     @property
     def num_gpus(self) -> int:
@@ -599,7 +576,7 @@ class WorkerPool:
                 ray.cancel(ref, force=True)
                 result = Measurement.failed("compile", f"compile ran past {self._compile_timeout_s:g} s")
             except RayError as exc:
-                result = Measurement.failed("worker", f"compile task died: {one_line(exc)}")
+                result = Measurement.failed("worker", f"compile task died: {summary_line(exc)}")
             if isinstance(result, CompileFailure):
                 result = Measurement.failed("compile", result.reason, detail=result.log[-4000:])
             out.append(result)
@@ -628,11 +605,11 @@ class WorkerPool:
             self._replace_quietly(slot, f"the re-timing ran past {deadline:g} s", count=False)
             return failed("timeout", f"the re-timing ran past {deadline:g} s; the worker was replaced")
         except RayActorError as exc:
-            self._replace_quietly(slot, f"the worker process died: {one_line(exc)}")
+            self._replace_quietly(slot, f"the worker process died: {summary_line(exc)}")
             return failed("worker", "the worker process died during the re-timing; it was replaced",
-                          detail=one_line(exc))
+                          detail=summary_line(exc))
         except RayTaskError as exc:  # the bench raised: the re-timing fails, the worker stays
-            return failed("worker", one_line(exc.cause or exc), detail=str(exc)[-2000:])
+            return failed("worker", summary_line(exc.cause or exc), detail=str(exc)[-2000:])
         if any(m.failure == "crash" for m in retiming.measurements):
             self._replace_quietly(slot, "the CUDA context died during the re-timing", count=False)
         return retiming if retiming.gpu else replace(retiming, gpu=dict(slot.gpu))
@@ -697,18 +674,18 @@ class WorkerPool:
                 heapq.heappush(free, (sent + 1, i, slot))
 
     def _dispatch(self, slot: _Slot, item: _Ticket) -> None:
-        options = dict(self._measure_options)
+        timing = self._timing
         if item.calibration:  # the incumbent, never stopped early, and with fewer repetitions
-            options.update({k: min(v, options.get(k, v)) for k, v in CALIBRATE_TIMING.items()})
-        elif self._abort_above_ms is not None:
-            options.setdefault("abort_above_ms", self._abort_above_ms)
+            timing = replace(timing, **{k: min(v, getattr(timing, k)) for k, v in CALIBRATE_TIMING.items()})
+        elif self._abort_above_ms is not None and timing.abort_above_ms is None:
+            timing = replace(timing, abort_above_ms=self._abort_above_ms)
         anchor = self._schedule.anchor if self._schedule is not None and not item.calibration else None
         if anchor is not None and anchor.binary is not None and item.binary is not None:
-            options["anchor"] = (anchor.binary, anchor.launch)  # timed beside it (workers.paired)
+            timing = replace(timing, anchor=(anchor.binary, anchor.launch))  # timed beside it (workers.paired)
         if not slot.sent:
             slot.deadline = time.monotonic() + self._measure_timeout_s
         # to its GPU's host (a node agent, simulated GPUs), with the poll's others (Mailbox.flush)
-        request = pack(item.binary, item.launch, self.problem, item.params, {"seed": self._seed, **options},
+        request = pack(item.binary, item.launch, self.problem, item.params, {"seed": self._seed, "timing": timing},
                        by_value=not isinstance(self._shipment.ref, str))
         slot.sent.append((item, self._mail.post(slot.post_to, slot.generation, request)))
 
@@ -741,7 +718,7 @@ class WorkerPool:
                 if item.calibration:
                     self._incumbent_compiled(item, None)
                     return
-                self._resolve(item, Measurement.failed("worker", f"compile task died: {one_line(exc)}"))
+                self._resolve(item, Measurement.failed("worker", f"compile task died: {summary_line(exc)}"))
                 return
             if item.calibration:
                 self._incumbent_compiled(item, result)
@@ -761,7 +738,7 @@ class WorkerPool:
         try:
             ray.get(ref)
         except RayError as exc:
-            self._replace(slot, f"the worker failed to start: {one_line(exc)}")
+            self._replace(slot, f"the worker failed to start: {summary_line(exc)}")
         else:
             self._ready(slot)
 
@@ -806,8 +783,8 @@ class WorkerPool:
             answer = ray.get(ref)
         except RayError as exc:
             if self._simulate:
-                raise WorkerError(f"a simulated GPU host failed: {one_line(exc)}") from None
-            self._agent_lost(self._mail.host_of(ref), one_line(exc))
+                raise WorkerError(f"a simulated GPU host failed: {summary_line(exc)}") from None
+            self._agent_lost(self._mail.host_of(ref), summary_line(exc))
             return
         for letter, result in self._mail.open(answer, ref):
             slot = self._posted.get(id(letter.gpu))

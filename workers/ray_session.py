@@ -171,11 +171,12 @@ def _check_reachable(address: str) -> None:
 
 
 @contextmanager
-def shared_ray(address: str | None = None, *, need_gpu: bool = False) -> Iterator[None]:
+def shared_ray(address: str | None = None, *, need_gpu: bool = False, runtime_env: dict[str, Any] | None = None,
+               resources: dict[str, float] | None = None) -> Iterator[None]:
     """Keep one Ray up across several pools (studies one after another start faster), and for
     what runs beside a pool (a study's writer actor, started while the GPU actors start); it
-    stops on leaving only where it started here."""
-    started = start_ray(address, need_gpu=need_gpu)
+    stops on leaving only where it started here (:func:`start_ray` for the arguments)."""
+    started = start_ray(address, need_gpu=need_gpu, runtime_env=runtime_env, resources=resources)
     try:
         yield
     finally:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from storage.records import params_key
 from templates.family import Launch, Problem
 from workers.errors import WorkerError
 from workers.request import TakesRequests
@@ -43,11 +44,6 @@ from workers.results import (
 
 FORMAT = 1
 NOT_RECORDED = "not in the recorded landscape"
-
-
-def params_key(params: Mapping[str, Any]) -> str:
-    """A canonical text for a config: equal params, equal key, whatever the order."""
-    return json.dumps(dict(params), sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)

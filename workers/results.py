@@ -231,7 +231,7 @@ class Retiming:
 @dataclass(frozen=True)
 class Calibration:
     """A GPU's timing of the study's incumbent (the best config so far), taken between its
-    trials so that the GPUs' timings can be made one set (``tuner.normalize``). Every GPU times
+    trials so that the GPUs' timings can be made one set (``tuner.study.normalize``). Every GPU times
     the same config in a ``round``; ``measurement.gpu`` says which GPU this one is."""
 
     round: int

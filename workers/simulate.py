@@ -117,7 +117,7 @@ class SimulatedGpus(Outbox):
         loop = asyncio.get_running_loop()
         for letter, gpu, _generation, request in letters:
             _, _, problem, params, options = pickle.loads(request)
-            loop.create_task(self._run_letter(letter, gpu, ref, problem, params, options.get("abort_above_ms")))
+            loop.create_task(self._run_letter(letter, gpu, ref, problem, params, getattr(options.get("timing"), "abort_above_ms", None)))
 
     async def _run_letter(self, letter: int, gpu: int, family: Any, problem: Any,
                           params: Mapping[str, Any], abort: float | None) -> None:

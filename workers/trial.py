@@ -21,6 +21,7 @@ from workers.driver import check_call, driver_api
 from workers.hold import HOLD_BATCH, StreamHold
 from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, timing_of
+from workers.timing_options import TimingOptions
 
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
 EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind the best
@@ -78,9 +79,7 @@ class Trial:
         self.clocks: dict[str, Any] = {}
 
     # -- steps --------------------------------------------------------------------------------
-    def run(self, family: KernelFamily, problem: Problem, *, seed: int, warmup_ms: float,
-            rep: int | None, min_reps: int, max_reps: int, target_ms: float,
-            flush_l2: bool, abort_above_ms: float | None = None) -> Measurement:
+    def run(self, family: KernelFamily, problem: Problem, *, seed: int, timing: TimingOptions) -> Measurement:
         failure = self.load()
         if failure is not None:
             return failure
@@ -88,7 +87,8 @@ class Trial:
         failure, validation = self.verify(family, problem)
         if failure is None:
             self.stage = "timing"
-            samples = self._time(warmup_ms, rep, min_reps, max_reps, target_ms, flush_l2, abort_above_ms)
+            samples = self._time(timing.warmup_ms, timing.rep, timing.min_reps, timing.max_reps,
+                                 timing.target_ms, timing.flush_l2, timing.abort_above_ms)
         self.stage = "check"  # after any run, failed or not: the next trial needs intact inputs
         changed = self.bench.residents.changed()
         if changed is not None:
@@ -97,7 +97,7 @@ class Trial:
             return failure
 
         detail = (f"timing stopped early: median of {EARLY_REPS} repetitions above "
-                  f"{abort_above_ms:.4g} ms" if self.stopped_early else "")
+                  f"{timing.abort_above_ms:.4g} ms" if self.stopped_early else "")
         if self.late_batches:
             detail = "; ".join(filter(None, [detail, late_note(self.late_batches)]))
         return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import tuner
-import tuner.loop as loop_module
+import tuner.study.loop as loop_module
 from call_time import summed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import statistics
 
 import optuna
 
-from tuner.searchbench import _quantile, load, run
+from tuner.reports.bench_search import _quantile, load, run
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import tuner
-from tuner.faults import fault_rows, fault_table
+from tuner.study.faults import fault_rows, fault_table
 
 FAULTS = str(Path(__file__).resolve().parents[1] / "examples" / "faults")
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from storage import RetimeEntry, TrialOutcome, open_repository  # noqa: E402
 from templates import get_family  # noqa: E402
-from tuner import search  # noqa: E402
+from tuner.study import search  # noqa: E402
 
 GPUS = ({"name": "NVIDIA H200", "sm_count": 132, "compute_capability": [9, 0]},
         {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": [9, 0]})

@@ -62,7 +62,7 @@ def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tup
     env.pop("TUNER_DB", None)
     # --full-rounds: the study's calibration rounds time the incumbent as a trial does
     run = ["-c", "import sys, workers.calibrate as c; c.CALIBRATE_TIMING.clear(); "
-           "from tuner.cli import main; sys.exit(main())"] if args.full_rounds else ["-m", "tuner"]
+           "from tuner.cli.main import main; sys.exit(main())"] if args.full_rounds else ["-m", "tuner"]
     cmd = [sys.executable, *run, "tune", "attention", "--shape", args.shape, "--dtype",
            args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
            "--db", db, "--seed", "0", "--sampler", args.sampler, "--json"]
@@ -333,7 +333,7 @@ def compare_configs(db: str, two: dict, cache: Path, folder: Path, args: argpars
     """Step 2: the two-GPU study's fastest configs timed again on each GPU; prints the table and
     returns its numbers."""
     import tuner
-    from tuner.retime import candidates
+    from tuner.study.final_best import candidates
 
     trials = tuner.show(two["study"], db=db).trials
     ok = [t for t in trials if t.ok]

@@ -20,6 +20,7 @@ from templates import get_family
 from workers.compile import compile_cubin
 from workers.gpu import GpuBench
 from workers.results import CompileRequest
+from workers.timing_options import TimingOptions
 
 FAMILY = get_family("attention")
 
@@ -43,7 +44,7 @@ def main(shape: str, dtype: str, causal: str, count: int) -> None:
     first = bench.measure(*kernels[0], "attention", problem)
     bar = 1.5 * first.timing.median_ms
     start = time.perf_counter()  # a pass without the profiler: what the GPU did of the wall time
-    plain = [bench.measure(b, launch, "attention", problem, abort_above_ms=bar) for b, launch in kernels]
+    plain = [bench.measure(b, launch, "attention", problem, timing=TimingOptions(abort_above_ms=bar)) for b, launch in kernels]
     wall = time.perf_counter() - start
     kernel, flush = sum(m.kernel_seconds for m in plain), sum(m.flush_seconds for m in plain)
     print(f"PLAIN {shape} {dtype} causal={causal}: {count} trials, {wall / count * 1e3:.2f} ms a trial: "
@@ -52,7 +53,7 @@ def main(shape: str, dtype: str, causal: str, count: int) -> None:
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
-    results = [bench.measure(b, launch, "attention", problem, abort_above_ms=bar) for b, launch in kernels]
+    results = [bench.measure(b, launch, "attention", problem, timing=TimingOptions(abort_above_ms=bar)) for b, launch in kernels]
     profile.disable()
     wall = time.perf_counter() - start
     gpu = sum(m.gpu_seconds for m in results)

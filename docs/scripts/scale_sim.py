@@ -64,7 +64,7 @@ def fresh_database(kind: str, pg: str, tmp: Path) -> tuple[str, object]:
 def run(gpus: int, db: str, mode: str, trials: int, limit: float, profile: bool,
         landscape: Path = LANDSCAPE) -> dict:
     import tuner
-    import tuner.loop as loop
+    import tuner.study.loop as loop
 
     profiler = cProfile.Profile() if profile else None
     original = loop.Coordinator._loop

@@ -30,11 +30,11 @@ def wrap(owner, attr, label):
 
 import tuner  # noqa: E402
 import tuner.api as api  # noqa: E402
-import tuner.loop as loop  # noqa: E402
+import tuner.study.loop as loop  # noqa: E402
 import workers.gpu as gpu  # noqa: E402
 import workers.pool as pool  # noqa: E402
 import workers.ray_session as ray_session  # noqa: E402
-from tuner import search  # noqa: E402
+from tuner.study import search  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 

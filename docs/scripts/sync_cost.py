@@ -27,8 +27,8 @@ from scale_sim import fresh_database  # noqa: E402
 def measure(url: str, trials: int) -> float:
     import storage
     from templates.family import Param
-    from tuner import search
-    from tuner.mirror import MirroredStudy
+    from tuner.study import search
+    from tuner.study.mirror import MirroredStudy
 
     space = search.SearchSpace(tuple(Param(name, tuple(range(10))) for name in "ABCDE"))  # 100,000 configs
     repo = storage.open_repository(url)

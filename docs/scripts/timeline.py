@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 
 import tuner
-import tuner.loop as loop_module
+import tuner.study.loop as loop_module
 import workers.gpu as gpu_module
 import workers.pool as pool_module
 import workers.replay as replay_module

@@ -14,6 +14,7 @@ from gpu_checks import failed_checks
 from templates import get_family
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
+from workers.timing_options import TimingOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -109,7 +110,7 @@ def _limits(bench):
 def test_random_configs_match_the_reference(bench, sample):
     failures = []
     for problem, params, binary in sample:
-        result = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=11, min_reps=3, max_reps=5, target_ms=10)
+        result = bench.measure(binary, FAMILY.launch(params, problem), "attention", problem, seed=11, timing=TimingOptions(min_reps=3, max_reps=5, target_ms=10))
         if not result.ok:
             failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
             continue
@@ -125,20 +126,18 @@ def test_a_wrong_kernel_is_caught(bench, sample):
     wrong = compile_cubin(
         CompileRequest(FAMILY.render(params, other), "attention_fwd", FAMILY.compile_options(params, other))
     )
-    result = bench.measure(wrong, FAMILY.launch(params, problem), "attention", problem, seed=5, min_reps=3, max_reps=5)
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "attention", problem, seed=5, timing=TimingOptions(min_reps=3, max_reps=5))
     assert not result.ok and result.failure == "wrong", result
 
 
 def test_a_timing_stops_early_only_when_clearly_behind(bench, sample):
     problem, params, binary = next(s for s in sample if s[0].shape[2] == 4097)
     launch = FAMILY.launch(params, problem)
-    full = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20)
+    full = bench.measure(binary, launch, "attention", problem, seed=2, timing=TimingOptions(min_reps=20))
     assert full.ok and full.timing.repetitions >= 20 and not full.detail
-    behind = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20,
-                           abort_above_ms=full.timing.median_ms / 3)
+    behind = bench.measure(binary, launch, "attention", problem, seed=2, timing=TimingOptions(min_reps=20, abort_above_ms=full.timing.median_ms / 3))
     assert behind.ok and behind.timing.repetitions == 5 and "stopped early" in behind.detail
-    ahead = bench.measure(binary, launch, "attention", problem, seed=2, min_reps=20,
-                          abort_above_ms=full.timing.median_ms * 3)
+    ahead = bench.measure(binary, launch, "attention", problem, seed=2, timing=TimingOptions(min_reps=20, abort_above_ms=full.timing.median_ms * 3))
     assert ahead.ok and ahead.timing.repetitions >= 20 and not ahead.detail
 
 
@@ -149,11 +148,11 @@ def test_kernel_time_is_measured_and_within_the_workers_time(bench, sample):
     each takes some microseconds of GPU time, and none are counted when there is no flush."""
     problem, params, binary = min(sample, key=lambda s: s[0].shape[0] * s[0].shape[1] * s[0].shape[2])
     launch = FAMILY.launch(params, problem)
-    m = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=20.0, rep=50)
+    m = bench.measure(binary, launch, "attention", problem, seed=3, timing=TimingOptions(warmup_ms=20.0, rep=50))
     assert m.ok and 0.01 < m.kernel_seconds and m.kernel_seconds + m.flush_seconds <= m.gpu_seconds
     assert 50 * 2e-6 < m.flush_seconds < 50 * 1e-3  # 50 flushes of the L2's size, 2 us to 1 ms each
-    unflushed = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=5.0, rep=50, flush_l2=False)
+    unflushed = bench.measure(binary, launch, "attention", problem, seed=3, timing=TimingOptions(warmup_ms=5.0, rep=50, flush_l2=False))
     assert unflushed.ok and unflushed.flush_seconds == 0
     spare = len(bench._spare_events)  # the trials' events are kept and reused, not made anew
-    again = bench.measure(binary, launch, "attention", problem, seed=3, warmup_ms=5.0, rep=50)
+    again = bench.measure(binary, launch, "attention", problem, seed=3, timing=TimingOptions(warmup_ms=5.0, rep=50))
     assert again.ok and again.flush_seconds > 0 and len(bench._spare_events) == spare > 100

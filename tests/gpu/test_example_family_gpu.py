@@ -17,7 +17,7 @@ FOLDER = Path(__file__).resolve().parents[2] / "docs" / "examples" / "row_softma
 
 def test_the_row_softmax_tunes_by_path_and_exports(tmp_path):
     import tuner
-    from tuner.exporter import launch_path
+    from tuner.answers.exporter import launch_path
 
     db = f"sqlite:///{tmp_path / 'ex.db'}"
     result = tuner.tune(str(FOLDER), "4096,1000", "fp16", trials=20, db=db, seed=0)

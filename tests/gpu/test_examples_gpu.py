@@ -33,9 +33,10 @@ def test_the_example_tunes_and_its_winner_is_right_at_odd_sizes(tmp_path, exampl
     folder = str(EXAMPLES / example)
     (shape, dtype), odd = CASES[example]
     result = tuner.tune(folder, shape, dtype, trials=30, db=f"sqlite:///{tmp_path / 'ex.db'}", seed=0)
-    assert result.best is not None and result.measured == 30, result
-    assert result.failed == 0, result  # every valid config computes the reference's outputs
     family = get_family(folder)
+    space = len(family.valid_configs(family.parse_problem(shape, dtype), H100_LIMITS))
+    assert result.best is not None and result.measured == min(30, space), result  # transpose: 26 valid
+    assert result.failed == 0, result  # every valid config computes the reference's outputs
     winner = dict(result.best.params)
     configs = []
     for odd_shape, odd_dtype in odd:

@@ -61,7 +61,7 @@ def _expected() -> dict[str, str]:
 
 
 def test_every_fault_fails_with_its_kind_and_the_study_goes_on(fault_study):
-    from tuner.faults import fault_rows, fault_table
+    from tuner.study.faults import fault_rows, fault_table
 
     result, detail, _, seconds = fault_study
     by_fault = {t.params["FAULT"]: t for t in detail.trials if t.params["FAULT"] != "none"}
@@ -112,7 +112,7 @@ def _sanitizer():
 
 
 def _table(results) -> str:
-    from tuner.check_cli import table
+    from tuner.cli.check import table
 
     return "\n".join(table(results))
 

@@ -15,6 +15,7 @@ from gpu_checks import failed_checks
 from templates import get_family
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
+from workers.timing_options import TimingOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -97,8 +98,7 @@ def test_random_configs_match_the_reference_on_every_tail(bench, sample):
     failures = []
     for problem, params, binary in sample:
         assert binary.resources.stack_bytes == 0 and binary.resources.spill_stores == 0, params
-        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=11, min_reps=3,
-                               max_reps=5, target_ms=10)
+        result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=11, timing=TimingOptions(min_reps=3, max_reps=5, target_ms=10))
         if not result.ok:
             failures.append(f"{problem.key} {params}: {result.failure} {result.reason}")
             continue
@@ -127,7 +127,7 @@ def test_a_wrong_kernel_is_caught(bench, tmp_path_factory):
     params = FAMILY.default_params()
     wrong = compile_cubin(CompileRequest(FAMILY.render(params, other), "gemm", FAMILY.compile_options(params, other)),
                           cache_dir=tmp_path_factory.mktemp("wrong"))
-    result = bench.measure(wrong, FAMILY.launch(params, problem), "gemm", problem, seed=5, min_reps=3, max_reps=5)
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "gemm", problem, seed=5, timing=TimingOptions(min_reps=3, max_reps=5))
     assert not result.ok and result.failure == "wrong", result
 
 
@@ -139,7 +139,7 @@ def test_the_default_config_reaches_a_fair_rate_on_a_square_problem(bench, tmp_p
     binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "gemm",
                                           FAMILY.compile_options(params, problem)),
                            cache_dir=tmp_path_factory.mktemp("rate"))
-    result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=1, min_reps=10)
+    result = bench.measure(binary, FAMILY.launch(params, problem), "gemm", problem, seed=1, timing=TimingOptions(min_reps=10))
     assert result.ok, result
     assert FAMILY.tflops(problem, result.timing.median_ms) > 50
 

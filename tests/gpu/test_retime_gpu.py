@@ -12,6 +12,7 @@ import pytest
 from templates import get_family
 from workers.compile import compile_cubin
 from workers.results import CompileRequest
+from workers.timing_options import TimingOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -85,21 +86,21 @@ def test_a_wrong_kernel_fails_alone(bench, kernels):
 
 
 def test_a_trial_timed_beside_the_anchor_states_its_ratio_to_it(bench, kernels):
-    """``measure(..., anchor=...)``: the trial verified and timed in turns with the anchor; a
+    """``measure(..., timing=TimingOptions(anchor=...))``: the trial verified and timed in turns with the anchor; a
     kernel beside itself comes out at a ratio of 1, another at its own time over the anchor's,
     and a wrong kernel still fails with the anchor beside it."""
     (_, a, launch_a), (_, b, launch_b) = kernels[0], kernels[1]
-    itself = bench.measure(a, launch_a, "attention", PROBLEM, seed=3, anchor=(a, launch_a))
+    itself = bench.measure(a, launch_a, "attention", PROBLEM, seed=3, timing=TimingOptions(anchor=(a, launch_a)))
     assert itself.ok and itself.paired is not None and not bench.dead
     assert itself.paired.ratio == pytest.approx(1.0, abs=0.02)
     assert itself.paired.repetitions == itself.timing.repetitions >= 20
     assert itself.paired.anchor_ms == pytest.approx(itself.timing.median_ms, rel=0.03)
-    other = bench.measure(b, launch_b, "attention", PROBLEM, seed=3, anchor=(a, launch_a))
+    other = bench.measure(b, launch_b, "attention", PROBLEM, seed=3, timing=TimingOptions(anchor=(a, launch_a)))
     assert other.ok and other.paired is not None and other.paired.ratio_iqr >= 0
     assert other.paired.ratio == pytest.approx(other.timing.median_ms / other.paired.anchor_ms, rel=0.05)
     alone = bench.measure(b, launch_b, "attention", PROBLEM, seed=3)
     assert alone.paired is None and alone.timing.median_ms == pytest.approx(other.timing.median_ms, rel=0.15)
     params = kernels[1][0]
     wrong, _ = _kernel(params, problem=FAMILY.parse_problem(PROBLEM.shape, PROBLEM.dtype, {"causal": False}))
-    failed = bench.measure(wrong, launch_b, "attention", PROBLEM, seed=3, anchor=(a, launch_a))
+    failed = bench.measure(wrong, launch_b, "attention", PROBLEM, seed=3, timing=TimingOptions(anchor=(a, launch_a)))
     assert failed.failure == "wrong" and failed.paired is None and not bench.dead

@@ -14,8 +14,8 @@ import pytest
 import tuner
 from templates import get_family
 from templates.family import Launch
-from tuner.exporter import launch_path
-from tuner.retime import candidates
+from tuner.answers.exporter import launch_path
+from tuner.study.final_best import candidates
 from workers.results import Binary
 
 pytestmark = pytest.mark.gpu

@@ -38,7 +38,7 @@ def db_copy(served_db: str, tmp_path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def reader(served_db: str) -> Iterator[object]:
-    from tuner.reader import open_reader
+    from tuner.answers.reader import open_reader
 
     with open_reader(served_db) as opened:
         yield opened
@@ -46,7 +46,7 @@ def reader(served_db: str) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def app(reader: object) -> object:
-    from tuner.serve import create_app
+    from tuner.answers.serve import create_app
 
     return create_app(reader)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from serve_data import ROOT, TUNED, UNTUNED
-from tuner.cli import main
+from tuner.cli.main import main
 
 
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
@@ -114,8 +114,8 @@ def test_a_cached_answer_never_outlives_a_new_best(db_copy):
     from fastapi.testclient import TestClient
 
     from storage import RetimeEntry, TrialOutcome, open_repository
-    from tuner.reader import open_reader
-    from tuner.serve import create_app
+    from tuner.answers.reader import open_reader
+    from tuner.answers.serve import create_app
 
     with open_reader(db_copy) as reader:
         client = TestClient(create_app(reader))
@@ -140,7 +140,7 @@ def _revision(path: str) -> str:
 
 def test_the_reader_refuses_to_write(db_copy):
     from storage import StorageError
-    from tuner.reader import open_reader
+    from tuner.answers.reader import open_reader
 
     with open_reader(db_copy) as reader:
         with pytest.raises(StorageError, match="readonly|read-only|read only"):

@@ -188,7 +188,7 @@ def test_another_programs_database_is_refused_and_left_as_it_was(url):
 
 def test_a_database_of_optunas_tables_alone_is_shared(url):
     """Optuna's tables are not another program's: our copy for optuna-dashboard lives beside ours
-    (tuner.dashboard), and ours go beside an Optuna storage's."""
+    (tuner.study.dashboard), and ours go beside an Optuna storage's."""
     import optuna
 
     optuna.storages.RDBStorage(url).engine.dispose()

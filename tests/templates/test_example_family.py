@@ -95,7 +95,7 @@ def test_it_tunes_end_to_end_by_replay(tmp_path):
 
 def test_bench_search_takes_a_family_by_path():
     from tuner.errors import UsageError
-    from tuner.searchbench import bench_search
+    from tuner.reports.bench_search import bench_search
 
     landscape = ROOT / "tests" / "data" / "row_softmax_4096x1000-fp16_h200.json"
     with pytest.raises(UsageError, match="unknown kernel family 'row_softmax'"):

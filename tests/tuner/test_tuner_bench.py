@@ -9,8 +9,8 @@ import pytest
 
 import tuner
 from templates import get_family
-from tuner.bench import BenchRow, PeerTiming, _bench_rows, blocks_per_sm
-from tuner.cli_text import bench_table
+from tuner.cli.text import bench_table
+from tuner.reports.bench import BenchRow, PeerTiming, _bench_rows, blocks_per_sm
 from tuner_doubles import PROBLEM, latency_ms, run_cli
 from workers.driver import gpu_count
 import workers.peers

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tuner
-from tuner import cli
+import tuner.cli.main as cli
 from tuner_doubles import FakePool
 from workers.results import Measurement, Timing
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tuner.cli_text import best_line, time_line
+from tuner.cli.text import best_line, time_line
 
 
 def _result(**fields):

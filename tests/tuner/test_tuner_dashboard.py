@@ -1,5 +1,5 @@
 """optuna-dashboard on our database, unmodified: the Optuna copy a study keeps of its trials
-(``tuner.dashboard``), read through optuna-dashboard's own WSGI app, on SQLite and PostgreSQL."""
+(``tuner.study.dashboard``), read through optuna-dashboard's own WSGI app, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_while_the_study_runs_the_copy_waits_after_each_write_as_long_as_it_took
     import pickle
 
     from storage import TrialOutcome, open_repository
-    from tuner import dashboard
+    from tuner.study import dashboard
 
     repo = open_repository(db)
     device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",
@@ -158,7 +158,7 @@ def test_while_the_study_runs_the_copy_waits_after_each_write_as_long_as_it_took
 
 # -- tuner report ------------------------------------------------------------------------------------
 def test_report_writes_one_png_of_the_study(toy, db, tuned, tmp_path, capsys):
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     out = tmp_path / "report.png"
     assert main(["report", tuned.result.study, "-o", str(out), "--db", db]) == 0
@@ -174,7 +174,7 @@ def test_report_panels_say_what_they_show(toy, db, tuned):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tuner.study_plot import figure
+    from tuner.reports.study_plot import figure
 
     detail = tuner.show(tuned.result.study, db=db)
     fig = figure(plt, detail.summary, detail.trials)
@@ -194,7 +194,7 @@ def test_report_panels_say_what_they_show(toy, db, tuned):
 
 
 def test_report_refuses_a_bad_study_or_output_in_one_line(toy, db, tuned, tmp_path, capsys):
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     assert main(["report", "no/such/study", "-o", str(tmp_path / "r.png"), "--db", db]) == 2
     assert main(["report", tuned.result.study, "-o", str(tmp_path / "missing" / "r.png"), "--db", db]) == 2
@@ -212,7 +212,7 @@ def test_a_run_leaves_the_catch_up_to_a_live_coordinator_beside_it(db):
     import socket
 
     from storage import TrialOutcome, open_repository
-    from tuner import dashboard
+    from tuner.study import dashboard
 
     repo = open_repository(db)
     device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",
@@ -247,8 +247,8 @@ def test_a_batch_is_written_in_one_transaction_as_optuna_would_write_each_trial(
     fallback where Optuna's models differ): the same states, values (inf too), params,
     distributions, attributes and numbers, in one transaction."""
     from storage import TrialOutcome, open_repository
-    from tuner import dashboard
-    from tuner.optuna_export import optuna_trial, space_distributions
+    from tuner.study import dashboard
+    from tuner.study.optuna_export import optuna_trial, space_distributions
 
     repo = open_repository(db)
     device = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "compute_capability": "9.0",

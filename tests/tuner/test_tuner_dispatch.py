@@ -1,7 +1,7 @@
 """`tuner export-dispatch`: the C++ header of a family's tuned winners, generated from databases of
 several tuned problems (attention's from the replay landscapes, gemm's from chosen configs),
 compiled by nvcc with its test program (tests/dispatch/check_dispatch.cu, -arch=sm_90a), and run
-here without a GPU: its picks are tuner/rule.py's, its launches the family's, and its NVRTC path
+here without a GPU: its picks are tuner/answers/rule.py's, its launches the family's, and its NVRTC path
 compiles the embedded sources."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import tuner
 from deploy_tables import H200, attention_db, compile_program, gemm_db, nvrtc_env, store
 from storage import open_repository
 from templates import get_family
+from tuner.answers.dispatch import table_bests
+from tuner.answers.rule import pick_config
 from tuner.api import device_limits
-from tuner.cli import main
-from tuner.dispatch import table_bests
-from tuner.rule import pick_config
+from tuner.cli.main import main
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 
@@ -92,7 +92,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Built]:
 
 
 def _rule(built: Built, shape, dtype, flags):
-    """tuner/rule.py's pick over the bests the header holds."""
+    """tuner/answers/rule.py's pick over the bests the header holds."""
     family = built.family
     problem = family.parse_problem(shape, dtype, flags)
     with open_repository(built.db) as repo:

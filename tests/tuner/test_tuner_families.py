@@ -10,8 +10,9 @@ import pytest
 
 import tuner.api
 import workers
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner_doubles import KERNEL_SOURCE, PROBLEM
+from workers.pool_options import PoolOptions
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]
 
@@ -51,7 +52,7 @@ def test_the_workers_get_the_absolute_path(toy_folder, monkeypatch):
     sent = []
 
     class Recorder:
-        def __init__(self, family, problem, **options):
+        def __init__(self, family, problem, options=None):
             sent.append(family)
 
         def __enter__(self):
@@ -62,7 +63,7 @@ def test_the_workers_get_the_absolute_path(toy_folder, monkeypatch):
 
     monkeypatch.setattr(workers, "WorkerPool", Recorder, raising=False)
     fam = tuner.api.lookup.family("./toy_family")
-    with tuner.api._open_pool(fam, fam.parse_problem(*PROBLEM)):
+    with tuner.api._open_pool(fam, fam.parse_problem(*PROBLEM), PoolOptions()):
         pass
     assert sent == [str(toy_folder)]
 

@@ -1,4 +1,4 @@
-"""What faults cost a study (tuner.faults): each failed trial's wall time from submission to its
+"""What faults cost a study (tuner.study.faults): each failed trial's wall time from submission to its
 failed result, plus the worker replacements the pool says it caused, per failure kind; on a fake
 pool with real Optuna and storage, through the API and the command line."""
 
@@ -10,8 +10,8 @@ import pytest
 
 import tuner
 from storage import open_repository
-from tuner import cli
-from tuner.faults import FaultCost, fault_rows, fault_table
+import tuner.cli.main as cli
+from tuner.study.faults import FaultCost, fault_rows, fault_table
 from tuner_doubles import PROBLEM, FakePool, failure_of
 
 REPLACING = ("crash", "timeout", "worker")  # the failures after which a GPU worker is replaced

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main
-from tuner.lint import LintError, lint_family, spread
+from tuner.cli.main import main
+from tuner.reports.lint import LintError, lint_family, spread
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"

@@ -20,7 +20,9 @@ from tuner_doubles import (
     latency_ms,
     valid_configs,
 )
-from tuner import api, loop, search
+from tuner import api
+from tuner.study import loop, search
+from tuner.study.options import LoopOptions, StudyOptions
 
 
 def _tune(**kwargs):
@@ -173,8 +175,9 @@ def test_time_budget_stops_asking(toy, db):
     problem = fam.parse_problem(*PROBLEM)
     with open_repository(db) as repo:
         name, outcome, _ = api._run_study(
-            fam, problem, pool, repo, db, space=search.SearchSpace(fam.params), sampler="random",
-            seed=1, trials=None, time_budget=10.0, replay=None, clock=clock, lookahead=3,
+            fam, problem, pool, repo, db, space=search.SearchSpace(fam.params),
+            options=StudyOptions(sampler="random", seed=1, time_budget=10.0),
+            loop=LoopOptions(clock=clock, lookahead=3),
         )
     assert outcome.status == "finished" and outcome.reason == "time budget of 10s spent"
     assert 10 <= outcome.measured <= 10 + 3
@@ -237,8 +240,8 @@ def test_many_asks_without_a_new_config_stop_the_study(toy, db):
     problem = toy.parse_problem(*PROBLEM)
     with open_repository(db) as repo:
         _, outcome, _ = api._run_study(
-            toy, problem, pool, repo, db, space=search.SearchSpace(toy.params), sampler="random",
-            seed=3, trials=None, time_budget=None, replay=None, max_idle_asks=3, lookahead=1,
+            toy, problem, pool, repo, db, space=search.SearchSpace(toy.params),
+            options=StudyOptions(sampler="random", seed=3), loop=LoopOptions(max_idle_asks=3, lookahead=1),
         )
     assert outcome.reason == "3 asks in a row brought no new config"
     assert outcome.measured == len(pool.submitted) < len(valid_configs(toy))
@@ -372,7 +375,7 @@ def test_the_loop_runs_with_the_collector_quiet_and_puts_it_back(toy, db, pools,
 
     monkeypatch.setattr(FakePool, "poll", poll)
     assert _tune(trials=12, db=db).measured == 12
-    assert seen and all(young >= tuner.collector.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
+    assert seen and all(young >= tuner.study.gc_tuning.YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 

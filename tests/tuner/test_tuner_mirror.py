@@ -8,10 +8,10 @@ from optuna.trial import TrialState
 from storage import TrialOutcome, open_repository, params_key
 from storage.engine import absolute_sqlite
 from templates.family import Param
-from tuner import search
-from tuner.mirror import MirroredStudy, objective
-from tuner.optuna_export import optuna_trials
-from tuner.retime import candidates
+from tuner.study import search
+from tuner.study.final_best import candidates
+from tuner.study.mirror import MirroredStudy, objective
+from tuner.study.optuna_export import optuna_trials
 
 SPACE = search.SearchSpace((Param("A", (1, 2, 3, 4)), Param("B", ((1, 2), (2, 1)))))  # tuples: repr
 

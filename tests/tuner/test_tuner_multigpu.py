@@ -9,10 +9,10 @@ import statistics
 import pytest
 
 import tuner
-import tuner.loop
+import tuner.study.loop
 from storage import open_repository, params_key
-from tuner.cli import main
-from tuner.normalize import GpuScale
+from tuner.cli.main import main
+from tuner.study.normalize import GpuScale
 from tuner_doubles import GPUS, PROBLEM, TwoGpuPool, clocks_of, failure_of, latency_ms, noise
 
 A = {"BLOCK_M": 64, "BLOCK_N": 32, "WARPS": 4, "STAGES": 1}  # the fastest config: 1.10 ms
@@ -301,7 +301,7 @@ def test_a_gpu_slowing_10_percent_over_the_run_does_not_cost_the_true_best(toy, 
     ranked by raw medians, the same studies lose it in 4 (the final re-timing of the top 3 never
     sees it)."""
     assert _drifting_wins(db, pools, 20) >= 19
-    monkeypatch.setattr(tuner.loop, "gpu_scale", lambda pool: None)
+    monkeypatch.setattr(tuner.study.loop, "gpu_scale", lambda pool: None)
     assert _drifting_wins(db.replace("tuner.db", "raw_tuner.db"), pools, 20) <= 16
 
 

@@ -5,6 +5,7 @@ option given here through the pool seam of ``tuner.api``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -23,10 +24,9 @@ def two_replayed_gpus(monkeypatch):
     opened = []
     original = tuner.api._open_pool
 
-    def open_pool(fam, problem, **options):
-        opened.append(options)
-        return original(fam, problem, replay_gpus=(1.0, 1.04), calibrate_every=3,
-                        **options)
+    def open_pool(fam, problem, where):
+        opened.append(where)
+        return original(fam, problem, replace(where, replay_gpus=(1.0, 1.04), calibrate_every=3))
 
     monkeypatch.setattr(tuner.api, "_open_pool", open_pool)
     return opened

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from tuner.progress import Best, Progress, format_seconds
+from tuner.study.progress import BestSoFar, Progress, format_seconds
 from tuner_doubles import FakeClock
 
 
@@ -42,7 +42,7 @@ def test_a_new_best_still_being_recorded_is_logged_without_its_number(caplog):
 def test_eta_is_the_earlier_of_trials_and_time_budget():
     clock = FakeClock()
     progress = Progress("s", trials=100, time_budget=60.0, clock=clock)
-    progress.resumed(50, Best(1.0, None, {}, 0))
+    progress.resumed(50, BestSoFar(1.0, None, {}, 0))
     clock.now += 10
     for n in range(10):
         progress.measured(n, {}, failure=None, median_ms=5.0, tflops=None)

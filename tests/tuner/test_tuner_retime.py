@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 import tuner
-from tuner import retime
+from tuner.study import final_best
 import tuner.api
 from storage import open_repository, params_key
-from tuner.cli import main
-from tuner.exporter import launch_path
-from tuner.retime import candidates
+from tuner.answers.exporter import launch_path
+from tuner.cli.main import main
+from tuner.study.final_best import candidates
 from tuner_doubles import PROBLEM, RETIME_AFTER, RETIME_BEFORE, FakePool, latency_ms
 from workers.results import Measurement
 
@@ -128,7 +128,7 @@ def test_interrupted_runs_and_runs_with_nothing_new_are_not_retimed(toy, db, poo
     second = tuner.tune("toy", *PROBLEM, trials=12, db=db, seed=0)  # resumes, then re-times
     retimed = pools.used[1].retimed  # the top 5; then those within the leader's noise, again
     assert second.status == "finished" and len(retimed[0]) == 5
-    assert len(retimed) <= 1 + retime.TIE_ROUNDS and all(1 < len(r) < 5 and r[0] in retimed[0] for r in retimed[1:])
+    assert len(retimed) <= 1 + final_best.TIE_ROUNDS and all(1 < len(r) < 5 and r[0] in retimed[0] for r in retimed[1:])
     assert len(second.retimed) == 5 and second.best.retime == second.retimed[0]
     third = tuner.tune("toy", *PROBLEM, trials=12, db=db, seed=0)  # the same top 5
     assert third.measured == 0 and pools.used[2].retimed == [] and third.retimed == ()
@@ -218,13 +218,13 @@ def _decided(toy, timings):
     entries = {n: RetimeEntry(n, median_ms=ms, iqr_ms=ms * 0.001, repetitions=100) for n, ms, _ in timings}
     by_number = {n: (_Trial(n, regs, {"BLOCK_M": 64}), ({"ms": ms}, "src", None, ())) for n, ms, regs in timings}
     pool = _TimesAgain()
-    decided = retime._decide(toy, problem, pool, entries, by_number, retime._Again(30, 5.0, False))
+    decided = final_best._decide(toy, problem, pool, entries, by_number, final_best._Again(30, 5.0, False))
     return decided, pool.calls
 
 
 def test_a_tie_within_the_noise_is_timed_again_then_broken_by_fewer_registers(toy):
     decided, calls = _decided(toy, [(3, 1.000, 128), (7, 1.001, 96), (9, 1.10, 64)])
-    assert calls == [[1.000, 1.001]] * retime.TIE_ROUNDS  # the leader and its tie, again; not #9 (10% off)
+    assert calls == [[1.000, 1.001]] * final_best.TIE_ROUNDS  # the leader and its tie, again; not #9 (10% off)
     assert decided.tied == [7, 3] and decided.broken_by == "registers" and decided.order == [7, 3, 9]
     assert "winner #7 by registers" in decided.text() and decided.state()["tie_retimings"] == 2
 
@@ -242,7 +242,7 @@ def test_the_candidates_grow_with_the_noise_up_to_three_times_top():
                                interval_ms=interval)
 
     quiet = [trial(n, 1.0 + 0.01 * n, 0.001) for n in range(12)]
-    assert [t.number for t in retime.candidates(quiet, 3)] == [0, 1, 2]  # 1.03 is out of 1.00's noise
+    assert [t.number for t in final_best.candidates(quiet, 3)] == [0, 1, 2]  # 1.03 is out of 1.00's noise
     noisy = [trial(n, 1.0 + 0.01 * n, 0.05) for n in range(12)]  # +-5%: 1.00 to 1.09 overlap
-    assert [t.number for t in retime.candidates(noisy, 3)] == list(range(9))  # capped at 3 x 3
-    assert [t.number for t in retime.candidates(noisy, 5)] == list(range(10))  # 1.10 and past: not within 0.10
+    assert [t.number for t in final_best.candidates(noisy, 3)] == list(range(9))  # capped at 3 x 3
+    assert [t.number for t in final_best.candidates(noisy, 5)] == list(range(10))  # 1.10 and past: not within 0.10

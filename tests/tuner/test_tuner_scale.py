@@ -15,9 +15,9 @@ import pytest
 
 import tuner
 from storage import ClaimRefused, TrialOutcome, open_repository, params_key
-from tuner import search
-from tuner.batchtpe import BatchProposer
-from tuner.cli import main
+from tuner.cli.main import main
+from tuner.study import search
+from tuner.study.batchtpe import BatchProposer
 from tuner_doubles import PROBLEM, latency_ms, valid_configs
 from workers.results import Measurement, Timing
 from workers.simulate import (EARLY_REPS, FLUSH_S, TRIAL_OVERHEAD_S, WARMUP_S, busy_shares, gpu_time, host_counts,

@@ -9,8 +9,8 @@ import pytest
 from optuna.trial import TrialState
 
 from templates.family import Param, Problem
-from tuner import search
 from tuner.errors import UsageError
+from tuner.study import search
 
 
 def test_study_name_is_readable_and_deterministic():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tuner
-from tuner.warmstart import WarmStart, nearest_winners, outcomes
+from tuner.study.warmstart import WarmStart, nearest_winners, outcomes
 
 
 def test_a_new_study_starts_from_the_nearest_winner_and_reports_how_it_did(toy, db, pools):

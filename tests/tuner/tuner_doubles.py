@@ -36,6 +36,7 @@ from templates.family import (
     Validation,
 )
 from storage import params_key
+from workers.depth import MIN_DEPTH
 from workers.calibrate import CalibrationSchedule
 from workers.results import FAILURE_KINDS, Calibration, DeviceInfo, Measurement, Paired, Resources, Retiming, Timing
 
@@ -207,7 +208,12 @@ class FakePool:
         self.queue: list[tuple[int, dict[str, Any]]] = []
         self.polls = 0
         self.calls: list[str] = []  # "poll" and "serve", in the order the coordinator made them
+        self.gpus: list[dict[str, Any]] = []  # one GPU: nothing to normalize
+        self.max_actor_depth = MIN_DEPTH
+        self.recorded = None
         self.gpu_busy_seconds = 0.0
+        self.kernel_busy_seconds = 0.0
+        self.flush_busy_seconds = 0.0
         self.closed = False
         self.retimed: list[list[dict[str, Any]]] = []  # the configs of each retime call
 
@@ -222,6 +228,30 @@ class FakePool:
 
     def serve(self) -> None:
         self.calls.append("serve")
+
+    def set_abort_above(self, ms: float | None) -> None:
+        pass
+
+    def set_incumbent(self, params, source, launch, options) -> None:
+        pass
+
+    def calibrations(self) -> list[Calibration]:
+        return []
+
+    def calibrating(self) -> bool:
+        return False
+
+    def replacements(self) -> list[Any]:
+        return []
+
+    def busy_intervals(self) -> list[tuple[int, float, float]]:
+        return []
+
+    def simulator_cpu_seconds(self) -> float:
+        return 0.0
+
+    def simulator_lateness(self) -> list[float]:
+        return []
 
     def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
         self.polls += 1
@@ -272,7 +302,7 @@ class PoolFactory:
         self.queued: list[FakePool] = []
         self.used: list[FakePool] = []
 
-    def __call__(self, fam: KernelFamily, problem: Problem, **options: Any) -> FakePool:
+    def __call__(self, fam: KernelFamily, problem: Problem, where: Any = None) -> FakePool:
         pool = self.queued.pop(0) if self.queued else FakePool()
         self.used.append(pool)
         return pool

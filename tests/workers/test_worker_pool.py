@@ -235,7 +235,7 @@ def test_the_incumbent_is_timed_on_each_gpu_with_fewer_repetitions_and_never_sto
     for c in calibrations:
         assert "abort_above_ms=None max_reps=50 target_ms=75.0" in c.measurement.detail
     for m in results.values():  # the trials: the bench's own timing, with the early-stop bar
-        assert "abort_above_ms=5.0 max_reps=None target_ms=None" in m.detail
+        assert "abort_above_ms=5.0 max_reps=200 target_ms=300.0" in m.detail
 
 
 def test_once_the_anchor_is_compiled_every_trial_is_sent_with_it_to_be_timed_beside_it(pool_factory):

@@ -13,6 +13,7 @@ import numpy as np
 from templates import get_family
 from workers.results import DeviceInfo, Measurement, Retiming, Timing
 from workers.request import TakesRequests
+from workers.timing_options import TimingOptions
 
 FAKE_DEVICE = DeviceInfo("Fake H100", 132, (9, 0), 232448, "580.00", "13.0", uuid="GPU-fake")
 
@@ -31,6 +32,7 @@ class FakeBench(TakesRequests):
 
     def measure(self, binary, launch, family_name, problem, *, params=None, **options):
         behaviour = (params or {}).get("behaviour", "ok")
+        timing = options.get("timing") or TimingOptions()
         self.calls += 1
         started = time.time()
         if self.dead:
@@ -54,9 +56,9 @@ class FakeBench(TakesRequests):
         return Measurement(ok=True, timing=Timing(1.0, 0.9, 1.2, 0.1, 20), error=0.0,
                            max_abs_error=0.0, gpu_seconds=0.5, kernel_seconds=0.4, flush_seconds=0.05,
                            detail=f"pid={os.getpid()} calls={self.calls} prepared={self.prepared} "
-                                  f"abort_above_ms={options.get('abort_above_ms')} "
-                                  f"max_reps={options.get('max_reps')} target_ms={options.get('target_ms')} "
-                                  f"anchor={options['anchor'][0].cubin_hash if options.get('anchor') else None} "
+                                  f"abort_above_ms={timing.abort_above_ms} "
+                                  f"max_reps={timing.max_reps} target_ms={timing.target_ms} "
+                                  f"anchor={timing.anchor[0].cubin_hash if timing.anchor else None} "
                                   f"start={started:.3f} end={time.time():.3f}")
 
 

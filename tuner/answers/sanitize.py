@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tuner import database, lookup
-from tuner.errors import NoGPU, NotFound, TunerError, UsageError, one_line
+from tuner.errors import NoGPU, NotFound, TunerError, UsageError, first_line
 
 TOOLS = ("memcheck", "racecheck", "synccheck")  # workers.sanitizer.TOOLS, without importing it here
 NO_SANITIZER = ("compute-sanitizer not found (on PATH, beside nvcc, or in /usr/local/cuda/bin): "
@@ -171,7 +171,7 @@ def _check_one(target: _Target, tools: Sequence[str], sanitizer: str, family_ref
         compile_cubin(CompileRequest(fam.render(params, problem), launch.kernel,
                                      tuple(fam.compile_options(params, problem))), cache_dir=default_cache_dir())
     except (CompileError, ValueError) as error:
-        return result(problem.key, note=f"does not compile: {one_line(error)}", template_changed=changed)
+        return result(problem.key, note=f"does not compile: {first_line(error)}", template_changed=changed)
     spec = RunSpec(ref, problem.spec, params, cache_dir=str(default_cache_dir()))
     reports = tuple(run_tool(tool, spec, sanitizer=sanitizer, timeout_s=timeout_s) for tool in tools)
     return result(problem.key, reports=reports, template_changed=changed)

@@ -2,7 +2,7 @@
 
     time_line(result)   # "4s (2.7 s GPU busy, 78%; kernels 2.3 s, 67%; L2 flushes 0.2 s, 6%), 1725 trials/min"
     best_line(winner)   # "0.0206 ms re-timed, 104.0 TFLOPS {BLOCK_M: 64, ...}"
-    fault_lines(result) # the time each kind of failure cost the run (tuner.faults), as a table
+    fault_lines(result) # the time each kind of failure cost the run (tuner.study.faults), as a table
     plain(record)       # a frozen dataclass as dicts and lists, for --json
     bench_table(rows)   # `tuner bench`'s table, and a line for each peer without a time
 """
@@ -13,10 +13,10 @@ import dataclasses
 from datetime import datetime
 from typing import Any, Sequence
 
-from tuner.bench import AGREEMENT, ratio_text
-from tuner.faults import fault_rows, fault_table
-from tuner.progress import format_params, format_seconds
-from tuner.retime import clock_change
+from tuner.reports.bench import AGREEMENT, ratio_text
+from tuner.study.faults import fault_rows, fault_table
+from tuner.study.final_best import clock_change
+from tuner.study.progress import format_params, format_seconds
 
 
 def spread(winner: Any) -> str:
@@ -36,7 +36,7 @@ def with_interval(value_ms: float, interval_ms: float | None) -> str:
 
 
 def tie_text(retime: Any) -> str:
-    """How a re-timing's winner won a tie within the noise (``tuner.retime``), or ''."""
+    """How a re-timing's winner won a tie within the noise (``tuner.study.final_best``), or ''."""
     state = retime.gpu_state or {}
     tied = state.get("tied") or []
     if len(tied) < 2:
@@ -111,7 +111,7 @@ def time_line(result: Any) -> str:
 
 
 def throughput_line(report: Any) -> str:
-    """A simulated run (``tuner.meter.ThroughputReport``): the GPUs' busy shares, trials, asks
+    """A simulated run (``tuner.study.meter.ThroughputReport``): the GPUs' busy shares, trials, asks
     and database writes a second."""
     return (f"{report.gpus} GPUs busy {100 * report.busy_mean:.0f}% (min {100 * report.busy_min:.0f}%); "
             f"{report.trials_per_s:.0f} trials/s; {report.asks_per_s:.0f} asks/s, {report.ask_ms:.2f} ms an ask; "

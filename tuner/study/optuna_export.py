@@ -3,7 +3,7 @@
 Our tables are the record of a study; the sampler works in memory. Optuna's view of a study is
 derived from them, in two places:
 
-- in our own database, kept up to date while a study runs (:mod:`tuner.dashboard`), so that
+- in our own database, kept up to date while a study runs (:mod:`tuner.study.dashboard`), so that
   ``optuna-dashboard sqlite:///tuner.db`` shows every study as it is measured;
 - copied on demand to another storage::
 
@@ -12,7 +12,7 @@ derived from them, in two places:
     # then: optuna-dashboard study.log   (or: optuna-dashboard sqlite:///optuna.db)
 
 Each stored trial becomes one Optuna trial: an ok one COMPLETE with its median (ms), a failed
-one FAIL (never ``inf``: that is the sampler's own view of a failure, :mod:`tuner.search`); the
+one FAIL (never ``inf``: that is the sampler's own view of a failure, :mod:`tuner.study.search`); the
 stored number, failure kind and reason, TFLOPS and GPU state travel as user attributes. The
 objective is named :data:`METRIC`; the study carries its problem, GPU, template version and
 family as user attributes (:func:`study_attrs`). Every parameter is categorical over the choices

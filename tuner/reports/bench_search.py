@@ -23,11 +23,11 @@ import optuna
 
 from templates.family import DeviceLimits
 from storage import tied
-from tuner import search, warmstart
+from tuner.study import search, warmstart
 
 logger = logging.getLogger("tuner")
 
-# Each as a study runs it: tpe, the default (tuner.batchtpe's batches); optuna-tpe, Optuna's TPE
+# Each as a study runs it: tpe, the default (tuner.study.batchtpe's batches); optuna-tpe, Optuna's TPE
 # asked one config at a time (constant liar); random and grid, Optuna's. tpe-start: tpe after the
 # family's starting points, as a new study with nothing tuned near it runs; tpe-warm: after the
 # winners of the nearest other landscapes.
@@ -187,12 +187,12 @@ def run(land: _Landscape, name: str, seed: int, in_flight: int = IN_FLIGHT,
     trials are measured at once: the oldest eighth of them (at least one) finish together, then the
     free slots are filled again (``tpe``: one batch; the others: one ask each). Trials count in the
     order they finish. ``failed_as_fail``: a failed config is told FAIL, not ``inf`` (what the
-    sampler would see if it read the optuna-dashboard copy, :mod:`tuner.dashboard`; not what a
+    sampler would see if it read the optuna-dashboard copy, :mod:`tuner.study.dashboard`; not what a
     study does)."""
     from collections import deque
 
     from storage import params_key
-    from tuner.batchtpe import BatchProposer
+    from tuner.study.batchtpe import BatchProposer
 
     space = land.space
     valid_check = lambda p: land.family.check(p, land.problem, land.limits) is None  # noqa: E731

@@ -1,15 +1,16 @@
 """The coordinator: Optuna asks, the family checks, the pool measures, storage records, Optuna is told.
 
 Several trials are in flight at once (``lookahead``); the coordinator is the only writer of the
-database. It runs against anything with the :class:`workers.WorkerPool` interface::
+database. It runs against anything with the :class:`Pool` interface (a :class:`workers.WorkerPool`)::
 
-    coordinator = Coordinator(family, problem, pool=pool, repository=repo, sampler=sampler,
-                              record=record, space=space, trials=200, first=warm_configs)
+    plan = StudyPlan(family, problem, record, space, first=warm_configs)
+    coordinator = Coordinator(plan, pool=pool, repository=repo, sampler=sampler,
+                              options=StudyOptions(trials=200))
     outcome = coordinator.run()      # LoopOutcome(status="finished", reason="200 trials measured")
 
 Rules it keeps:
 
-- the sampler asks and learns in memory (:class:`tuner.mirror.MirroredStudy`), on a study
+- the sampler asks and learns in memory (:class:`tuner.study.mirror.MirroredStudy`), on a study
   rebuilt from the stored trials; a trial that goes to the GPU is stored as running (its
   number taken), and measured it is stored in its place: our tables are its one record;
 - configs given as ``first`` (warm start, the family's starting points) are asked before
@@ -31,14 +32,14 @@ Rules it keeps:
   for them (and measures any whose coordinator dies);
 - running trials of a killed or interrupted run are settled, at the start and at every sync:
   dropped when their config is measured, else measured first (a trial whose coordinator still
-  runs and renews its lease is left to it: :func:`tuner.search.owner_alive`);
+  runs and renews its lease is left to it: :func:`tuner.study.search.owner_alive`);
 - on KeyboardInterrupt it keeps what finished, leaves what was in flight to be measured first
   by the next run and returns ``status="interrupted"``;
 - once finished, it re-times the study's ``retime`` fastest trials interleaved on one GPU and
-  the stored best follows the re-timed medians (:mod:`tuner.retime`; 0: not);
+  the stored best follows the re-timed medians (:mod:`tuner.study.final_best`; 0: not);
 - with several GPUs, each trial's median is also stored normalized by the study's anchor (a fixed
   config every GPU times now and then) as its own GPU timed it close in time, in the terms of the
-  reference GPU's first timing of it (:mod:`tuner.normalize`), with the anchor's drift around it;
+  reference GPU's first timing of it (:mod:`tuner.study.normalize`), with the anchor's drift around it;
   the sampler, the best so far and the re-timing's candidates go by the normalized medians; a
   result of a GPU with no ratio yet waits in flight for its first round. With one GPU nothing of
   it runs.
@@ -52,25 +53,24 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import optuna
 
 from storage import ClaimRefused, TrialOutcome, params_key
 from templates.family import KernelFamily, Problem, TemplateError
-from tuner import collector, search
-from tuner.faults import FaultCost
-from tuner.mirror import MirroredStudy, Proposal, Synced, objective
-from tuner.normalize import GpuScale
-from tuner.progress import Best, Progress
-from tuner.retime import DEFAULT_TOP, retime_study
-from workers.depth import MIN_DEPTH
+from tuner.study import gc_tuning, search
+from tuner.study.faults import FaultCost
+from tuner.study.final_best import DEFAULT_TOP, retime_study
+from tuner.study.mirror import MirroredStudy, Proposal, Synced, objective
+from tuner.study.normalize import GpuScale
+from tuner.study.options import DEFAULT_LOOP, LoopOptions, StudyOptions
+from tuner.study.progress import BestSoFar, Progress
 from workers.results import Measurement
 
 logger = logging.getLogger("tuner")
 
-MAX_IDLE_ASKS = 500
 # While the sampler is asked, the pool is served (``WorkerPool.serve``) at most this often: each
 # GPU holds only its running trial and a few more, and a trial stopped early ends in milliseconds.
 SERVE_EVERY_S = 0.005
@@ -80,19 +80,82 @@ EARLY_STOP_FACTOR = 1.5
 
 
 class Pool(Protocol):
-    """What the coordinator needs of :class:`workers.WorkerPool` (a test can pass a double)."""
+    """Everything the coordinator (and :func:`tuner.tune` around it) uses of
+    :class:`workers.WorkerPool`; a test's double implements the same (``tests/tuner/tuner_doubles.FakePool``).
 
-    device: Any
-    limits: Any
-    num_gpus: int
+    A ticket submitted comes back once from :meth:`poll` with its Measurement. With several GPUs
+    the pool also times an incumbent on every GPU in rounds (:meth:`set_incumbent`,
+    :meth:`calibrations`); with one, those do nothing and return nothing.
+    """
+
+    device: Any  # workers.DeviceInfo of the GPUs measuring (a replay's: the recorded GPU's)
+    limits: Any  # templates.family.DeviceLimits of that GPU: what the family checks configs against
+    num_gpus: int  # GPUs measuring
+    gpus: list[dict[str, Any]]  # each GPU's {"uuid", "index", "name"}; the first re-times ([] : one model)
+    compile_workers: int  # configs compiled at once
+    max_actor_depth: int  # measurements a GPU may hold at once (workers.depth)
+    recorded: Sequence[dict[str, Any]] | None  # a replay's configs (None: real GPUs)
+    gpu_busy_seconds: float  # the GPUs' time measuring so far
+    kernel_busy_seconds: float  # of which the kernels ran
+    flush_busy_seconds: float  # and the L2 was flushed before timed launches
 
     def submit(self, ticket: int, params: dict[str, Any], source: str | None, launch: Any,
-               options: Sequence[str]) -> None: ...
+               options: Sequence[str]) -> None:
+        """Queue a config to compile and measure (``source`` None: rendered where it compiles)."""
 
-    def poll(self, timeout: float) -> list[tuple[int, Measurement]]: ...
+    def poll(self, timeout: float) -> list[tuple[int, Measurement]]:
+        """Finished tickets; waits up to ``timeout`` seconds for the first one."""
+
+    def serve(self) -> None:
+        """Between asks, without waiting: compiled configs go to the GPUs, finished ones are
+        taken in (they come out of the next :meth:`poll`)."""
+
+    def pending(self) -> int:
+        """Tickets submitted and not yet returned by :meth:`poll`."""
+
+    def set_abort_above(self, ms: float | None) -> None:
+        """Timings sent from now on stop once clearly slower than ``ms`` (None: never)."""
+
+    def set_incumbent(self, params: dict[str, Any], source: str, launch: Any, options: Sequence[str]) -> None:
+        """The best config so far, for every GPU to time now and then (several GPUs)."""
+
+    def calibrations(self) -> list[Any]:
+        """The incumbent's timings (``workers.results.Calibration``) since the last call."""
+
+    def calibrating(self) -> bool:
+        """Whether a timing of the incumbent is on its way."""
 
     def retime(self, kernels: Sequence[tuple[dict[str, Any], str, Any, Sequence[str]]], *,
-               rounds: int, max_seconds: float) -> Any: ...
+               rounds: int, max_seconds: float) -> Any:
+        """Time configs (params, source, launch, options) again, interleaved on the first GPU:
+        a ``workers.results.Retiming``. Called with nothing in flight."""
+
+    def replacements(self) -> list[Any]:
+        """GPU workers replaced so far (``workers.pool.Replacement``: the ticket that took one
+        down, and how long its replacement took)."""
+
+    def busy_intervals(self) -> list[tuple[int, float, float]]:
+        """Simulated GPUs: (gpu, start, end) of each measurement; [] otherwise."""
+
+    def simulator_cpu_seconds(self) -> float:
+        """Simulated GPUs: the CPU time their host processes used; 0 otherwise."""
+
+    def simulator_lateness(self) -> list[float]:
+        """Simulated GPUs: how late each measurement's sleep ended; [] otherwise."""
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """What a coordinator runs: the family's problem, its stored study (``storage.StudyRecord``)
+    and space, the configs asked first (warm start, the family's starting points) and the
+    family's valid configs (None: the coordinator lists them)."""
+
+    family: KernelFamily
+    problem: Problem
+    record: Any
+    space: search.SearchSpace
+    first: Sequence[dict[str, Any]] = ()
+    valid: Sequence[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -116,13 +179,13 @@ class LoopOutcome:
     elapsed_s: float
     retimed: tuple[Any, ...] = ()  # storage.RetimeRecord of the re-timing at the end, ranked
     shared: int = 0  # measured meanwhile by other coordinators sharing the study
-    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.faults)
+    faults: tuple[FaultCost, ...] = ()  # this run's failed trials and what each cost (tuner.study.faults)
 
 
 def gpu_scale(pool: Pool) -> GpuScale | None:
     """With several GPUs (``pool.gpus``), what makes their timings one set: ratios to the first,
-    where the re-timing runs (:mod:`tuner.normalize`); None with one."""
-    gpus = list(getattr(pool, "gpus", None) or [])
+    where the re-timing runs (:mod:`tuner.study.normalize`); None with one."""
+    gpus = list(pool.gpus or [])
     return GpuScale(str(gpus[0].get("uuid") or "")) if len(gpus) > 1 else None
 
 
@@ -151,9 +214,8 @@ def gpu_columns(m: Measurement, normalized: float | None, ratio: float | None,
 def default_lookahead(pool: Pool) -> int:
     """Compile workers plus as many trials per GPU as a GPU may hold at once (the one it runs
     and those queued behind it: ``workers.depth``, 2 to 4), so no GPU waits for a compile."""
-    compilers = getattr(pool, "compile_workers", None) or os.cpu_count() or 1
-    depth = int(getattr(pool, "max_actor_depth", MIN_DEPTH))
-    return int(compilers) + depth * max(1, int(getattr(pool, "num_gpus", 1) or 1))
+    compilers = pool.compile_workers or os.cpu_count() or 1
+    return int(compilers) + int(pool.max_actor_depth) * max(1, int(pool.num_gpus or 1))
 
 
 class Coordinator:
@@ -161,42 +223,31 @@ class Coordinator:
 
     def __init__(
         self,
-        family: KernelFamily,
-        problem: Problem,
+        plan: StudyPlan,
         *,
         pool: Pool,
         repository: Any,
         sampler: optuna.samplers.BaseSampler,
-        record: Any,
-        space: search.SearchSpace,
-        trials: int | None = None,
-        time_budget: float | None = None,
-        lookahead: int | None = None,
-        max_idle_asks: int = MAX_IDLE_ASKS,
-        poll_interval: float = 0.5,
-        clock: Callable[[], float] | None = None,
-        progress: Progress | None = None,
-        retime: int = DEFAULT_TOP,
-        early_stop: bool = True,
-        first: Sequence[dict[str, Any]] = (),
-        meter: Any = None,
-        stored: Callable[[Any], None] | None = None,
-        valid: Sequence[dict[str, Any]] | None = None,
+        options: StudyOptions,
+        loop: LoopOptions = DEFAULT_LOOP,
     ) -> None:
-        self.family, self.problem, self.pool = family, problem, pool
-        self.meter = meter  # tuner.meter.Meter: asks and tells timed
-        self.repository, self.sampler, self.record, self.space = repository, sampler, record, space
-        self.first = [dict(params) for params in first]
-        self.stored = stored  # called with each trial this run stores (storage.TrialRecord)
-        self.trials, self.time_budget = trials, time_budget
-        self.lookahead = max(1, lookahead or default_lookahead(pool))
-        self.max_idle_asks = max_idle_asks
-        self.retime = retime
-        self.early_stop = early_stop
-        self.poll_interval = poll_interval
-        self.clock = clock = clock or time.monotonic
-        self.progress = progress or Progress(
-            record.name, trials=trials, time_budget=time_budget, clock=clock
+        """Runs ``plan`` on ``pool``, recording in ``repository``; ``options``: the budget
+        (``trials``, ``time_budget``), ``retime`` and ``early_stop``; ``loop``: how the loop runs."""
+        self.family, self.problem, self.pool = plan.family, plan.problem, pool
+        self.meter = loop.meter  # tuner.study.meter.Meter: asks and tells timed
+        self.repository, self.sampler, self.record, self.space = repository, sampler, plan.record, plan.space
+        self.first = [dict(params) for params in plan.first]
+        self.stored = loop.stored  # called with each trial this run stores (storage.TrialRecord)
+        self.trials, self.time_budget = options.trials, options.time_budget
+        self.lookahead = max(1, loop.lookahead or default_lookahead(pool))
+        self.max_idle_asks = loop.max_idle_asks
+        self.retime = options.retime
+        self.early_stop = options.early_stop
+        self.poll_interval = loop.poll_interval
+        self.clock = clock = loop.clock or time.monotonic
+        self.loop = replace(loop, clock=clock)
+        self.progress = loop.progress or Progress(
+            plan.record.name, trials=options.trials, time_budget=options.time_budget, clock=clock
         )
         self._known: dict[str, float] = {}  # params_key -> objective told to Optuna
         self._best_known: tuple[float, str] | None = None  # the least finite (value, key) of _known
@@ -217,26 +268,26 @@ class Coordinator:
         self._failed: list[tuple[int, FaultCost]] = []  # (pool ticket, cost without replacements)
         self._started = clock()
         self._proposals: MirroredStudy | None = None  # made by run(), after the resume
-        self._proposer: Any = None  # tuner.batchtpe.BatchProposer, made on the first batch
+        self._proposer: Any = None  # tuner.study.batchtpe.BatchProposer, made on the first batch
         # the family's valid configs: given (the caller listed them already), else listed by _resume
-        self._given_valid = None if valid is None else list(valid)
+        self._given_valid = None if plan.valid is None else list(plan.valid)
         self._valid: list[dict[str, Any]] = []
         self._scale = gpu_scale(pool)  # several GPUs: their timings made one set
         self._held: dict[int, Measurement] = {}  # ticket -> measured on a GPU with no ratio yet
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
-        self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.normalize)
+        self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.study.normalize)
         self._served = 0.0  # time.monotonic() of the pool's last serve between asks
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._started = self.clock()
         self._proposals = MirroredStudy(self.repository, self.record.id, self.space, self.sampler,
-                                        owner=search.owner_id(), clock=self.clock, meter=self.meter)
+                                        owner=search.owner_id(), loop=self.loop)
         self._resume()
         self.repository.set_study_status(self.record.id, "running")
         status, reason = "interrupted", "stopped by an error"
         try:
-            with collector.quiet():
+            with gc_tuning.quiet():
                 reason = self._loop()
             status = "finished"
         except KeyboardInterrupt:
@@ -261,18 +312,17 @@ class Coordinator:
 
     def _fault_costs(self) -> tuple[FaultCost, ...]:
         """This run's failed trials, each with the time its GPU workers' replacements took
-        (``pool.replacements()``, where the pool says; a replacement still starting counts its
+        (``pool.replacements()``; a replacement still starting counts its
         time so far)."""
-        replacements = getattr(self.pool, "replacements", None)
         by_ticket: dict[int, list[float]] = {}
-        for done in (replacements() if callable(replacements) else []):
+        for done in self.pool.replacements():
             if done.ticket is not None:
                 by_ticket.setdefault(done.ticket, []).append(done.seconds)
         return tuple(FaultCost.of(c.number, c.failure, c.reason, c.wall_s, c.params, by_ticket.get(ticket, ()))
                      for ticket, c in self._failed)
 
     def _retime(self) -> list[Any]:
-        """Re-time the study's fastest trials (:mod:`tuner.retime`); Ctrl-C skips it."""
+        """Re-time the study's fastest trials (:mod:`tuner.study.final_best`); Ctrl-C skips it."""
         if self.retime < 1:
             return []
         try:
@@ -375,7 +425,7 @@ class Coordinator:
     def _fill(self) -> None:
         """Ask until ``lookahead`` trials are in flight, in batches: the free slots' configs
         asked (``tpe``: proposed at once, one model for the batch,
-        :class:`tuner.batchtpe.BatchProposer`), screened, and their leases claimed in one
+        :class:`tuner.study.batchtpe.BatchProposer`), screened, and their leases claimed in one
         transaction (``Repository.claim_trials``)."""
         self._synced(self._mirror.sync())
         idle_rounds = 0
@@ -415,7 +465,7 @@ class Coordinator:
     def _propose(self, count: int) -> list[Proposal]:
         """Up to ``count`` proposals: the sampler's asks where it is not ``tpe``; else the configs
         enqueued (warm start, settled trials) first, asked with their params, or else one batch of
-        :class:`tuner.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
+        :class:`tuner.study.batchtpe.BatchProposer` (once a batch proposes, the memory study's TPE
         is asked no more: it lacks the batches' trials)."""
         batcher, waiting = self._batcher(), self._mirror.waiting()
         if batcher is None or waiting:  # waiting: enqueued configs, asked with their own params
@@ -440,16 +490,15 @@ class Coordinator:
     def _serve_pool(self) -> None:
         """Between asks: the pool hands compiled configs to its GPUs and takes in what finished
         (``serve``: the results come out of the next poll), at most every ``SERVE_EVERY_S``."""
-        serve = getattr(self.pool, "serve", None)
         now = time.monotonic()
-        if serve is not None and now - self._served >= SERVE_EVERY_S:
+        if now - self._served >= SERVE_EVERY_S:
             self._served = now
-            serve()
+            self.pool.serve()
 
     def _batcher(self) -> Any:
         """The batch proposer of a ``tpe`` study (None for the other samplers), made once."""
         if self._proposer is None and getattr(self.sampler, "batch_proposals", False):
-            from tuner.batchtpe import BatchProposer
+            from tuner.study.batchtpe import BatchProposer
 
             # the valid configs of the space (not a walk of the space: attention's is 7.3 million)
             valid = [c for c in self._valid if self.space.contains(c)]
@@ -613,7 +662,7 @@ class Coordinator:
 
     def _published(self, trial: Any) -> None:
         """A stored trial, to whoever wants each one (``stored``: the optuna-dashboard copy,
-        :mod:`tuner.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
+        :mod:`tuner.study.dashboard`). The sampler's own view of it is told by ``MirroredStudy.finish``."""
         if self.stored is not None:
             self.stored(trial)
 
@@ -627,14 +676,14 @@ class Coordinator:
         self._n_valid = len(valid)
         synced = self._mirror.sync(force=True)
         assert synced is not None
-        best: Best | None = None
+        best: BestSoFar | None = None
         for trial in synced.finished:
             if trial.key not in self._known:
                 self._know(trial.key, objective(trial))
             self._previous += 1
             ranked = trial.ranked_ms
             if trial.ok and ranked is not None and (best is None or ranked < best.median_ms):
-                best = Best(ranked, trial.tflops, dict(trial.params), trial.number)
+                best = BestSoFar(ranked, trial.tflops, dict(trial.params), trial.number)
         for running in synced.running:
             if not self._settle(running):
                 logger.info("trial %d is being measured by %s: left to it", running.number,
@@ -654,9 +703,8 @@ class Coordinator:
         """Tell the pool a timing may stop once it is clearly behind the best so far."""
         if not self.early_stop:
             return
-        set_bar = getattr(self.pool, "set_abort_above", None)
-        if self._best_known is not None and set_bar is not None:
-            set_bar(EARLY_STOP_FACTOR * self._best_known[0])
+        if self._best_known is not None:
+            self.pool.set_abort_above(EARLY_STOP_FACTOR * self._best_known[0])
 
     def _know(self, key: str, value: float) -> None:
         """A config's objective, as told to the sampler; the fastest finite one kept as it comes
@@ -669,7 +717,7 @@ class Coordinator:
         elif math.isfinite(value) and (self._best_known is None or (value, key) < self._best_known):
             self._best_known = (value, key)
 
-    # -- several GPUs: one set of timings (tuner.normalize) ----------------------------------
+    # -- several GPUs: one set of timings (tuner.study.normalize) ----------------------------------
     def _normalized(self, m: Measurement) -> tuple[float | None, float | None]:
         """(the trial's median on the reference GPU, the ratio used); (None, None) with one GPU
         or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""
@@ -706,7 +754,7 @@ class Coordinator:
         incumbent (no round is coming back for them: they keep their raw median, with no ratio)."""
         if not self._held:
             return
-        busy = getattr(self.pool, "pending", lambda: 1)() or getattr(self.pool, "calibrating", lambda: False)()
+        busy = self.pool.pending() or self.pool.calibrating()
         idle = force or not busy
         for ticket, m in list(self._held.items()):
             if idle or self._scale is None or self._ratio_known(m):
@@ -725,7 +773,7 @@ class Coordinator:
         """Take in the GPUs' timings of the anchor that came back (``pool.calibrations``)."""
         if self._scale is None:
             return
-        for calibration in self.pool.calibrations():  # type: ignore[attr-defined]
+        for calibration in self.pool.calibrations():
             m = calibration.measurement
             if m.ok and m.timing is not None:
                 if self._anchor_key is None:
@@ -757,7 +805,7 @@ class Coordinator:
         except TemplateError:
             return
         self._incumbent = key
-        self.pool.set_incumbent(params, source, launch, options)  # type: ignore[attr-defined]
+        self.pool.set_incumbent(params, source, launch, options)
 
     def _abandon_in_flight(self) -> None:
         for flight in list(self._in_flight.values()):

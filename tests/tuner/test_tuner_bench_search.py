@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tuner.searchbench import bench_search, load, plot, run
+from tuner.reports.bench_search import bench_search, load, plot, run
 from tuner_doubles import LANDSCAPE, ROOT, run_cli
 
 

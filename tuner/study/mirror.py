@@ -36,7 +36,8 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
 from storage import LEASE_RENEW_S, ClaimRefused, ranked_ms
-from tuner import search
+from tuner.study import search
+from tuner.study.options import DEFAULT_LOOP, LoopOptions
 
 SYNC_INTERVAL_S = 5.0
 
@@ -44,7 +45,7 @@ SYNC_INTERVAL_S = 5.0
 @dataclass
 class Proposal:
     """One asked config: its in-memory trial and, once recorded, its stored trial's number. A
-    config proposed outside Optuna's ask (a batch: :mod:`tuner.batchtpe`) has no trial but its
+    config proposed outside Optuna's ask (a batch: :mod:`tuner.study.batchtpe`) has no trial but its
     ``encoded`` params; told, it joins :meth:`MirroredStudy.observed` alone (adding it to the
     memory study cost 1 ms a trial, and the batch proposer reads the observations only)."""
 
@@ -77,12 +78,13 @@ def objective(trial: Any) -> float:
 class MirroredStudy:
     def __init__(self, repository: Any, study_id: int, space: search.SearchSpace,
                  sampler: optuna.samplers.BaseSampler, *, owner: str | None = None,
-                 sync_interval_s: float = SYNC_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, meter: Any = None) -> None:
-        """``owner``: who measures the trials this records (``search.owner_id()``); ``meter``:
-        a :class:`tuner.meter.Meter` that times the sampler's asks and tells."""
+                 sync_interval_s: float = SYNC_INTERVAL_S, loop: LoopOptions = DEFAULT_LOOP) -> None:
+        """``owner``: who measures the trials this records (``search.owner_id()``); ``loop``:
+        its ``clock`` (None: time.monotonic) and its ``meter`` (a :class:`tuner.study.meter.Meter`
+        that times the sampler's asks and tells)."""
         self.repository, self.study_id, self.space, self.owner = repository, study_id, space, owner
-        self.meter = meter
+        self.meter = loop.meter
+        clock = loop.clock or time.monotonic
         self._observed: list[tuple[dict[str, Any], float]] = []  # see observed()
         self.memory = search.memory_study(sampler)
         self._taken: set[int] = set()  # stored trial numbers the memory study holds

@@ -3,20 +3,20 @@
     optuna-dashboard sqlite:///tuner.db        # every study, live, unmodified dashboard
 
 Our tables are the record of a trial, and the sampler works on its own study in memory
-(:mod:`tuner.mirror`). While a study runs, each trial it stores is also added, by a process of
+(:mod:`tuner.study.mirror`). While a study runs, each trial it stores is also added, by a process of
 its own, to an Optuna study of the same name in Optuna's tables of the same database
-(:mod:`tuner.optuna_export` says what a trial becomes: a failure is FAIL, with its kind and
+(:mod:`tuner.study.optuna_export` says what a trial becomes: a failure is FAIL, with its kind and
 reason). An Optuna RDB write took 23-28 ms a trial (median) on SQLite, against 30-50 ms a trial
 for a whole study of microsecond kernels on the GPU machine: written by a thread of the
 coordinator, the copy made a 200-trial replay 30% slower (the GIL), so it has a process of its own
-(``python -m tuner.dashboard``, not multiprocessing: a spawned child re-runs the caller's main
+(``python -m tuner.study.dashboard``, not multiprocessing: a spawned child re-runs the caller's main
 module), fed on its stdin; it ends when its stdin does, so with the coordinator, even a killed one::
 
     copy = start(url, study_record, repo)   # opens the copy; adds what earlier runs left out
     copy.put(trial_record)                  # after each stored trial, returns at once
     copy.close()                            # waits for the queue to drain (bounded)
 
-A copy is marked as ours (:data:`tuner.optuna_export.COPY_MARK`); an Optuna study of the same
+A copy is marked as ours (:data:`tuner.study.optuna_export.COPY_MARK`); an Optuna study of the same
 name without the mark is the sampler's study of a version before our tables were the record
 (its failures told as ``inf``) and is replaced. Each coordinator adds the trials it measured; at
 its start it adds the stored trials the copy lacks (those of a run killed before it could),
@@ -60,9 +60,9 @@ from typing import Any, Sequence
 
 import optuna
 
-from tuner import search
-from tuner.errors import one_line
-from tuner.optuna_export import COPY_MARK, describe, optuna_trial, space_distributions, study_attrs
+from tuner.errors import first_line
+from tuner.study import search
+from tuner.study.optuna_export import COPY_MARK, describe, optuna_trial, space_distributions, study_attrs
 
 logger = logging.getLogger("tuner")
 
@@ -76,7 +76,7 @@ def enabled() -> bool:
 
 
 class DashboardCopy:
-    """A study's Optuna copy, written by a process of its own (``python -m tuner.dashboard``, fed
+    """A study's Optuna copy, written by a process of its own (``python -m tuner.study.dashboard``, fed
     pickled records on its stdin by a thread here): :meth:`put` each stored trial, then
     :meth:`close`. ``missing``: stored trials to add first where the copy lacks them."""
 
@@ -88,7 +88,7 @@ class DashboardCopy:
         running, self._running = os.pipe() if url.startswith("sqlite") else (-1, -1)
         passed = (running,) if running >= 0 else ()
         try:
-            self._process = subprocess.Popen([sys.executable, "-m", "tuner.dashboard", *map(str, passed)],
+            self._process = subprocess.Popen([sys.executable, "-m", "tuner.study.dashboard", *map(str, passed)],
                                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              pass_fds=passed)
         except BaseException:
@@ -172,7 +172,7 @@ def serve(stream: Any, running: int | None = None) -> int:
         storage, study, numbers = _open(url, record)
         distributions = space_distributions(record.space)
     except Exception as error:  # noqa: BLE001 - the copy never fails the study
-        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, one_line(error))
+        logger.warning("optuna-dashboard copy of %s not written: %s", record.name, first_line(error))
         return 0
     written = 0
 
@@ -216,7 +216,7 @@ def _write(storage: Any, study: optuna.Study, trials: Sequence[Any], distributio
             break
         except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
             if attempt == WRITE_ATTEMPTS - 1:
-                logger.warning("optuna-dashboard copy: %d trials not written: %s", len(frozen), one_line(error))
+                logger.warning("optuna-dashboard copy: %d trials not written: %s", len(frozen), first_line(error))
                 return 0
             time.sleep(0.05 * 2 ** attempt)
     return sum(_write_one(study, trial) for trial in frozen)
@@ -270,7 +270,7 @@ def _write_one(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
         except Exception as error:  # noqa: BLE001 - a lock met; the last one is logged
             if attempt == WRITE_ATTEMPTS - 1:
                 logger.warning("optuna-dashboard copy: trial %d not written: %s", trial.user_attrs.get("number"),
-                               one_line(error))
+                               first_line(error))
             time.sleep(0.05 * 2 ** attempt)
     return 0
 

@@ -1,4 +1,4 @@
-"""``tuner lint FAMILY``: the command line of :func:`tuner.lint.lint_family`, kept beside
+"""``tuner lint FAMILY``: the command line of :func:`tuner.reports.lint.lint_family`, kept beside
 ``tuner/cli.py`` (which only adds it to its commands)::
 
     tuner lint docs/examples/rmsnorm
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tuner.lint import LintReport, lint_family
+from tuner.reports.lint import LintReport, lint_family
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:

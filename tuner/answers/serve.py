@@ -3,7 +3,7 @@
     tuner serve --db sqlite:///tuner.db            # http://127.0.0.1:8765/ , schema at /openapi.json
     curl 'http://127.0.0.1:8765/best?family=attention&shape=2,8,1024,64&dtype=fp16&causal=true'
 
-Every route calls :class:`tuner.reader.Reader` and returns what it gives, which is what the
+Every route calls :class:`tuner.answers.reader.Reader` and returns what it gives, which is what the
 matching ``--json`` command prints; nothing is computed here. The problem flags of the families
 are query parameters named as on the command line (``causal=true``, ``layout=nt``). A bad query
 is a 4xx with one line, ``{"detail": "..."}``: 400 for a value the tuner refuses, 404 for
@@ -26,8 +26,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, one_line
-from tuner.reader import Reader
+from tuner.answers.reader import Reader
+from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, first_line
 
 logger = logging.getLogger("tuner")
 
@@ -142,13 +142,13 @@ def create_app(reader: Reader) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": one_line(Exception(str(error.detail)))}, status_code=error.status_code,
+        return JSONResponse({"detail": first_line(Exception(str(error.detail)))}, status_code=error.status_code,
                             headers=getattr(error, "headers", None))
 
     @app.exception_handler(Exception)
     def unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("serve: %s %s failed", request.method, request.url.path)
-        return JSONResponse({"detail": f"internal error: {one_line(error)}"}, status_code=500)
+        return JSONResponse({"detail": f"internal error: {first_line(error)}"}, status_code=500)
 
     return app
 
@@ -213,7 +213,7 @@ def _flag_parameters(reader: Reader) -> list[dict[str, Any]]:
 
 
 def _asset(name: str) -> str:
-    return (resources.files("tuner") / "page" / name).read_text(encoding="utf-8")
+    return (resources.files("tuner.answers") / "page" / name).read_text(encoding="utf-8")
 
 
 def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
@@ -221,7 +221,7 @@ def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) ->
     version's schema) and serve it until interrupted."""
     import uvicorn
 
-    from tuner.reader import open_reader
+    from tuner.answers.reader import open_reader
 
     with open_reader(db) as reader:
         app = create_app(reader)

@@ -20,21 +20,26 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
-from tuner import api, check_cli, cli_dispatch, lint_cli, search
-from tuner import cli_text as report
-from tuner.exporter import launch_path
-from tuner.bench import bench as run_bench
-from tuner.bench import suite_of
+from tuner import api
+from tuner.answers.exporter import launch_path
+from tuner.cli import check, export_dispatch, lint
+from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
-from tuner.searchbench import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
-from tuner.searchbench import IN_FLIGHT
-from tuner.searchbench import bench_search, check_plot
-from tuner.searchbench import plot as plot_search
-from tuner.landscape import record_landscape
-from tuner.study_plot import plot_study
-from tuner.progress import format_params
+from tuner.reports.bench import bench as run_bench
+from tuner.reports.bench import suite_of
+from tuner.reports.bench_search import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
+from tuner.reports.bench_search import IN_FLIGHT
+from tuner.reports.bench_search import bench_search, check_plot
+from tuner.reports.bench_search import plot as plot_search
+from tuner.reports.landscape import record_landscape
+from tuner.reports.study_plot import plot_study
+from workers.pool_options import PoolOptions
+from tuner.study import search
+from tuner.study.options import StudyOptions
+from tuner.study.progress import format_params
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -222,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
-    cli_dispatch.add_parser(sub, common)
+    export_dispatch.add_parser(sub, common)
 
     serve = sub.add_parser("serve", parents=[common],
                            help="serve the stored results read-only over HTTP (JSON API and a page)")
@@ -240,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--optuna", metavar="TARGET",
                       help="also copy the study to an Optuna storage for optuna-dashboard: "
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
-    check_cli.add_parser(sub, common, _seconds)
-    lint_cli.add_parser(sub, common)
+    check.add_parser(sub, common, _seconds)
+    lint.add_parser(sub, common)
     return parser
 
 
@@ -328,17 +333,26 @@ def _family_flags(args: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
 
 
 # -- the commands: call the API, print what it returned -------------------------------------------
+def _study_options(args: argparse.Namespace) -> StudyOptions:
+    """``tune``'s and ``tune-many``'s search arguments, once."""
+    return StudyOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
+                        seed=args.seed, warm_start=args.warm_start, retime=args.retime,
+                        early_stop=args.early_stop, constant_liar=getattr(args, "constant_liar", True))
+
+
+def _pool_options(args: argparse.Namespace, **fields: Any) -> PoolOptions:
+    """Where ``tune``'s and ``tune-many``'s trials are measured, once (``fields``: replaced)."""
+    where = PoolOptions(ray_address=args.ray_address, replay=getattr(args, "replay", None),
+                        measure_timeout_s=args.measure_timeout,
+                        simulate_gpus=getattr(args, "simulate_gpus", None))
+    return replace(where, **fields)
+
+
 def _tune(args: argparse.Namespace) -> int:
     if args.no_batch:
         logging.getLogger("tuner").warning("--no-batch no longer has an effect: trials are always asked, leased and stored in batches")
-    result = api.tune(
-        args.family, args.shape, args.dtype, args.flags, trials=args.trials,
-        time_budget=args.time_budget, sampler=args.sampler, db=args.db,
-        ray_address=args.ray_address, replay=args.replay, seed=args.seed,
-        measure_timeout_s=args.measure_timeout, warm_start=args.warm_start, retime=args.retime,
-        early_stop=args.early_stop, simulate_gpus=args.simulate_gpus,
-        constant_liar=args.constant_liar,
-    )
+    result = api.tune(args.family, args.shape, args.dtype, args.flags, db=args.db,
+                      options=_study_options(args), pool=_pool_options(args))
     code = EXIT_INTERRUPTED if result.status == "interrupted" else 0
     if args.json:
         print(json.dumps(report.plain(result), indent=2))
@@ -366,14 +380,10 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_many(args: argparse.Namespace) -> int:
-    from tuner.many import tune_many
+    from tuner.study.many import tune_many
 
-    done = tune_many(
-        args.family, args.shapes, trials=args.trials, time_budget=args.time_budget,
-        sampler=args.sampler, db=args.db, ray_address=args.ray_address, replay=args.replay,
-        seed=args.seed, measure_timeout_s=args.measure_timeout, warm_start=args.warm_start,
-        retime=args.retime, early_stop=args.early_stop,
-    )
+    done = tune_many(args.family, args.shapes, db=args.db, replay=args.replay,
+                     options=_study_options(args), pool=_pool_options(args, replay=None))
     stopped = any(d.result is None or d.result.status == "interrupted" for d in done)
     if args.json:
         print(json.dumps([{"problem": d.problem, "result": report.plain(d.result)} for d in done], indent=2))
@@ -390,7 +400,7 @@ def _tune_many(args: argparse.Namespace) -> int:
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    from tuner.covered import coverage, table
+    from tuner.answers.covered import coverage, table
 
     found = coverage(args.family, db=args.db)
     if args.json:
@@ -565,7 +575,7 @@ SERVE_EXTRA = ("tuner serve needs FastAPI and uvicorn: pip install 'kernel-tuner
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from tuner.serve import serve
+        from tuner.answers.serve import serve
     except ImportError as error:
         raise UsageError(f"{SERVE_EXTRA} ({error})") from None
     serve(args.db, host=args.host, port=args.port)
@@ -585,8 +595,8 @@ def _landscape(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
-             "check": check_cli.run, "export-dispatch": cli_dispatch.run, "report": _report,
-             "lint": lint_cli.run}
+             "check": check.run, "export-dispatch": export_dispatch.run, "report": _report,
+             "lint": lint.run}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ logger = logging.getLogger("tuner")
 
 
 @dataclass
-class Best:
+class BestSoFar:
     median_ms: float
     tflops: float | None
     params: dict[str, Any]
@@ -69,13 +69,13 @@ class Progress:
         self.interval = interval
         self.clock = clock
         self.counts = Counts()
-        self.best: Best | None = None
+        self.best: BestSoFar | None = None
         self.in_flight = 0
         self.started = clock()
         self._last_line = self.started
 
     # -- events ---------------------------------------------------------------------------------
-    def resumed(self, previous: int, best: Best | None) -> None:
+    def resumed(self, previous: int, best: BestSoFar | None) -> None:
         self.counts.previous = previous
         self.best = best
         if previous:
@@ -101,7 +101,7 @@ class Progress:
         assert median_ms is not None
         if self.best is not None and median_ms >= self.best.median_ms:
             return False
-        self.best = Best(median_ms, tflops, dict(params), number)
+        self.best = BestSoFar(median_ms, tflops, dict(params), number)
         logger.info("new best (%s): %s", _trial(number), self._best_text())
         return True
 

@@ -4,7 +4,7 @@ One study exists per (family, template version, problem, GPU); its name is reada
 deterministic, so running the same command again resumes it. Its trials are stored in our tables
 (``storage``); the sampler works on an in-memory Optuna study, rebuilt from them on resume::
 
-    from tuner.search import SearchSpace, make_sampler, memory_study, stored_trial, study_name
+    from tuner.study.search import SearchSpace, make_sampler, memory_study, stored_trial, study_name
 
     name = study_name("attention", "3f9a0c1d2e4b5a6c", problem, "NVIDIA H100 80GB HBM3")
     # 'attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c'
@@ -156,7 +156,7 @@ def make_sampler(kind: str, space: SearchSpace, seed: int | None = None,
                  valid: Callable[[dict[str, Any]], bool] | None = None,
                  constant_liar: bool = True) -> optuna.samplers.BaseSampler:
     """``tpe`` (the default: TPE's estimator, whose coordinator proposes a batch at once from one
-    model, :mod:`tuner.batchtpe`), ``optuna-tpe`` (Optuna's multivariate TPE asked one config at a
+    model, :mod:`tuner.study.batchtpe`), ``optuna-tpe`` (Optuna's multivariate TPE asked one config at a
     time), ``random`` or ``grid``; both TPEs count the trials in flight as bad results unless
     ``constant_liar=False``. A ``tpe`` study's sampler is Optuna's TPE too: it asks the configs
     enqueued (warm start, settled trials) with their own params.
@@ -219,7 +219,7 @@ class _ConstrainedTPESampler(optuna.samplers.TPESampler):
             tuple(space.encode(c)[n] for n in names) for c in points]
         self._given = points is not None
         self._start_rng = random.Random(options.get("seed"))
-        self.batch_seed = options.get("seed")  # for tuner.batchtpe.BatchProposer
+        self.batch_seed = options.get("seed")  # for tuner.study.batchtpe.BatchProposer
         self.constant_liar = bool(options.get("constant_liar"))
         self.batch_proposals = False  # the coordinator proposes in batches (sampler "tpe")
 
@@ -338,7 +338,7 @@ class _ValidRandomSampler(optuna.samplers.RandomSampler):
     """Random search among a list of points (the family's valid configs), each drawn with equal
     chance, repeats included. Optuna's RandomSampler draws from the whole product: in attention's
     space one draw in 5,000 is valid, so a study would meet the loop's limit of 500 rejected asks
-    in a row (``loop.MAX_IDLE_ASKS``) before its first few trials."""
+    in a row (``options.MAX_IDLE_ASKS``) before its first few trials."""
 
     def __init__(self, points: Sequence[Mapping[str, Any]], distributions: Mapping[str, Any],
                  seed: int | None = None) -> None:

@@ -1,5 +1,5 @@
 """`tuner export-dispatch FAMILY -o DIR`: the family's tuned winners as one C++ header
-(:func:`tuner.dispatch.export_dispatch`); kept apart from tuner/cli.py, which only registers it."""
+(:func:`tuner.answers.dispatch.export_dispatch`); kept apart from tuner/cli/main.py, which only registers it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.dispatch import export_dispatch
+    from tuner.answers.dispatch import export_dispatch
 
     path = export_dispatch(args.family, out_dir=args.out, db=args.db, device=args.device)
     print(f"wrote {path} and {path.with_suffix('.json')}")

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tuner import search
+from tuner.study import search
 
 # Where they differ from TPE's defaults (24 candidates, gamma 0.1), they came within 2% of the
 # best in fewer trials on six attention landscapes (bench-search, 40 seeds each, 16 in flight:

@@ -1,12 +1,12 @@
 """The API's read calls on one database opened once, read-only: what ``tuner serve`` answers.
 
-    with tuner.reader.open_reader("sqlite:///tuner.db") as reader:
+    with tuner.answers.reader.open_reader("sqlite:///tuner.db") as reader:
         reader.best("attention", "2,8,1024,64", "fp16", {"causal": "true"})  # = `best --json`
         reader.export("attention", "2,8,1024,64", "fp16", {"causal": True})  # .cu and launch
         reader.studies(); reader.show("3"); reader.coverage("attention")
 
-Each answer is the document the matching ``--json`` command prints (:mod:`tuner.cli_text`),
-computed by the same calls of :mod:`tuner.api` and :mod:`tuner.covered`, on a repository that
+Each answer is the document the matching ``--json`` command prints (:mod:`tuner.cli.text`),
+computed by the same calls of :mod:`tuner.api` and :mod:`tuner.answers.covered`, on a repository that
 neither creates nor migrates anything and refuses writes (``storage.open_reader``).
 
 Families are the installed ones (and those registered in this process) by name only: a path
@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from templates.family import KernelFamily, Problem
 from tuner import api, database, lookup
-from tuner import cli_text as report
+from tuner.cli import text as report
 from tuner.errors import UsageError
 
 CACHE_LIMIT = 4096  # answers kept at one version of the bests; the oldest go first past it
@@ -106,7 +106,7 @@ class Reader:
 
     def coverage(self, family: str) -> dict[str, Any]:
         """``tuner coverage FAMILY --json``."""
-        from tuner.covered import coverage_in
+        from tuner.answers.covered import coverage_in
 
         return report.plain(coverage_in(self.repo, self.family(family)))
 

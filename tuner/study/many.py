@@ -13,7 +13,7 @@ The file lists problems, each a shape, a dtype and the family's flags::
 
 Each problem gets the whole budget (``trials`` measured trials of its study, or ``time_budget``
 seconds) and is tuned in the file's order, so that each warm-starts from the winners of those
-tuned before it (:mod:`tuner.warmstart`). Run again, the same call resumes: a problem whose study
+tuned before it (:mod:`tuner.study.warmstart`). Run again, the same call resumes: a problem whose study
 is at its budget (``trials`` measured; with a time budget, a study that finished) is skipped,
 the one that was interrupted goes on, the rest follow. One Ray serves every problem.
 """
@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from templates.family import KernelFamily, Problem
 from tuner import api, database, lookup
-from tuner.errors import UsageError, one_line
-from tuner.progress import format_params
+from tuner.errors import UsageError, first_line
+from tuner.study.options import StudyOptions, split_keywords
+from tuner.study.progress import format_params
+from workers.pool_options import PoolOptions
 
 logger = logging.getLogger("tuner")
 
@@ -58,7 +60,7 @@ def read_problems(fam: KernelFamily, path: str | Path) -> list[Problem]:
     try:
         entries = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise UsageError(f"{path} is not YAML: {one_line(error)}") from None
+        raise UsageError(f"{path} is not YAML: {first_line(error)}") from None
     if not isinstance(entries, list) or not entries:
         raise UsageError(f"{path}: expected a list of problems, each with shape, dtype and flags")
     problems: list[Problem] = []
@@ -121,43 +123,37 @@ def tune_many(
     family: str | KernelFamily,
     problems: str | Path | Sequence[Problem],
     *,
-    trials: int | None = None,
-    time_budget: float | None = None,
-    sampler: str = "tpe",
     db: str | None = None,
-    ray_address: str | None = None,
     replay: Sequence[str | Path] | None = None,
-    seed: int | None = None,
-    measure_timeout_s: float = 60.0,
-    warm_start: int = 3,
-    retime: int = 5,
-    early_stop: bool = True,
+    options: StudyOptions | None = None,
+    pool: PoolOptions | None = None,
+    **keywords: Any,
 ) -> list[Tuned]:
     """Tune each problem (a YAML file of them, or Problems) with the budget of :func:`tune`
-    each, in order; a problem at its budget already is skipped. ``replay``: landscapes (files or
-    folders) of which one records each problem. Ctrl-C stops after the problem being tuned (its
-    study keeps what finished); the problems not reached are in the list with ``result=None``."""
+    each, in order (``options``, ``pool`` and their keywords as :func:`tuner.tune` takes them); a
+    problem at its budget already is skipped. ``replay``: landscapes (files or folders) of which
+    one records each problem. Ctrl-C stops after the problem being tuned (its study keeps what
+    finished); the problems not reached are in the list with ``result=None``."""
+    study, where = split_keywords("tune_many", keywords, options, pool)
     fam = lookup.family(family)
     wanted = read_problems(fam, problems) if isinstance(problems, (str, Path)) else list(problems)
     wanted = list(dict.fromkeys(wanted))  # each once, in order
-    api.check_budget(sampler, trials, time_budget, retime, warm_start, measure_timeout_s)
-    if trials is None and time_budget is None:
-        trials = api.DEFAULT_TRIALS
+    api.check_budget(study, where)
+    if study.trials is None and study.time_budget is None:
+        study = replace(study, trials=api.DEFAULT_TRIALS)
+    study = replace(study, skip_at_budget=True)
     landscapes = landscapes_for(fam, wanted, replay) if replay else {}
     url = database.url(db)
     database.check(url)  # a database that cannot be opened: refused before Ray starts
     done: list[Tuned] = []
     first_replay = next(iter(landscapes.values()), None)
-    with api.quiet_optuna(), api.ray_for(ray_address, first_replay, family=fam):
+    with api.quiet_optuna(), api.ray_for(where.ray_address, first_replay, family=fam):
         for number, problem in enumerate(wanted, start=1):
             head = f"problem {number}/{len(wanted)} {problem.key}"
             logger.info("%s", head)
-            result = api.tune_here(
-                fam, problem, url, trials=trials, time_budget=time_budget, sampler=sampler,
-                ray_address=ray_address, replay=landscapes.get(problem), seed=seed,
-                measure_timeout_s=measure_timeout_s, warm_start=warm_start, retime=retime,
-                early_stop=early_stop, skip_at_budget=True,
-            )
+            landscape = landscapes.get(problem)
+            result = api.tune_here(fam, problem, url, replace(study, replay=landscape),
+                                   replace(where, replay=landscape))
             done.append(Tuned(problem.key, result))
             logger.info("%s: %s (%s); best %s", head, result.status, result.reason, _best_text(result))
             if result.status == "interrupted":

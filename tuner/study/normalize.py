@@ -19,7 +19,7 @@ while both GPUs' clocks drifted. The raw median is stored beside it and never al
 ``spread`` is the drift the anchor showed around a trial on its GPU (half the range of the recent
 timings over their median), stored with the trial and part of its interval (``storage.ranking``).
 A GPU with no anchor timing yet (the reference: none of the reference yet) has no ratio: the
-coordinator holds its results until its first round is back (``tuner.loop``), and a result
+coordinator holds its results until its first round is back (``tuner.study.loop``), and a result
 stored without one keeps its raw median as normalized and no ratio. The reference's results
 before its first round count as the standard's (ratio 1).
 """

@@ -1,5 +1,5 @@
 """Coverage: which problems of a family are tuned, on which GPU and template version, how fast,
-how long ago; and how well the rule that answers the others does (:mod:`tuner.rule`).
+how long ago; and how well the rule that answers the others does (:mod:`tuner.answers.rule`).
 
     report = tuner.coverage("attention")
     for row in report.rows:
@@ -15,8 +15,8 @@ from typing import Any
 
 from templates.family import KernelFamily
 from tuner import api, database, lookup
-from tuner import rule as rules
-from tuner.progress import format_seconds
+from tuner.answers import rule as rules
+from tuner.study.progress import format_seconds
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``tuner check``: the command line of :func:`tuner.sanitize.check`, kept beside ``tuner/cli.py``
+"""``tuner check``: the command line of :func:`tuner.answers.sanitize.check`, kept beside ``tuner/cli/main.py``
 (which only adds it to its commands)::
 
     tuner check STUDY [--tools memcheck,racecheck,synccheck] [--trial N] [--family REF] [--json]
@@ -16,9 +16,9 @@ import argparse
 import json
 from typing import Any
 
-from tuner.sanitize import TOOLS, CheckResult, check
-from tuner.cli_text import plain
-from tuner.progress import format_params
+from tuner.answers.sanitize import TOOLS, CheckResult, check
+from tuner.cli.text import plain
+from tuner.study.progress import format_params
 
 EXIT_FOUND = 1
 

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import optuna
 
-from tuner.errors import UsageError, one_line
-from tuner.optuna_export import optuna_trial, space_distributions
+from tuner.errors import UsageError, first_line
+from tuner.study.optuna_export import optuna_trial, space_distributions
 
 MIN_IMPORTANCE_TRIALS = 10  # ok trials below which importances are not computed
 TOP_PARAMS = 12  # parameters shown in the importance panel
@@ -40,7 +40,7 @@ def plot_study(name: str, out: str | Path, db: str | None = None) -> Path:
     try:
         fig.savefig(out, format="png", dpi=110)
     except OSError as error:
-        raise UsageError(f"cannot write {out}: {error.strerror or one_line(error)}") from None
+        raise UsageError(f"cannot write {out}: {error.strerror or first_line(error)}") from None
     finally:
         plt.close(fig)
     return Path(out)
@@ -49,7 +49,7 @@ def plot_study(name: str, out: str | Path, db: str | None = None) -> Path:
 def figure(plt: Any, summary: Any, trials: Sequence[Any]) -> Any:
     """The report of a study (``storage.StudySummary``) and its trials (``storage.TrialRecord``),
     as a matplotlib figure."""
-    from tuner.optuna_export import study_attrs
+    from tuner.study.optuna_export import study_attrs
 
     attrs = study_attrs(summary)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
@@ -131,7 +131,7 @@ def param_importances(ok: Sequence[Any]) -> dict[str, float] | str:
         found = optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except (ValueError, RuntimeError, ZeroDivisionError) as error:
-        return f"importances not computed: {one_line(error)}"
+        return f"importances not computed: {first_line(error)}"
     finally:
         optuna.logging.set_verbosity(level)
     return found if found else "no parameter varies among the ok trials"

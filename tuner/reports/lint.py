@@ -1,6 +1,6 @@
 """A family checked without a GPU, before any study spends GPU time on it::
 
-    from tuner.lint import lint_family
+    from tuner.reports.lint import lint_family
 
     report = lint_family("docs/examples/rmsnorm")    # a name, a folder or a .py file
     report.spaces[0].valid, report.compiled[0].registers, report.reference

@@ -1,5 +1,5 @@
 """A family's tuned winners on one GPU as one C++ header: a dispatch table from a runtime shape to
-a config to a kernel launch, with the rule of `tuner best` (tuner/rule.py) for shapes not tuned::
+a config to a kernel launch, with the rule of `tuner best` (tuner/answers/rule.py) for shapes not tuned::
 
     path = tuner.export_dispatch("attention", out_dir="out/")          # out/attention_dispatch.h
     # tuner export-dispatch attention -o out/ [--device "NVIDIA H200"] [--db URL]
@@ -25,10 +25,10 @@ import jinja2
 
 from templates.family import DeviceLimits, KernelFamily, Problem
 from tuner import database, lookup
+from tuner.answers.exporter import ARCH, write_atomic
+from tuner.answers.rule import problem_of
 from tuner.api import limits_by_study
 from tuner.errors import NotFound, UsageError
-from tuner.exporter import ARCH, write_atomic
-from tuner.rule import problem_of
 
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
                                   undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
