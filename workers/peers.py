@@ -33,7 +33,7 @@ from templates import get_family
 from templates.family import Problem, check_outputs
 from workers.gpu import l2_flush_bytes
 from workers.hold import HOLD_BATCH, StreamHold
-from workers.trial import late_note
+from workers.kernel_run import late_note
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class PeerResult:
 
 class HeldTimer:
     """Times calls that queue GPU work on torch's current stream: the same hold, flush and
-    events around the call alone as a trial's repetitions (``Trial._repeat``)."""
+    events around the call alone as a trial's repetitions (``KernelRun._repeat``)."""
 
     def __init__(self, torch: Any, hold: Any, flush: Callable[[int], None]) -> None:
         self._torch, self.hold, self._flush = torch, hold, flush

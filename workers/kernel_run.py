@@ -1,7 +1,8 @@
-"""One trial's CUDA state on a GpuBench: the module, the launch, the checks and the timing.
+"""One kernel's run on a GpuBench: its module, its launch, the checks and the timing (a trial's
+measurement is one run; a re-timing, several interleaved; a paired timing, two).
 
-``Trial.run`` raises LaunchError with ``Trial.stage`` telling where; GpuBench classifies it.
-``Trial.release`` frees what the trial took (called unless the context is dead); the buffers
+``KernelRun.run`` raises LaunchError with ``KernelRun.stage`` telling where; GpuBench classifies it.
+``KernelRun.release`` frees what the trial took (called unless the context is dead); the buffers
 are the bench's (``workers.resident``), kept for the next trial of the same problem.
 Its steps (``load``, ``attach``, ``verify``, ``warm_up``, ``timed_launch``) also serve the
 interleaved re-timing (``workers.retime``).
@@ -27,8 +28,8 @@ _DEFAULT_DYNAMIC_SMEM = 48 * 1024
 EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind the best
 
 
-class TrialBench(Protocol):
-    """What a Trial uses of its bench (a ``workers.gpu.GpuBench``): its context and stream, the
+class RunBench(Protocol):
+    """What a KernelRun uses of its bench (a ``workers.gpu.GpuBench``): its context and stream, the
     resident buffers, the checks, the hold and the L2 flush, and the events it times with. A bench
     may also have ``clocks_now()``, read around the timed repetitions when it does."""
 
@@ -54,8 +55,8 @@ class TrialBench(Protocol):
     def flush_l2(self) -> None: ...
 
 
-class Trial:
-    def __init__(self, bench: TrialBench, binary: Binary, launch: Launch) -> None:
+class KernelRun:
+    def __init__(self, bench: RunBench, binary: Binary, launch: Launch) -> None:
         self._d = driver_api()
         self._check = check_call
         self.bench = bench
@@ -375,8 +376,8 @@ class Trial:
         self._workspace.clear()
 
 
-def verified_trial(bench: TrialBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],
-                   *, seed: int = 0) -> Trial:
+def verified_run(bench: RunBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],
+                   *, seed: int = 0) -> KernelRun:
     """``params`` compiled in this process, loaded on ``bench`` and verified on its buffers of
     (problem, seed): a trial to warm up and time by hand (scripts and GPU tests that compare ways
     of timing). Raises ValueError when it fails; release it when done."""
@@ -392,12 +393,12 @@ def verified_trial(bench: TrialBench, family: KernelFamily, problem: Problem, pa
         raise ValueError(f"{dict(params)}: {exc}") from None
 
 
-def verified(bench: TrialBench, binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
-             *, seed: int = 0) -> Trial:
+def verified(bench: RunBench, binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
+             *, seed: int = 0) -> KernelRun:
     """``binary`` loaded on ``bench`` and verified on its buffers of (problem, seed), as a trial
     verifies it. Raises ValueError (the failure and its reason) when it fails, having released
     what it took; release the trial when done."""
-    trial = Trial(bench, binary, launch)
+    trial = KernelRun(bench, binary, launch)
     failure = trial.load()
     if failure is None:
         trial.attach(family, problem, seed)
