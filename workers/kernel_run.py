@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
-from workers.device_checks import DeviceChecks, pack_params
+from workers.device_checks import DeviceChecks, pack_args
 from workers.driver import check_call, driver_api
 from workers.hold import HOLD_BATCH, StreamHold
 from workers.resident import Resident, ResidentBuffers
@@ -200,23 +200,7 @@ class KernelRun:
 
     def _pack(self, step: Launch, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
         """``step``'s arguments on ``buffers``, as kernelParams (and the values it points at)."""
-        values: list[Any] = []
-        for arg in step.args:
-            if arg.kind == "buffer":
-                if arg.value not in buffers:
-                    raise ValueError(f"launch names an unknown buffer {arg.value!r}")
-                values.append(ctypes.c_uint64(int(buffers[arg.value][0])))
-            elif arg.kind == "i32":
-                values.append(ctypes.c_int32(int(arg.value)))
-            elif arg.kind == "tensormap":  # encoded over its buffer; kept alive in ``values``
-                from workers.tensormap import encode
-
-                if arg.value.buffer not in buffers:
-                    raise ValueError(f"tensor map over an unknown buffer {arg.value.buffer!r}")
-                values.append(encode(arg.value, int(buffers[arg.value.buffer][0])))
-            else:  # f32
-                values.append(ctypes.c_float(float(arg.value)))
-        return pack_params(values), values
+        return pack_args(step, {name: int(ptr) for name, (ptr, _) in buffers.items()})
 
     def _launch(self, which: str = "first", stream: Any = None) -> None:
         """Queue the launch's kernels, in order, on ``stream`` (the bench's by default)."""
