@@ -668,6 +668,12 @@ class KernelFamily(abc.ABC):
     # The family's C++ for `tuner export-dispatch`: a Jinja file of its folder (see
     # tuner/answers/dispatch.py for what it defines). Empty: the family has no C++ dispatch.
     dispatch_file: str = ""
+    # The family's torch op for `tuner export-torch`: a Jinja file of its folder, rendered with
+    # ``name`` (the package's, its ops' namespace) and ``family``, and placed in the package's
+    # __init__.py (tuner/answers/torch_package.py.j2, whose names it uses: choose, kernel_for,
+    # Choice, ...). It defines the op (torch.library.custom_op with a fake), OPS and OP_NAMES, and
+    # sets ``usage``, the example the package's docstring shows. Empty: no torch op.
+    torch_op_file: str = ""
 
     def dispatch_variant(self, problem: Problem) -> int:
         """Which source variant of a config ``problem`` needs, among the problems of its dtype and

@@ -91,6 +91,9 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
     assert f"templates/attention/landscapes/{name}" in names
     # tuner export-dispatch's C++ templates
     assert {"tuner/answers/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
+    # tuner export-torch's package and the families' torch ops
+    assert {"tuner/answers/torch_package.py.j2", "templates/attention/torch_op.py.j2",
+            "templates/gemm/torch_op.py.j2"} <= names
     assert {"tuner/answers/page/index.html", "tuner/answers/page/page.js"} <= names  # the page `tuner serve` shows
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata

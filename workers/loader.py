@@ -71,6 +71,7 @@ class ExportedKernel:
     tensors: tuple[TensorSpec, ...]
     document: dict[str, Any]
     cache_dir: Path | None = None
+    cubin: bytes | None = None  # compiled already (``tuner export-torch`` ships them): used as is
     _devices: dict[int, _OnDevice] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -154,9 +155,11 @@ class ExportedKernel:
         context = check_call("cuDevicePrimaryCtxRetain",
                              d.cuDevicePrimaryCtxRetain(check_call("cuDeviceGet", d.cuDeviceGet(index))))
         check_call("cuCtxSetCurrent", d.cuCtxSetCurrent(context))
-        binary = compile_cubin(CompileRequest(self.source, self.launch.kernel, self.options, self.arch),
-                               cache_dir=self.cache_dir if self.cache_dir is not None else default_cache_dir())
-        module = check_call("cuModuleLoadData", d.cuModuleLoadData(binary.cubin))
+        cubin = self.cubin
+        if cubin is None:
+            cubin = compile_cubin(CompileRequest(self.source, self.launch.kernel, self.options, self.arch),
+                                  cache_dir=self.cache_dir if self.cache_dir is not None else default_cache_dir()).cubin
+        module = check_call("cuModuleLoadData", d.cuModuleLoadData(cubin))
         functions = []
         for step in self.launch.kernels:
             function = check_call("cuModuleGetFunction", d.cuModuleGetFunction(module, step.kernel.encode()))

@@ -57,6 +57,8 @@ class AttentionFamily(KernelFamily):
     # Its C++ for `tuner export-dispatch`: the source depends on D, dtype and causal only, which a
     # winner shares with the problems it serves (those at a finite distance).
     dispatch_file = "dispatch.h.j2"
+    # Its torch op for `tuner export-torch`.
+    torch_op_file = "torch_op.py.j2"
 
     def parse_problem(self, shape: str | Sequence[int], dtype: str,
                       flags: Mapping[str, Any] | None = None) -> Problem:

@@ -69,6 +69,8 @@ class GemmFamily(KernelFamily):
     # Its C++ for `tuner export-dispatch`; a config's source depends on the alignment of the
     # operands' rows and on N's parity too (dispatch_variant).
     dispatch_file = "dispatch.h.j2"
+    # Its torch op for `tuner export-torch`.
+    torch_op_file = "torch_op.py.j2"
 
     def parse_problem(self, shape: str | Sequence[int], dtype: str,
                       flags: Mapping[str, Any] | None = None) -> Problem:

@@ -165,7 +165,7 @@ def _foreign(path: Path) -> bytes:
     ["tune-many", "toy", "--shapes", "{shapes}", "--trials", "2"],
     ["studies"], ["show", "1"], ["best", "toy", *SHAPE], ["export", "toy", *SHAPE, "-o", "{out}"],
     ["landscape", "1", "-o", "{out}/l.json"], ["coverage", "toy"], ["report", "1", "-o", "{out}/r.png"],
-    ["serve"], ["export-dispatch", "toy", "-o", "{out}"],
+    ["serve"], ["export-dispatch", "toy", "-o", "{out}"], ["export-torch", "gemm", "-o", "{out}"],
 ], ids=lambda argv: argv[0])
 def test_another_programs_database_is_refused_and_left_byte_for_byte(toy, pools, tmp_path, argv, capsys):
     """A SQLite file with tables and none of ours: every command that opens a database refuses it

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 from tuner import api
 from tuner.answers.exporter import launch_path
-from tuner.cli import check, export_dispatch, lint
+from tuner.cli import check, export_dispatch, export_torch, lint
 from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
 from tuner.reports.bench import bench as run_bench
@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
 
     export_dispatch.add_parser(sub, common)
+    export_torch.add_parser(sub, common)
 
     serve = sub.add_parser("serve", parents=[common],
                            help="serve the stored results read-only over HTTP (JSON API and a page)")
@@ -648,7 +649,8 @@ def _landscape(args: argparse.Namespace) -> int:
 _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "tune-model": _tune_model,
              "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
-             "check": check.run, "export-dispatch": export_dispatch.run, "report": _report,
+             "check": check.run, "export-dispatch": export_dispatch.run,
+             "export-torch": export_torch.run, "report": _report,
              "lint": lint.run}
 
 
