@@ -10,7 +10,8 @@ first call on a device compiles the source (``workers.compile.compile_cubin``: N
 the tuner compiled it, cached by source hash in the tuner's compile cache), loads it in the
 device's primary context (torch's), allocates and zeroes the workspace; every call encodes the
 TMA tensor maps over the tensors' pointers, caps a persistent grid at the device's SMs and
-launches on torch's current stream. Outputs not given are allocated (``torch.empty``) and
+launches on torch's current stream (a kernel given its ``cubin``, as ``tuner export-torch``'s
+packages do, is not compiled). Outputs not given are allocated (``torch.empty``) and
 returned. Tensors of another shape, dtype or device, or not contiguous, are refused with one
 :class:`KernelArgumentError` line: the kernel serves the exported problem only (the C++ dispatch
 header, ``tuner export-dispatch``, serves other shapes).
