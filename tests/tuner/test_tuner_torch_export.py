@@ -244,3 +244,17 @@ def test_a_family_without_a_torch_op_is_refused_in_one_line(toy, exported, tmp_p
     err = capsys.readouterr().err
     assert "has no torch op" in err and err.count("\n") == 1
     assert not (tmp_path / "tuned_toy").exists()
+
+
+def test_a_winner_that_does_not_compile_here_is_one_line_and_writes_nothing(exported, tmp_path, monkeypatch, capsys):
+    import workers.compile
+    from workers.errors import CompileError
+
+    def refuse(request, **_):
+        raise CompileError("nvrtc: error: no such toolkit\nthe whole log", log="the whole log")
+
+    monkeypatch.setattr(workers.compile, "compile_cubin", refuse)
+    assert main(["export-torch", "gemm", "-o", str(tmp_path), "--db", exported["db"]]) == 2
+    err = capsys.readouterr().err
+    assert "does not compile here: nvrtc: error: no such toolkit" in err and err.count("\n") == 1
+    assert not (tmp_path / "tuned_gemm").exists()

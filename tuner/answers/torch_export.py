@@ -38,7 +38,7 @@ from tuner.answers.dispatch import table_bests
 from tuner.answers.exporter import ARCH, render_export, write_atomic, write_export
 from tuner.answers.rule import problem_of
 from tuner.api import limits_by_study
-from tuner.errors import UsageError
+from tuner.errors import TunerError, UsageError
 
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
                                   undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -110,6 +110,7 @@ def export_torch(family: str | KernelFamily, *, out_dir: str | Path, db: str | N
     """Write the package ``<out_dir>/<name>/`` (see the module's docstring); returns its folder.
     Each tuned problem's kernel is compiled on this machine (CompileError: its log)."""
     from workers.compile import compile_cubin, default_cache_dir, toolkit_version
+    from workers.errors import CompileError
     from workers.results import CompileRequest
 
     fam = lookup.family(family)
@@ -121,9 +122,14 @@ def export_torch(family: str | KernelFamily, *, out_dir: str | Path, db: str | N
         limits_of = limits_by_study(database.call(repo.study_settings))
     chosen = table_bests(fam, stored, device)
     exports = [render_export(fam, problem_of(best), best) for best in chosen]
-    cubins = [compile_cubin(CompileRequest(e.source, e.launch["kernel"],
-                                           tuple(fam.compile_options(b.params, problem_of(b))), ARCH),
-                            cache_dir=default_cache_dir()).cubin for e, b in zip(exports, chosen)]
+    cubins = []
+    for export, best in zip(exports, chosen):
+        request = CompileRequest(export.source, export.launch["kernel"],
+                                 tuple(fam.compile_options(best.params, problem_of(best))), ARCH)
+        try:
+            cubins.append(compile_cubin(request, cache_dir=default_cache_dir()).cubin)
+        except CompileError as error:
+            raise TunerError(f"{export.name} does not compile here: {str(error).splitlines()[0]}") from None
     table = table_document(fam, chosen, limits_of, toolkit=toolkit_version())
     text = render_package(chosen_name, fam, table)
     folder = Path(out_dir) / chosen_name
