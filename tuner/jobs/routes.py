@@ -64,7 +64,7 @@ JOB_OUT = {"type": "object",
                           "trials": {"type": "integer"},
                           "state": {"type": "string", "enum": ["queued", "running", "done", "failed", "cancelled"]},
                           "reason": _TEXT, "submitted_at": {"type": "string"}, "started_at": _TEXT,
-                          "finished_at": _TEXT, "measured": {"type": "integer"}, "budget": {"type": "integer"},
+                          "finished_at": _TEXT, "held": {"type": "boolean"}, "measured": {"type": "integer"}, "budget": {"type": "integer"},
                           "best_median_ms": _NUMBER, "eta_s": _NUMBER, "problems": {"type": "array", "items": PROBLEM_OUT}}}
 _WHY = {401: "no token, or one not known", 403: "a token of the read scope, where the write scope is needed",
         404: "no such job", 413: f"a body over {spec.MAX_BODY_BYTES} bytes",
@@ -173,8 +173,9 @@ def add_job_routes(app: FastAPI, reader: Any, access: Access) -> None:
 
 def job_document(job: Any) -> dict[str, Any]:
     """A ``storage.JobRecord`` as the API shows it: its progress (trials measured of the budget,
-    each problem's counted up to its budget), its best so far and its ETA in seconds (at the
-    pace since it started; None before it did, 0 once over)."""
+    each problem's counted up to its budget), its best so far, its ETA in seconds (at the
+    pace since it started; None before it did, 0 once over), and ``held``: a scheduler runs a
+    slice of it now (a job cancelled meanwhile: until that slice has stored its trials)."""
     measured = sum(min(p.measured, job.trials) for p in job.problems)
     budget = job.trials * len(job.problems)
     bests = [p.best_median_ms for p in job.problems if p.best_median_ms is not None]
@@ -187,6 +188,7 @@ def job_document(job: Any) -> dict[str, Any]:
     return {"id": job.id, "family": job.family, "priority": job.priority, "trials": job.trials,
             "state": job.state, "reason": job.reason, "submitted_at": _time(job.submitted_at),
             "started_at": _time(job.started_at), "finished_at": _time(job.finished_at),
+            "held": job.runner is not None,
             "measured": measured, "budget": budget, "best_median_ms": min(bests) if bests else None,
             "eta_s": eta, "problems": [
                 {"shape": list(p.shape), "dtype": p.dtype, "flags": p.flags, "state": p.state, "reason": p.reason,
