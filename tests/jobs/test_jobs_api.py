@@ -165,3 +165,15 @@ def test_the_queue_runs_by_priority_and_in_turn_among_equals(url):
         assert repo.job(low).state == "cancelled"
         assert {j.id for j in repo.jobs(["queued", "running"])} == {later}
         assert repo.job(later).started_at - repo.job(later).submitted_at < timedelta(minutes=1)
+
+
+def test_a_jobs_progress_comes_as_server_sent_events_until_it_is_over(served):
+    client, made, _ = served
+    job = client.post("/jobs", json=JOB, headers=_auth(made["write"])).json()
+    client.delete(f"/jobs/{job['id']}", headers=_auth(made["write"]))
+    with client.stream("GET", f"/jobs/{job['id']}/events") as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        text = "".join(answer.iter_text())
+    event, data = text.strip().split("\n")
+    assert event == "event: progress" and json.loads(data.removeprefix("data: "))["state"] == "cancelled"
+    assert _one_line(client.get("/jobs/0/events"), 422)
