@@ -29,7 +29,7 @@ _MODULES = {
                         "StudyRecord",
                         "StudySpec", "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",
                         "config_key", "params_key"),
-    "storage.ranking": ("interval_ms", "ranked_ms", "tied"),
+    "storage.ranking": ("RETIMED_FLOOR", "SEARCH_FLOOR", "interval_ms", "ranked_ms", "tied"),
     "storage.repository": ("Repository",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

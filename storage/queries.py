@@ -69,7 +69,8 @@ def get_or_create(
     if row is not None:
         return row
     try:
-        with session.begin_nested():
+        savepoint = session.begin_nested()
+        with savepoint:
             row = model(**key, **extra)
             session.add(row)
     except IntegrityError:
@@ -186,7 +187,8 @@ def _best_row(session: Session, study: Study | Any, values: Mapping[str, Any]) -
     best = session.scalars(stmt).one_or_none()
     if best is None:
         try:
-            with session.begin_nested():
+            savepoint = session.begin_nested()
+            with savepoint:
                 session.add(BestRow(**key, **values))
             return None
         except IntegrityError:  # another writer stored a best for this key just now

@@ -3,7 +3,7 @@ GPUs measured the study, else the median::
 
     ranked_ms(1.10, 1.144)                                    # 1.10: normalized, several GPUs
     ranked_ms(None, 1.12)                                     # 1.12: one GPU, the median
-    select(func.min(ranked_ms_sql(Trial.normalized_ms, Trial.median_ms)))  # the same, in SQL
+    select(func.min(ranked_ms_sql(TrialRow.normalized_ms, TrialRow.median_ms)))  # the same, in SQL
 
 The best of a problem, the study's best in its summary, the value told to the sampler, an
 exported Optuna trial's value and the re-timing's candidates all rank by this.

@@ -146,6 +146,104 @@ class DeviceLimits:
         return data
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """One transformer layer's sizes (a Hugging Face ``config.json``'s, read by
+    ``tuner.study.model``) and what to list of it: ``gate_up`` "fused" (one [2 x intermediate,
+    hidden] weight) or "separate" (two of [intermediate, hidden]); ``vocab`` set: the output
+    head too. ``dtype`` is a family's name for it (fp16, bf16)."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    vocab: int | None = None
+    gate_up: str = "fused"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, dtype: str | None = None, lm_head: bool = False,
+                    gate_up: str = "fused") -> "ModelShape":
+        """The sizes of a parsed ``config.json`` (a multimodal one's ``text_config``), or a
+        TemplateError naming the field that is missing or wrong. ``num_key_value_heads`` defaults
+        to the heads, ``head_dim`` to hidden / heads; ``dtype`` (fp16, bf16) replaces
+        ``torch_dtype``; ``lm_head`` needs ``vocab_size``."""
+        if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
+            config = {**config, **config["text_config"]}
+        if gate_up not in GATE_UP:
+            raise TemplateError(f"gate_up must be one of {', '.join(GATE_UP)}, not {gate_up!r}")
+        hidden = _config_count(config, "hidden_size")
+        heads = _config_count(config, "num_attention_heads")
+        kv_heads = _config_count(config, "num_key_value_heads", default=heads)
+        if heads % kv_heads:
+            raise TemplateError(f"num_key_value_heads ({kv_heads}) does not divide num_attention_heads ({heads})")
+        if config.get("head_dim") is None and hidden % heads:
+            raise TemplateError(f"no head_dim, and hidden_size ({hidden}) is not a multiple of "
+                                f"num_attention_heads ({heads})")
+        return cls(hidden=hidden, intermediate=_config_count(config, "intermediate_size"), heads=heads,
+                   kv_heads=kv_heads, head_dim=_config_count(config, "head_dim", default=hidden // heads),
+                   dtype=_config_dtype(config, dtype),
+                   vocab=_config_count(config, "vocab_size") if lm_head else None, gate_up=gate_up,
+                   attention_bias=_config_switch(config, "attention_bias"),
+                   mlp_bias=_config_switch(config, "mlp_bias"))
+
+
+# a config's torch_dtype (or dtype) -> the families' name for it
+MODEL_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16"}
+GATE_UP = ("fused", "separate")
+
+
+def _config_count(config: Mapping[str, Any], field: str, default: int | None = None) -> int:
+    value = config.get(field)
+    if value is None:
+        if default is None:
+            raise TemplateError(f"no {field}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TemplateError(f"{field} must be a whole number, not {value!r}")
+    if value < 1:
+        raise TemplateError(f"{field} must be at least 1, not {value}")
+    return value
+
+
+def _config_switch(config: Mapping[str, Any], field: str) -> bool:
+    value = config.get(field, False)
+    if not isinstance(value, bool):
+        raise TemplateError(f"{field} must be true or false, not {value!r}")
+    return value
+
+
+def _config_dtype(config: Mapping[str, Any], given: str | None) -> str:
+    if given is not None:
+        if given not in MODEL_DTYPES.values():
+            raise TemplateError(f"unknown dtype {given!r} (choose from {', '.join(sorted(set(MODEL_DTYPES.values())))})")
+        return given
+    field = "torch_dtype" if "torch_dtype" in config else "dtype"
+    value = config.get(field)
+    if value is None:
+        raise TemplateError("no torch_dtype (or give the dtype: --dtype bf16)")
+    name = str(value).removeprefix("torch.")
+    if name not in MODEL_DTYPES:
+        raise TemplateError(f"{field} {value!r} is not one the kernels take (bfloat16, float16; --dtype tunes another)")
+    return MODEL_DTYPES[name]
+
+
+@dataclass(frozen=True)
+class LayerProblem:
+    """A problem of a transformer layer that a family computes: ``role`` (what it computes, as
+    ``qkv`` or ``down``) at ``tokens`` tokens, and ``problem``; or, where the family cannot take
+    it, ``problem`` None, ``what`` it would be and ``skipped`` saying why in one line."""
+
+    role: str
+    tokens: int
+    problem: Problem | None = None
+    what: str = ""
+    skipped: str = ""
+
+
 # What the constraints assume when no GPU is visible (CPU-only compile and render checks).
 H100_LIMITS = DeviceLimits(
     name="NVIDIA H100 80GB HBM3",
@@ -491,6 +589,12 @@ class KernelFamily(abc.ABC):
     def prepare_peers(self, problems: Sequence[Problem]) -> None:
         """Work the peers would do on first use of each problem, done for all at once before
         `tuner bench` times them (compiling, say). Nothing by default."""
+
+    def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:
+        """The problems of one transformer layer of ``model`` this family computes, for each
+        token count (`tuner tune-model`); a problem it cannot take listed as skipped, with why.
+        None by default."""
+        return []
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """Configs a kernel engineer would try first (a study measures them before the sampler's

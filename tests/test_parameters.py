@@ -13,7 +13,7 @@ PACKAGES = ("tuner", "workers", "storage")
 MOST = 10
 # The study's path, from tuner.tune to the GPU: its functions take fewer still.
 STUDY_PATH = ("tuner/api.py", "tuner/study/", "workers/pool.py", "workers/pool_options.py")
-STUDY_PATH_FUNCTIONS = {("workers/gpu.py", "measure"), ("workers/trial.py", "run"),
+STUDY_PATH_FUNCTIONS = {("workers/gpu.py", "measure"), ("workers/kernel_run.py", "run"),
                         ("storage/repository.py", "open_study")}
 STUDY_MOST = 8
 

@@ -22,6 +22,8 @@ round's ratio can be far off (an H100's SM clock went between 1,545 and 1,920 MH
 the next): in one 200-trial study on two H100s the rounds gave 0.975, 1.116 and 0.977, and 36 of
 the second GPU's 100 trials were scaled by the first two's mean, 7% off, until the third round at
 80 trials a GPU (docs/BENCHMARKS.md). Now the third comes at 30. With one GPU there are no rounds.
+Once chosen, the anchor (``anchor``) is also sent with every trial, to be timed beside it
+(``workers.paired``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ A GPU idles when the coordinator stays away from the pool (asking, storing) long
 trials queued on it last. The depth covers twice the 90th percentile of the coordinator's last
 absences with a short trial, the 10th percentile of the last trials' GPU times:
 ``1 + ceil(2 * absence / trial)``, between ``MIN_DEPTH`` and ``MAX_DEPTH``. A short trial, not
-the median: a trial stopped early (``workers.trial.EARLY_REPS``) takes a fifth of a full one or
+the median: a trial stopped early (``workers.kernel_run.EARLY_REPS``) takes a fifth of a full one or
 less, and one trial in five or more stops early; with the median (a quarter second) two real
 GPUs kept one trial queued, and a GPU whose queued trial stopped early idled until the
 coordinator came back from an ask of TPE (60-150 ms; 0.8 s a study on two H200s). Trials of

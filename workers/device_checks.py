@@ -16,7 +16,7 @@ memory's speed. The kernels read 16-byte vectors: buffers are allocated in whole
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from templates.family import FLOAT_FORMATS
 from workers.driver import check_call, driver_api
@@ -94,6 +94,30 @@ def pack_params(values: list[Any]) -> Any:
     """kernelParams as C wants it: a void*[] whose entries point at each ctypes value (keep
     ``values`` alive while the array is used)."""
     return (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+
+
+def pack_args(step: Any, pointers: Mapping[str, int]) -> tuple[Any, list[Any]]:
+    """A launch step's arguments (``templates.family.Launch``) over device ``pointers`` (buffer
+    name -> address), as kernelParams and the values it points at (keep them alive while it is
+    used): buffers as addresses, tensor maps encoded over their buffer, i32 and f32 scalars.
+    Raises ValueError for a buffer the pointers do not have."""
+    values: list[Any] = []
+    for arg in step.args:
+        if arg.kind == "buffer":
+            if arg.value not in pointers:
+                raise ValueError(f"launch names an unknown buffer {arg.value!r}")
+            values.append(ctypes.c_uint64(int(pointers[arg.value])))
+        elif arg.kind == "i32":
+            values.append(ctypes.c_int32(int(arg.value)))
+        elif arg.kind == "tensormap":  # encoded over its buffer; kept alive in ``values``
+            from workers.tensormap import encode
+
+            if arg.value.buffer not in pointers:
+                raise ValueError(f"tensor map over an unknown buffer {arg.value.buffer!r}")
+            values.append(encode(arg.value, int(pointers[arg.value.buffer])))
+        else:  # f32
+            values.append(ctypes.c_float(float(arg.value)))
+    return pack_params(values), values
 
 
 class ChecksBench(Protocol):

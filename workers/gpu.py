@@ -36,7 +36,7 @@ from workers.request import TakesRequests
 from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, Retiming
 from workers.retime import MAX_SECONDS, ROUNDS, interleave
-from workers.trial import Trial
+from workers.kernel_run import KernelRun
 from workers.timing_options import DEFAULT_TIMING, TimingOptions
 
 logger = logging.getLogger(__name__)
@@ -235,8 +235,8 @@ class GpuBench(TakesRequests):
             return Measurement.failed("worker", "this GPU worker's context is dead", **self._tags(binary))
 
         start = time.perf_counter()
-        trial = Trial(self, binary, launch)
-        paired = Trial(self, *timing.anchor) if timing.anchor is not None else None
+        trial = KernelRun(self, binary, launch)
+        paired = KernelRun(self, *timing.anchor) if timing.anchor is not None else None
         try:
             family = get_family(family_ref)
             if paired is None:
@@ -281,7 +281,7 @@ class GpuBench(TakesRequests):
             return Retiming(tuple(replace(dead, **self._tags(b)) for b, _ in kernels), rounds=0)
         start = time.perf_counter()
         before = self.clocks_now()
-        trials = [Trial(self, binary, launch) for binary, launch in kernels]
+        trials = [KernelRun(self, binary, launch) for binary, launch in kernels]
         try:
             family = get_family(family_ref)
             results, count = interleave(
@@ -301,7 +301,7 @@ class GpuBench(TakesRequests):
                         flush_seconds=sum(t.flush_ms for t in trials) / 1e3,
                         gpu=self.device_info().identity)
 
-    def _release(self, trials: Sequence[Trial]) -> None:
+    def _release(self, trials: Sequence[KernelRun]) -> None:
         """Free what the trials took, unless the context is dead (then nothing can be freed)."""
         for trial in trials:
             if self.dead:

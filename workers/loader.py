@@ -171,25 +171,14 @@ class ExportedKernel:
         return _OnDevice(context, module, functions, workspace, props.multi_processor_count)
 
     def _queue(self, state: _OnDevice, bound: Mapping[str, Any], stream: int) -> None:
-        from workers.device_checks import pack_params
+        from workers.device_checks import pack_args
         from workers.driver import check_call, driver_api
-        from workers.tensormap import encode
 
         d = driver_api()
         check_call("cuCtxSetCurrent", d.cuCtxSetCurrent(state.context))  # this thread may have none yet
         pointers = {name: tensor.data_ptr() for name, tensor in {**bound, **state.workspace}.items()}
         for function, step in zip(state.functions, self.launch.kernels):
-            values: list[Any] = []
-            for arg in step.args:
-                if arg.kind == "buffer":
-                    values.append(ctypes.c_uint64(pointers[arg.value]))
-                elif arg.kind == "tensormap":
-                    values.append(encode(arg.value, pointers[arg.value.buffer]))
-                elif arg.kind == "i32":
-                    values.append(ctypes.c_int32(int(arg.value)))
-                else:
-                    values.append(ctypes.c_float(float(arg.value)))
-            params = pack_params(values)
+            params, _values = pack_args(step, pointers)  # _values: alive until the launch is queued
             check_call("cuLaunchKernel", d.cuLaunchKernel(
                 function, *step.grid_on(state.sm_count), *step.block, step.smem_bytes, d.CUstream(stream),
                 ctypes.addressof(params), 0))

@@ -74,7 +74,7 @@ class LocalBench:
             yield None
             return
         from templates import get_family
-        from workers.trial import verified
+        from workers.kernel_run import verified
 
         try:
             trial = verified(self._bench, _compiled(source, launch, options), launch, get_family(family),

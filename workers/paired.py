@@ -13,7 +13,7 @@ pairs, both kernels meet the same clock state: the ratio moves far less than eit
 coordinator stores a trial's normalized median as this ratio times the anchor's standard
 (``tuner.study.normalize``).
 
-The trial is loaded, checked and verified as ``Trial.run`` does; the anchor is loaded beside it
+The trial is loaded, checked and verified as ``KernelRun.run`` does; the anchor is loaded beside it
 and launched on the same buffers, not verified again (it was, when it was measured). Warm-up
 and repetitions are shared between the two: ``target_ms`` covers both kernels' time and
 ``max_reps`` both kernels' launches, so a paired trial costs the GPU about what a trial alone does. An anchor that cannot be loaded
@@ -33,15 +33,15 @@ from workers.errors import LaunchError
 from workers.hold import HOLD_BATCH
 from workers.results import Measurement, Paired, timing_of
 from workers.timing_options import TimingOptions
-from workers.trial import EARLY_REPS, Trial, late_note
+from workers.kernel_run import EARLY_REPS, KernelRun, late_note
 
 logger = logging.getLogger(__name__)
 
 
-def paired_run(trial: Trial, anchor: Trial, family: KernelFamily, problem: Problem,
+def paired_run(trial: KernelRun, anchor: KernelRun, family: KernelFamily, problem: Problem,
                timing: TimingOptions, seed: int) -> Measurement:
     """``trial`` loaded, verified and timed interleaved with ``anchor`` on the inputs of
-    (``problem``, ``seed``). Raises LaunchError as ``Trial.run`` does; the caller releases both."""
+    (``problem``, ``seed``). Raises LaunchError as ``KernelRun.run`` does; the caller releases both."""
     bench = trial.bench
     failure = trial.load()
     if failure is not None:
@@ -80,7 +80,7 @@ def paired_run(trial: Trial, anchor: Trial, family: KernelFamily, problem: Probl
                        max_abs_error=validation.max_abs_error, paired=paired)
 
 
-def _loaded(anchor: Trial) -> bool:
+def _loaded(anchor: KernelRun) -> bool:
     """Whether the anchor loaded on this GPU (one that cannot leaves the trial timed alone; a
     dead context shows in the trial's own launches next)."""
     try:
@@ -93,7 +93,7 @@ def _loaded(anchor: Trial) -> bool:
     return failure is None
 
 
-def _time_pairs(trial: Trial, anchor: Trial, timing: TimingOptions) -> tuple[list[float], list[float]]:
+def _time_pairs(trial: KernelRun, anchor: KernelRun, timing: TimingOptions) -> tuple[list[float], list[float]]:
     """Warm both up, then time (trial, anchor) pairs: the trial's times and the anchor's. With
     ``abort_above_ms`` the first EARLY_REPS pairs decide, as a trial alone does."""
     estimate = trial.warm_up(timing.warmup_ms / 2) + anchor.warm_up(timing.warmup_ms / 2)
@@ -114,7 +114,7 @@ def _time_pairs(trial: Trial, anchor: Trial, timing: TimingOptions) -> tuple[lis
     return samples, anchor_samples
 
 
-def _repeat_pairs(trial: Trial, anchor: Trial, count: int, flush: bool) -> tuple[list[float], list[float]]:
+def _repeat_pairs(trial: KernelRun, anchor: KernelRun, count: int, flush: bool) -> tuple[list[float], list[float]]:
     """``count`` (trial, anchor) pairs of timed launches queued behind holds of the stream, then
     their times."""
     bench = trial.bench

@@ -22,7 +22,6 @@ own events), where Triton is installed.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -33,7 +32,8 @@ from templates import get_family
 from templates.family import Problem, check_outputs
 from workers.gpu import l2_flush_bytes
 from workers.hold import HOLD_BATCH, StreamHold
-from workers.trial import late_note
+from workers.kernel_run import late_note
+from workers.results import timing_of
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +48,13 @@ class PeerResult:
     note: str = ""  # why there is no time, or what to know about it
     check_ms: float | None = None  # triton.testing.do_bench's median: the second method
     tune_seconds: float | None = None  # the peer's own autotuning before it was timed (Triton)
+    iqr_ms: float | None = None  # the timed repetitions' interquartile range
+    repetitions: int = 0
 
 
 class HeldTimer:
     """Times calls that queue GPU work on torch's current stream: the same hold, flush and
-    events around the call alone as a trial's repetitions (``Trial._repeat``)."""
+    events around the call alone as a trial's repetitions (``KernelRun._repeat``)."""
 
     def __init__(self, torch: Any, hold: Any, flush: Callable[[int], None]) -> None:
         self._torch, self.hold, self._flush = torch, hold, flush
@@ -158,8 +160,9 @@ def time_peers(family_name: str, problem: Problem, *, seed: int = 0, reps: int =
         samples, late = timer.time_each(runs, reps) if runs else ({}, 0)
         for name, run in runs.items():
             note = "; ".join(filter(None, [late_note(late) if late else "", results[name].note]))
-            results[name] = replace(results[name], median_ms=statistics.median(samples[name]), note=note,
-                                    check_ms=second[name])
+            timing = timing_of(samples[name])
+            results[name] = replace(results[name], median_ms=timing.median_ms, note=note, check_ms=second[name],
+                                    iqr_ms=timing.iqr_ms, repetitions=timing.repetitions)
         return results
     finally:
         torch.cuda.synchronize()
@@ -200,4 +203,6 @@ def _time_one(torch: Any, timer: HeldTimer, name: str, run: Callable[[], Any], f
         run()
     samples, late = timer.time(run, reps)
     check_ms = do_bench_ms(run) if cross_check else None
-    return PeerResult(name, statistics.median(samples), error, late_note(late) if late else "", check_ms)
+    timing = timing_of(samples)
+    return PeerResult(name, timing.median_ms, error, late_note(late) if late else "", check_ms,
+                      iqr_ms=timing.iqr_ms, repetitions=timing.repetitions)

@@ -5,7 +5,7 @@ study runs (clocks, temperature, a neighbour's load) falls on every kernel alike
     [m.timing.median_ms for m in retiming.measurements], retiming.clocks_before, retiming.clocks_after
 
 Every kernel is loaded; they launch on the bench's buffers for the problem; each kernel is
-checked as in a trial (``Trial.verify``), then warmed up. Then the rounds: in
+checked as in a trial (``KernelRun.verify``), then warmed up. Then the rounds: in
 each, every kernel is launched once, the L2 flushed before it and CUDA events around the launch
 alone, the rounds queued behind holds of the stream (``workers.hold``) as a trial's repetitions
 are. ``rounds`` rounds, fewer (never under MIN_ROUNDS) where they would take longer than
@@ -22,7 +22,7 @@ from workers.driver import check_call, driver_api
 from workers.errors import LaunchError
 from workers.hold import HOLD_BATCH
 from workers.results import Measurement, timing_of
-from workers.trial import Trial, TrialBench, late_note
+from workers.kernel_run import KernelRun, RunBench, late_note
 
 ROUNDS = 30  # interleaved rounds: every kernel is timed this many times
 MAX_SECONDS = 2.0  # fewer rounds where ROUNDS would take longer than this
@@ -35,7 +35,7 @@ def round_count(rounds: int, max_seconds: float, round_ms: float) -> int:
     return max(1, min(rounds, max(MIN_ROUNDS, fit)))
 
 
-class RetimeBench(TrialBench, Protocol):
+class RetimeBench(RunBench, Protocol):
     """What the interleaved re-timing uses of its bench (a ``workers.gpu.GpuBench``) beyond what
     its trials do: whether the context is dead, and how a driver error is classified (which
     marks it dead when it is)."""
@@ -45,14 +45,14 @@ class RetimeBench(TrialBench, Protocol):
     def classify(self, exc: LaunchError, stage: str) -> Measurement: ...
 
 
-def interleave(bench: RetimeBench, trials: Sequence[Trial], family: KernelFamily, problem: Problem,
+def interleave(bench: RetimeBench, trials: Sequence[KernelRun], family: KernelFamily, problem: Problem,
                *, seed: int, rounds: int, max_seconds: float, warmup_ms: float,
                flush_l2: bool) -> tuple[list[Measurement], int]:
     """Each trial's outcome, in order, and the rounds timed; the caller releases the trials."""
     done: list[Measurement | None] = [None] * len(trials)
     checked: dict[int, Validation] = {}
 
-    def step(index: int, action: Callable[[Trial], Measurement | None]) -> None:
+    def step(index: int, action: Callable[[KernelRun], Measurement | None]) -> None:
         """One step of a kernel still in the race; what it returns (a failure, or at the end
         its timing) settles the kernel."""
         if done[index] is not None or bench.dead:
@@ -73,8 +73,8 @@ def interleave(bench: RetimeBench, trials: Sequence[Trial], family: KernelFamily
             done[i] = outcome
         return done  # type: ignore[return-value]
 
-    def verify(index: int) -> Callable[[Trial], Measurement | None]:
-        def action(trial: Trial) -> Measurement | None:
+    def verify(index: int) -> Callable[[KernelRun], Measurement | None]:
+        def action(trial: KernelRun) -> Measurement | None:
             failure, validation = trial.verify(family, problem)
             if validation is not None:
                 checked[index] = validation
@@ -122,7 +122,7 @@ def interleave(bench: RetimeBench, trials: Sequence[Trial], family: KernelFamily
     return settle_rest(Measurement.failed("crash", "the CUDA context died during the re-timing")), count
 
 
-def _timed(trial: Trial, pairs: list, validation: Validation, kernels: int, rounds: int,
+def _timed(trial: KernelRun, pairs: list, validation: Validation, kernels: int, rounds: int,
            late: int) -> Measurement:
     others = f"with {kernels - 1} other kernel{'s' if kernels != 2 else ''}"
     detail = f"re-timed interleaved {others} over {rounds} rounds" + (f"; {late_note(late)}" if late else "")

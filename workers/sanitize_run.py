@@ -1,6 +1,6 @@
 """The program compute-sanitizer's tools watch (``workers.sanitizer``): one config compiled (the
 compile cache answers: the caller compiled it first), loaded on GPU 0 and run on the family's
-inputs as a GPU worker's trial checks it (``workers.trial.verified``: two runs on poisoned
+inputs as a GPU worker's trial checks it (``workers.kernel_run.verified``: two runs on poisoned
 outputs, the checks on the GPU, the family's reference), then released::
 
     python -m workers.sanitize_run SPEC.json OUT.json
@@ -27,7 +27,7 @@ from workers.results import CompileRequest
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Compile, load, run and check ``spec``'s config once; what came of it."""
     from workers.gpu import GpuBench
-    from workers.trial import verified
+    from workers.kernel_run import verified
 
     family = get_family(spec["family"])
     problem = Problem.from_json(spec["problem"])

@@ -22,7 +22,7 @@ A trial's GPU time, from the recorded measurement (landscapes hold medians, not 
 ``WARMUP_S`` (the GPU worker's 25 ms warm-up) + 5 launches (3 for the warm-up's estimate, 2 checked
 runs) x the median + repetitions x (median + ``FLUSH_S``, the L2 flush before each timed launch)
 + ``TRIAL_OVERHEAD_S`` (loading the module, the checks, reading the events). Repetitions: those
-recorded, or ``workers.trial.EARLY_REPS`` where the pool's early-stop bar is below the median.
+recorded, or ``workers.kernel_run.EARLY_REPS`` where the pool's early-stop bar is below the median.
 A failed trial (screened, compile) takes no GPU time; one that failed on the GPU, the overhead.
 On an H200 the worker alone measured 28-42 ms a trial for microsecond kernels (docs/BENCHMARKS.md,
 "One GPU worker alone"); this model gives 27-36 ms on the shortest landscape.
@@ -45,7 +45,7 @@ GPUS_PER_HOST = 64  # simulated GPUs one actor process hosts
 WARMUP_S = 0.025  # GpuBench.measure's warmup_ms
 FLUSH_S = 17e-6  # an L2 flush of an H200 (docs/DESIGN.md, workers)
 TRIAL_OVERHEAD_S = 1.2e-3  # the rest of a trial on an H200: 1.0-1.7 ms measured
-EARLY_REPS = 5  # workers.trial.EARLY_REPS (not imported: that module needs cuda-python)
+EARLY_REPS = 5  # workers.kernel_run.EARLY_REPS (not imported: that module needs cuda-python)
 _BEFORE_GPU = ("screened", "compile", "resources", "invalid")  # failures that never reach the GPU
 
 

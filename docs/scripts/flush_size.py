@@ -16,7 +16,7 @@ import sys
 from templates import get_family
 from workers.driver import check_call, driver_api
 from workers.gpu import GpuBench
-from workers.trial import verified_trial
+from workers.kernel_run import verified_run
 
 ROUNDS, REPS = 5, 100
 FACTORS = (0.0, 0.5, 1.0, 1.5, 2.0, 4.0)
@@ -46,7 +46,7 @@ def main(argv):
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
         problem = family.parse_problem(shape, dtype, {"causal": causal == "1"})
         for params in family.starting_points(problem, limits)[:3]:
-            trial = verified_trial(bench, family, problem, params)
+            trial = verified_run(bench, family, problem, params)
             trial.warm_up(25.0)
             times = {f: [] for f in FACTORS}
             span = {f: 0.0 for f in FACTORS}

@@ -18,7 +18,7 @@ import sys
 from templates import get_family
 from workers.driver import check_call, driver_api
 from workers.gpu import GpuBench
-from workers.trial import verified_trial
+from workers.kernel_run import verified_run
 
 BLOCKS, REPS = 5, 100
 
@@ -61,9 +61,9 @@ def main(argv):
     for shape, dtype, causal in zip(argv[0::3], argv[1::3], argv[2::3]):
         problem = family.parse_problem(shape, dtype, {"causal": causal == "1"})
         for params in family.starting_points(problem, limits)[:3]:
-            trial = verified_trial(bench, family, problem, params)
+            trial = verified_run(bench, family, problem, params)
             sets = copies_for(bench, trial.resident, l2)
-            for i, buffers in enumerate(sets):  # launch arguments on each copy, as Trial keeps them
+            for i, buffers in enumerate(sets):  # launch arguments on each copy, as KernelRun keeps them
                 trial._params[f"copy{i}"] = trial._pack({**trial.resident.buffers, **buffers})
             trial.warm_up(25.0)
             by = {"flush": [], "rotation": []}

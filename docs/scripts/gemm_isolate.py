@@ -21,7 +21,7 @@ def one(shape: str, dtype: str, layout: str, params: dict) -> str:
     from templates import get_family
     from workers.driver import check_call, driver_api
     from workers.gpu import GpuBench
-    from workers.trial import verified_trial
+    from workers.kernel_run import verified_run
 
     family = get_family("gemm")
     problem = family.parse_problem(shape, dtype, {"layout": layout})
@@ -30,7 +30,7 @@ def one(shape: str, dtype: str, layout: str, params: dict) -> str:
     if (why := family.check(params, problem, bench.device_info().limits)) is not None:
         return f"skipped: {why}"
     try:
-        trial = verified_trial(bench, family, problem, params)
+        trial = verified_run(bench, family, problem, params)
     except ValueError as exc:
         return f"failed the first check: {str(exc)[-300:]}"
     for _ in range(LAUNCHES):

@@ -5,8 +5,8 @@ GPU, to see where `tuner bench`'s held ratio and `triton.testing.do_bench`'s par
     python3 docs/scripts/gemm_timing.py 4096,4096,4096 fp16 nn '[{...}, {...}]'     # configs in turns
 
 Ways, each the median of REPS repetitions with the L2 flushed before each (but "no flush"):
-- ``trial``: the workers' timing of ours (``Trial._repeat``: the bench's stream, its flush, holds);
-- ``held``: ``workers.peers.HeldTimer`` on torch's stream, ours (``Trial.launch_on``) and cuBLAS;
+- ``trial``: the workers' timing of ours (``KernelRun._repeat``: the bench's stream, its flush, holds);
+- ``held``: ``workers.peers.HeldTimer`` on torch's stream, ours (``KernelRun.launch_on``) and cuBLAS;
 - ``alternate``: the same holds, ours and cuBLAS one after the other in every batch (no drift of
   clocks between the two sets);
 - ``do_bench``: ``triton.testing.do_bench``, each;
@@ -42,7 +42,7 @@ from workers.driver import check_call, driver_api
 from workers.hold import stream_handle
 from workers.gpu import GpuBench
 from workers.peers import do_bench_ms, held_timer
-from workers.trial import verified_trial
+from workers.kernel_run import verified_run
 
 REPS = 200
 FAMILY = get_family("gemm")
@@ -58,7 +58,7 @@ def main(shape: str, dtype: str, layout: str, params: dict, rounds: int) -> None
     problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
     params = dict(FAMILY.default_params(), **params)
     bench = GpuBench(0)
-    trial = verified_trial(bench, FAMILY, problem, params)
+    trial = verified_run(bench, FAMILY, problem, params)
     a, b, _ = operands(problem, FAMILY.inputs(problem, 0))
     tstream = stream_handle(torch.cuda.current_stream().cuda_stream)
     ours = lambda: trial.launch_on(tstream)  # noqa: E731
@@ -164,7 +164,7 @@ def _compile(args) -> None:
     try:
         compile_cubin(CompileRequest(FAMILY.render(params, problem), FAMILY.launch(params, problem).kernel,
                                      tuple(FAMILY.compile_options(params, problem))))
-    except Exception:  # noqa: BLE001 - verified_trial compiles it again and says why
+    except Exception:  # noqa: BLE001 - verified_run compiles it again and says why
         pass
 
 
@@ -199,7 +199,7 @@ def sweep(shape: str, dtype: str, layout: str, configs: list[dict], flushes=("re
             failed.append(f"{config}: {why}")
             continue
         try:
-            trial = verified_trial(bench, FAMILY, problem, params)
+            trial = verified_run(bench, FAMILY, problem, params)
         except ValueError as exc:
             failed.append(f"{config}: {str(exc)[-200:]}")
             continue

@@ -107,7 +107,7 @@ def key(problem, params):
 def validate_child(jobs_file, done_file):
     from workers.gpu import GpuBench
     from workers.results import Binary
-    from workers.trial import Trial
+    from workers.kernel_run import KernelRun
     from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
@@ -124,7 +124,7 @@ def validate_child(jobs_file, done_file):
             out.flush()
             binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "attention_fwd",
                                                   FAMILY.compile_options(params, problem)), cache_dir=CACHE)
-            trial = Trial(bench, binary, FAMILY.launch(params, problem))
+            trial = KernelRun(bench, binary, FAMILY.launch(params, problem))
             row = {"key": k, "problem": problem.key, "config": short(params)}
             try:
                 failure = trial.load()

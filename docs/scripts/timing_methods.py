@@ -22,7 +22,7 @@ from workers.driver import check_call, driver_api
 from workers.gpu import GpuBench, l2_flush_bytes
 from workers.hold import stream_handle
 from workers.peers import held_timer, do_bench_ms
-from workers.trial import verified_trial
+from workers.kernel_run import verified_run
 
 REPS = 200
 FAMILY = get_family("attention")
@@ -44,7 +44,7 @@ def unheld_torch(run, flush, reps=REPS):
 
 def ours(bench, problem):
     params = FAMILY.starting_points(problem, bench.device_info().limits)[0]
-    trial = verified_trial(bench, FAMILY, problem, params)
+    trial = verified_run(bench, FAMILY, problem, params)
     trial.warm_up(25.0)
     unheld = [trial.timed_launch(True) for _ in range(REPS)]
     check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(bench.stream))

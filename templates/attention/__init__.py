@@ -24,7 +24,9 @@ from templates.family import (
     DeviceLimits,
     Flag,
     KernelFamily,
+    LayerProblem,
     Launch,
+    ModelShape,
     Params,
     PeerCall,
     Problem,
@@ -90,6 +92,25 @@ class AttentionFamily(KernelFamily):
         few_tiles = b * h * -(-s // 128) < device.sm_count
         points = [dict(self.default_params(), **point) for point in _starts.starting_points(d, few_tiles)]
         return [p for p in points if self.check(p, problem, device) is None]
+
+    def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:
+        """Causal prefill of one sequence of each token count: B=1, H query heads, S tokens, D.
+        K and V here have the query's heads: a model with fewer KV heads (grouped-query
+        attention) is listed as skipped."""
+        found = []
+        for s in tokens:
+            what = f"1x{model.heads}x{s}x{model.head_dim}-{model.dtype}-causal"
+            if model.kv_heads != model.heads:
+                found.append(LayerProblem("attention", s, what=what, skipped=(
+                    f"{model.kv_heads} KV heads for {model.heads} query heads (grouped-query attention): "
+                    "this family takes K and V with the query's heads")))
+                continue
+            try:
+                found.append(LayerProblem("attention", s, self.parse_problem((1, model.heads, s, model.head_dim),
+                                                                             model.dtype, {"causal": True})))
+            except TemplateError as error:
+                found.append(LayerProblem("attention", s, what=what, skipped=str(error).splitlines()[0]))
+        return found
 
     def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
         """torch SDPA's flash, cuDNN and efficient backends and the autotuned Triton kernel."""

@@ -23,7 +23,9 @@ from templates.family import (
     DeviceLimits,
     Flag,
     KernelFamily,
+    LayerProblem,
     Launch,
+    ModelShape,
     Params,
     PeerCall,
     Problem,
@@ -42,6 +44,8 @@ PROJECTIONS = ((16, 4096, 4096), (128, 4096, 4096), (1024, 14336, 4096), (4096, 
                (8192, 4096, 4096), (8192, 14336, 4096), (2048, 6144, 4096), (4096, 12288, 4096))
 SKINNY = ((1, 4096, 4096), (16, 14336, 4096), (64, 4096, 14336), (32, 8192, 8192))
 _FOLDER = Path(__file__).parent
+# torch.nn.Linear: x [tokens, in] row-major (A, M x K: "n") times W [out, in] (B stored N x K: "t")
+LINEAR_LAYOUT = "nt"
 
 
 class GemmFamily(KernelFamily):
@@ -104,6 +108,21 @@ class GemmFamily(KernelFamily):
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
         points = [dict(self.default_params(), **point) for point in _starts.starting_points()]
         return [p for p in points if self.check(p, problem, device) is None]
+
+    def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:
+        """A layer's linear projections, as torch's ``Linear`` computes them: activations
+        [tokens, in] row-major times the weight [out, in] transposed (layout ``nt``), a problem
+        M x N x K = tokens x out x in for each token count; bias epilogues as the config says."""
+        return [self._linear(role, m, n, k, model.dtype, bias)
+                for role, n, k, bias in _linears(model) for m in tokens]
+
+    def _linear(self, role: str, m: int, n: int, k: int, dtype: str, bias: bool) -> LayerProblem:
+        flags = {"layout": LINEAR_LAYOUT, "epilogue": "bias" if bias else "none"}
+        try:
+            return LayerProblem(role, m, self.parse_problem((m, n, k), dtype, flags))
+        except TemplateError as error:
+            what = Problem((m, n, k), dtype, tuple(sorted(flags.items()))).key
+            return LayerProblem(role, m, what=what, skipped=str(error).splitlines()[0])
 
     def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
         """cuBLAS through torch.matmul and our Triton matmul tuned by Triton's autotuner."""
@@ -170,6 +189,18 @@ class GemmFamily(KernelFamily):
             "smem_bytes": smem,
             "fragment_registers": _space.fragment_registers(params),
         }
+
+
+def _linears(model: ModelShape) -> list[tuple[str, int, int, bool]]:
+    """(role, out, in, bias) of each linear layer of one transformer layer, in its order."""
+    q_width = model.heads * model.head_dim
+    up = [("gate_up", 2 * model.intermediate, model.hidden, model.mlp_bias)] if model.gate_up == "fused" \
+        else [("gate/up", model.intermediate, model.hidden, model.mlp_bias)]  # up: the same shape
+    return [("qkv", (model.heads + 2 * model.kv_heads) * model.head_dim, model.hidden, model.attention_bias),
+            ("o", model.hidden, q_width, model.attention_bias),
+            *up,
+            ("down", model.hidden, model.intermediate, model.mlp_bias),
+            *([("lm_head", model.vocab, model.hidden, False)] if model.vocab else [])]
 
 
 FAMILY = GemmFamily()

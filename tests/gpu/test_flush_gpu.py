@@ -27,12 +27,12 @@ def test_the_flush_is_as_cold_as_a_read_of_four_times_the_l2_and_leaves_no_write
     2026-11-27, which left dirty lines)."""
     from workers.driver import check_call, driver_api
     from workers.gpu import GpuBench
-    from workers.trial import verified_trial
+    from workers.kernel_run import verified_run
 
     d = driver_api()
     bench = GpuBench(0)
     try:
-        trial = verified_trial(bench, FAMILY, PROBLEM, FAMILY.starting_points(PROBLEM, bench.device_info().limits)[0])
+        trial = verified_run(bench, FAMILY, PROBLEM, FAMILY.starting_points(PROBLEM, bench.device_info().limits)[0])
         l2 = bench._attribute("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE")
         buffer = check_call("cuMemAlloc", d.cuMemAlloc(4 * l2))
         check_call("cuMemsetD32", d.cuMemsetD32(buffer, 0, l2))

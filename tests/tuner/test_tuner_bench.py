@@ -140,3 +140,20 @@ def test_ratios_by_both_methods_and_their_disagreement_are_shown():
     assert cells[head.index("vs efficient")] == "-" and cells[head.index("efficient TFLOPS")] == "-"
     assert "1x8x512x64-fp16 efficient: - (No available kernel. Aborting execution.)" in lines
     assert "1x8x512x64-fp16 triton: autotuned to BLOCK_M=64, 12.3 s of autotuning" in lines
+
+
+def test_a_ratio_within_the_noise_of_both_timings_is_called_a_tie():
+    """Ours and a peer timed in turns: a ratio their intervals explain is marked ``tie``; one
+    they do not, is not."""
+    from tuner.reports.bench import _interval
+
+    problem = get_family("attention").parse_problem("1,8,512,64", "fp16")
+    close = PeerResult("cudnn", 0.1010, None, iqr_ms=0.002, repetitions=100)
+    far = PeerResult("flash", 0.1300, None, iqr_ms=0.002, repetitions=100)
+    ours = PeerResult(OURS, 0.1000, None, iqr_ms=0.002, repetitions=100)
+    assert _interval(ours) == pytest.approx(0.1000 * (0.01 ** 2 + 0.0025 ** 2) ** 0.5)
+    peers = {p.name: PeerTiming(p.name, p.median_ms, 1.0, None, interval_ms=_interval(p)) for p in (close, far)}
+    row = BenchRow(problem, {"BLOCK_M": 64}, 0.1000, 1.0, 0.0, 1, 1, 1, peers=peers, interval_ms=_interval(ours))
+    assert row.tie("cudnn") and not row.tie("flash")
+    cells = bench_table([row])[2]
+    assert "1.010x tie" in cells and "1.300x |" in cells

@@ -329,3 +329,22 @@ def test_trials_timed_beside_the_anchor_stay_within_1_percent_when_each_timing_i
     assert beside and all(t.gpu_state["anchor_ratio_iqr"] > 0 for t in beside)
     for t in beside:  # the interval is the ratio's spread (0.4%) and the 1% floor, not the raw IQR
         assert t.interval_ms == pytest.approx(t.normalized_ms * (0.002 ** 2 + 0.01 ** 2) ** 0.5, rel=1e-6)
+
+
+def test_a_landscape_of_a_paired_study_keeps_its_normalized_values_and_intervals(toy, db, pools, tmp_path):
+    """``tuner landscape`` of a two-GPU study whose trials were timed beside the anchor: each
+    entry's median is the stored normalized median, and the interval a replay derives from it
+    is the stored one."""
+    from storage import interval_ms
+    from workers.replay import load_landscape
+
+    result, repo, study, trials = _tune(db, pools, TwoGpuPool(throttle=0.10, paired=True))
+    path = tuner.record_landscape(result.study, tmp_path / "paired.json", db=db)
+    land = {params_key(p): m for p, m in load_landscape(path).entries}
+    beside = [t for t in trials if t.ok and "anchor_ratio" in (t.gpu_state or {})]
+    assert len(beside) > 20
+    for t in beside:
+        m = land[t.key]
+        assert m.timing.median_ms == pytest.approx(t.normalized_ms, rel=1e-9)
+        assert interval_ms(m.timing.median_ms, m.timing.iqr_ms, m.timing.repetitions) == pytest.approx(
+            t.interval_ms, rel=1e-6)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-import workers.trial
+import workers.kernel_run
 from templates.family import KernelArg, Launch, TemplateError
 from workers.device_checks import pack_params
 from workers.hold import FLUSH_KERNEL, HOLD_BATCH, KERNEL, compile_hold
 from workers.peers import HeldTimer
-from workers.trial import Trial
+from workers.kernel_run import KernelRun
 
 
 class RecordingHold:
@@ -115,7 +115,7 @@ def test_a_peer_timed_while_its_hold_timed_out_says_so():
 
 @pytest.fixture
 def trial(monkeypatch):
-    """A Trial on a recording driver and a bench double: what it queues, in order, in ``log``."""
+    """A KernelRun on a recording driver and a bench double: what it queues, in order, in ``log``."""
     log: list[str] = []
     driver = SimpleNamespace(
         cuEventRecord=lambda event, stream: (log.append("event"), (0,))[1],
@@ -123,11 +123,11 @@ def trial(monkeypatch):
         cuStreamSynchronize=lambda stream: (log.append("sync"), (0,))[1],
         cuEventElapsedTime=lambda start, stop: (log.append("read"), (0, 0.5))[1],
     )
-    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    monkeypatch.setattr(workers.kernel_run, "driver_api", lambda: driver)
     bench = SimpleNamespace(stream="stream", hold=RecordingHold(log), last_event=None,
                             event=lambda: object(), flush_l2=lambda: log.append("flush"))
     launch = Launch("k", (1, 1, 1), (32, 1, 1), 0, ())
-    trial = Trial(bench, None, launch)
+    trial = KernelRun(bench, None, launch)
     trial.functions, trial._params = ["function"], {"first": [(pack_params([]), [])]}
     return trial, log
 
@@ -168,12 +168,12 @@ def test_a_run_of_several_kernels_queues_them_in_order_between_one_pair_of_event
         cuEventRecord=lambda event, stream: (log.append("event"), (0,))[1],
         cuLaunchKernel=lambda function, *rest: (log.append((function, rest[:7])), (0,))[1],
     )
-    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    monkeypatch.setattr(workers.kernel_run, "driver_api", lambda: driver)
     bench = SimpleNamespace(stream="stream", last_event=None, event=lambda: object())
     reduce = Launch("reduce", (8, 1, 1), (128, 1, 1), 0, (KernelArg("buffer", "c"), KernelArg("buffer", "partials")))
     launch = Launch("products", (8, 4, 1), (256, 1, 1), 1024, (KernelArg("buffer", "partials"),), then=(reduce,),
                     workspace=(("partials", 4096),))
-    trial = Trial(bench, None, launch)
+    trial = KernelRun(bench, None, launch)
     trial.functions = ["products_fn", "reduce_fn"]
     buffers = {"c": (111, 64), "partials": (222, 4096)}
     trial._params = {"first": [trial._pack(step, buffers) for step in launch.kernels]}
@@ -196,12 +196,12 @@ def test_a_persistent_launch_is_capped_at_the_devices_sms_and_its_workspace_zero
         cuMemAlloc=lambda nbytes: (log.append(("alloc", nbytes)), (0, 333))[1],
         cuMemsetD8=lambda ptr, value, count: (log.append(("memset", ptr, value, count)), (0,))[1],
     )
-    monkeypatch.setattr(workers.trial, "driver_api", lambda: driver)
+    monkeypatch.setattr(workers.kernel_run, "driver_api", lambda: driver)
     info = SimpleNamespace(sm_count=4)
     bench = SimpleNamespace(stream="stream", last_event=None, event=lambda: object(), device_info=lambda: info)
     launch = Launch("persistent", (1000, 1, 1), (384, 1, 1), 0, (KernelArg("buffer", "tile_counter"),),
                     workspace=(("tile_counter", 8),), blocks_per_sm_cap=2)
-    trial = Trial(bench, None, launch)
+    trial = KernelRun(bench, None, launch)
     trial.resident = None
     trial._allocate_workspace()
     assert log == [("alloc", 8), ("memset", 333, 0, 8)]

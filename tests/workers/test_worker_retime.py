@@ -14,11 +14,11 @@ from workers.errors import LaunchError
 from workers.hold import HOLD_BATCH
 from workers.gpu import GpuBench
 from workers.retime import MIN_ROUNDS, interleave, round_count
-from workers.trial import wrong
+from workers.kernel_run import wrong
 
 
 class FakeTrial:
-    """Trial's steps; ``fail`` picks one to break: load, wrong, launch (its 3rd timed launch
+    """KernelRun's steps; ``fail`` picks one to break: load, wrong, launch (its 3rd timed launch
     asks for too much), crash (its 3rd timed launch kills the context)."""
 
     def __init__(self, name: str, log: list, fail: str | None = None, ms: float = 0.01) -> None:

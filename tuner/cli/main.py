@@ -40,6 +40,8 @@ from tuner.reports.landscape import record_landscape
 from tuner.reports.study_plot import plot_study
 from workers.pool_options import PoolOptions
 from tuner.study import search
+from tuner.study.model import DEFAULT_TOKENS, parse_tokens
+from tuner.study.model import DTYPES as MODEL_DTYPES
 from tuner.study.options import StudyOptions
 from tuner.study.progress import format_params
 
@@ -90,6 +92,13 @@ def _count(text: str) -> int:
 
 def _positive_int(text: str) -> int:
     return _whole_number(text, 1, "at least 1")
+
+
+def _tokens(text: str) -> tuple[int, ...]:
+    try:
+        return parse_tokens(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("tokens: ")) from None
 
 
 def _port(text: str) -> int:
@@ -159,26 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("family", help="kernel family, e.g. attention")
     many.add_argument("--shapes", required=True, metavar="FILE",
                       help="YAML: a list of problems, each {shape: 2,8,1024,64, dtype: fp16, flags: {...}}")
-    budget = many.add_mutually_exclusive_group()
-    budget.add_argument("--trials", type=_positive_int, metavar="N",
-                        help="each problem's study to N measured trials (default 100)")
-    budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
-                        help="each problem this long, e.g. 90s, 30m, 2h")
-    many.add_argument("--sampler", choices=SAMPLER_CHOICES, default="tpe", help=SAMPLER_HELP)
-    many.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
-    many.add_argument("--replay", nargs="+", metavar="FILE",
-                      help="answer from recorded landscapes: files or folders, one recording each problem")
-    many.add_argument("--seed", type=int, metavar="N", help="sampler seed")
-    many.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
-                      help="a measurement running longer is killed (default 60)")
-    many.add_argument("--warm-start", type=_count, default=3, metavar="N",
-                      help="start each study from the winners of the N nearest tuned problems and "
-                           "the family's starting points (default 3; 0: neither)")
-    many.add_argument("--no-early-stop", dest="early_stop", action="store_false",
-                      help="time every candidate in full")
-    many.add_argument("--retime", type=_count, default=5, metavar="N",
-                      help="re-time each study's N fastest trials at its end (default 5; 0: off)")
-    many.add_argument("--json", action="store_true", help="print each problem's summary as JSON")
+    _list_arguments(many)
+
+    model = sub.add_parser("tune-model", parents=[common],
+                           help="tune one transformer layer's GEMMs and attention from a Hugging Face "
+                                "config.json, each problem to the budget; resumable")
+    model.add_argument("config", metavar="CONFIG.json", help="the model's config.json")
+    model.add_argument("--tokens", type=_tokens, default=DEFAULT_TOKENS, metavar="LIST",
+                       help="token counts (the GEMMs' M, attention's sequence length), comma-separated "
+                            "(default 1,2,4,...,8192)")
+    model.add_argument("--dtype", choices=sorted(set(MODEL_DTYPES.values())),
+                       help="instead of the config's torch_dtype")
+    model.add_argument("--separate-gate-up", action="store_true",
+                       help="gate and up as two weights of intermediate_size rows (default: one of twice that)")
+    model.add_argument("--lm-head", action="store_true", help="also the output head (vocab_size x hidden_size)")
+    model.add_argument("--dry-run", action="store_true",
+                       help="print the problems as tune-many YAML (a document a family) and tune nothing")
+    _list_arguments(model)
 
     cover = sub.add_parser("coverage", parents=[common],
                            help="which problems are tuned, where, how fast and how long ago; the rule's score")
@@ -260,6 +266,30 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_parser(sub, common)
     job_commands.add_parsers(sub, common, _positive_int)
     return parser
+
+
+def _list_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``tune-many`` and ``tune-model`` share: each problem's budget and search, --replay, --json."""
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--trials", type=_positive_int, metavar="N",
+                        help="each problem's study to N measured trials (default 100)")
+    budget.add_argument("--time-budget", type=parse_duration, metavar="DURATION",
+                        help="each problem this long, e.g. 90s, 30m, 2h")
+    parser.add_argument("--sampler", choices=SAMPLER_CHOICES, default="tpe", help=SAMPLER_HELP)
+    parser.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster")
+    parser.add_argument("--replay", nargs="+", metavar="FILE",
+                        help="answer from recorded landscapes: files or folders, one recording each problem")
+    parser.add_argument("--seed", type=int, metavar="N", help="sampler seed")
+    parser.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                        help="a measurement running longer is killed (default 60)")
+    parser.add_argument("--warm-start", type=_count, default=3, metavar="N",
+                        help="start each study from the winners of the N nearest tuned problems and "
+                             "the family's starting points (default 3; 0: neither)")
+    parser.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                        help="time every candidate in full")
+    parser.add_argument("--retime", type=_count, default=5, metavar="N",
+                        help="re-time each study's N fastest trials at its end (default 5; 0: off)")
+    parser.add_argument("--json", action="store_true", help="print each problem's summary as JSON")
 
 
 FAMILY_COMMANDS = ("tune", "best", "export", "bench", "submit")
@@ -408,6 +438,28 @@ def _tune_many(args: argparse.Namespace) -> int:
         best = report.best_line(r.best) if r.best is not None else "no validated config yet"
         print(f"{d.problem}  {r.status}: {r.reason}; {r.measured} measured now, {r.previous} before; "
               f"best {best}")
+    return EXIT_INTERRUPTED if stopped else 0
+
+
+def _tune_model(args: argparse.Namespace) -> int:
+    from tuner.study import model
+
+    shape = model.read_config(args.config, dtype=args.dtype, lm_head=args.lm_head,
+                              gate_up="separate" if args.separate_gate_up else "fused")
+    plan = model.plan_model(shape, args.tokens)
+    if args.dry_run:
+        print(model.plan_yaml(plan), end="")
+        return 0
+    run = model.tune_model(plan, db=args.db, replay=args.replay, options=_study_options(args),
+                           pool=_pool_options(args, replay=None))
+    stopped = any(d.result is None or d.result.status == "interrupted" for d in run.done)
+    if args.json:
+        print(json.dumps({"problems": [{"family": d.family, "problem": d.problem, "roles": list(p.roles),
+                                        "tokens": p.tokens, "result": report.plain(d.result)}
+                                       for p, d in zip(run.plan.problems, run.done)],
+                          "skipped": [report.plain(s) for s in run.skipped]}, indent=2))
+    else:
+        print("\n".join(model.summary_lines(run)))
     return EXIT_INTERRUPTED if stopped else 0
 
 
@@ -613,7 +665,8 @@ def _landscape(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"tune": _tune, "tune-many": _tune_many, "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
+_COMMANDS = {"tune": _tune, "tune-many": _tune_many, "tune-model": _tune_model,
+             "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
              "check": check.run, "export-dispatch": export_dispatch.run, "report": _report,
              "lint": lint.run, **{name: job_commands.run for name in job_commands.COMMANDS}}

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from templates import reference
 from templates.family import KernelFamily, Problem
+from storage import RETIMED_FLOOR, interval_ms, tied
 from tuner import database, lookup
 from workers.compile_task import block_registers
 
@@ -45,6 +46,7 @@ class PeerTiming:
     note: str = ""
     check_ms: float | None = None  # the second method's median (triton.testing.do_bench)
     tune_seconds: float | None = None  # the peer's own autotuning, before it was timed
+    interval_ms: float | None = None  # its median's noise (storage.ranking.interval_ms), timed in turns
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class BenchRow:
     note: str = ""
     peers: dict[str, PeerTiming] = field(default_factory=dict)
     check_ms: float | None = None  # our kernel timed by the second method (triton.testing.do_bench)
+    interval_ms: float | None = None  # our median's noise, timed in turns with the peers
 
     def ratio(self, peer: str) -> float | None:
         """Speed-up over a peer (peer time / our time): above 1.0 we are faster."""
@@ -74,6 +77,16 @@ class BenchRow:
         if other is None or other.check_ms is None or not self.check_ms:
             return None
         return other.check_ms / self.check_ms
+
+    def tie(self, peer: str) -> bool:
+        """Ours and the peer within their intervals of each other (``storage.ranking.tied``): the
+        ratio is not a difference the noise rules out."""
+        other = self.peers.get(peer)
+        if other is None or other.median_ms is None or not self.median_ms:
+            return False
+        if self.interval_ms is None or other.interval_ms is None:  # not timed in turns: unknown
+            return False
+        return tied(self.median_ms, self.interval_ms, other.median_ms, other.interval_ms)
 
     def disagrees(self, peer: str) -> bool:
         """The two methods' ratios differ by more than AGREEMENT: that ratio is not settled."""
@@ -179,15 +192,25 @@ def _beside_peers(fam: KernelFamily, problem: Problem, row: BenchRow, local: Any
     with local.launcher(*kernel, seed=seed) as run:
         found = time_peers(fam.name, problem, seed=seed, ours=run)
     ours = found.pop(OURS, None)
+    interval = None
     if ours is not None and ours.median_ms:
-        median, check_ms = ours.median_ms, ours.check_ms
+        median, check_ms, interval = ours.median_ms, ours.check_ms, _interval(ours)
     else:
         median, check_ms = row.median_ms, local.do_bench(*kernel, seed=seed)
     return replace(row, median_ms=median, tflops=fam.tflops(problem, median), check_ms=check_ms,
+                   interval_ms=interval,
                    peers={name: PeerTiming(name, p.median_ms,
                                            fam.tflops(problem, p.median_ms) if p.median_ms else None,
-                                           p.error, p.note, p.check_ms, p.tune_seconds)
+                                           p.error, p.note, p.check_ms, p.tune_seconds, _interval(p))
                           for name, p in found.items()})
+
+
+def _interval(timed: Any) -> float | None:
+    """A median timed in turns with the others (``workers.peers``): its interval, with the floor
+    of a re-timing (every kernel meets the same clocks)."""
+    if not timed.median_ms or timed.iqr_ms is None:
+        return None
+    return interval_ms(timed.median_ms, timed.iqr_ms, timed.repetitions, floor=RETIMED_FLOOR)
 
 
 def _kernel(fam: KernelFamily, problem: Problem, params: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -197,14 +220,15 @@ def _kernel(fam: KernelFamily, problem: Problem, params: Mapping[str, Any]) -> t
 
 
 def ratio_text(row: BenchRow, peer: str) -> str:
-    """``1.234x`` (and the second method's ``/1.21x``, with `` !`` where they disagree), or ``-``.
+    """``1.234x`` (and the second method's ``/1.21x``, with `` !`` where they disagree, `` tie``
+    where ours and the peer are within their intervals), or ``-``.
     The held ratio has three decimals: near parity, 0.995 and 1.004 are not both "1.00x"."""
     ratio = row.ratio(peer)
     if ratio is None:
         return "-"
     second = row.check_ratio(peer)
     text = f"{ratio:.3f}x" + (f"/{second:.2f}x" if second is not None else "")
-    return text + (" !" if row.disagrees(peer) else "")
+    return text + (" !" if row.disagrees(peer) else "") + (" tie" if row.tie(peer) else "")
 
 
 def format_row(row: BenchRow) -> str:

@@ -17,8 +17,9 @@ from tuner.errors import UsageError
 
 def trial_measurement(trial: Any) -> Any:
     """A stored trial (``storage.TrialRecord``) as the ``workers.Measurement`` it came from;
-    where several GPUs measured the study, its times as the reference GPU's (scaled by the
-    trial's GPU ratio), so that a landscape is one GPU's set."""
+    where several GPUs measured the study, its times in the standard's terms (scaled to its
+    normalized median; a trial timed beside the anchor keeps its ratios' spread as its IQR), so
+    that a landscape is one GPU's set, its values and intervals as stored."""
     from workers.results import Measurement, Resources, Timing
 
     resources = None
@@ -31,9 +32,14 @@ def trial_measurement(trial: Any) -> Any:
                   clocks=dict(trial.gpu_state or {}))
     if not trial.ok:
         return Measurement.failed(trial.failure or "worker", trial.reason or "failed", **common)
-    f = getattr(trial, "gpu_ratio", None) or 1.0
-    timing = Timing(trial.median_ms * f, (trial.min_ms or trial.median_ms) * f,
-                    (trial.max_ms or trial.median_ms) * f, (trial.iqr_ms or 0.0) * f, trial.repetitions or 0)
+    value = getattr(trial, "normalized_ms", None) or trial.median_ms
+    f = value / trial.median_ms
+    iqr = (trial.iqr_ms or 0.0) * f
+    state = trial.gpu_state or {}
+    if state.get("anchor_ratio") and state.get("anchor_ratio_iqr") is not None:  # timed beside the anchor
+        iqr = state["anchor_ratio_iqr"] * value / state["anchor_ratio"]
+    timing = Timing(value, (trial.min_ms or trial.median_ms) * f, (trial.max_ms or trial.median_ms) * f,
+                    iqr, trial.repetitions or 0)
     return Measurement(ok=True, timing=timing, **common)
 
 

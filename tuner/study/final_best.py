@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from storage import RetimeEntry, interval_ms, ranked_ms, tied
+from storage import RETIMED_FLOOR, RetimeEntry, interval_ms, ranked_ms, tied
 from templates.family import KernelFamily, Problem, TemplateError
 from workers.retime import MAX_SECONDS, ROUNDS
 
@@ -37,7 +37,6 @@ logger = logging.getLogger("tuner")
 DEFAULT_TOP = 5  # trials re-timed at the end of a study (0: none)
 TIE_ROUNDS = 2  # re-timings again of the configs within the leader's noise, at most
 NOISE_FACTOR = 3  # candidates past the top still within the leader's noise: up to this many times top
-RETIMED_FLOOR = 0.0025  # storage.ranking.RETIMED_FLOOR: a re-timed median's relative floor
 
 
 def candidates(trials: Sequence[Any], top: int) -> list[Any]:

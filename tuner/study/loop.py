@@ -75,7 +75,7 @@ logger = logging.getLogger("tuner")
 # GPU holds only its running trial and a few more, and a trial stopped early ends in milliseconds.
 SERVE_EVERY_S = 0.005
 # A candidate whose first repetitions take longer than this times the best so far is clearly
-# behind: its timing stops there (workers.trial.EARLY_REPS repetitions) and the GPU moves on.
+# behind: its timing stops there (workers.kernel_run.EARLY_REPS repetitions) and the GPU moves on.
 EARLY_STOP_FACTOR = 1.5
 
 

@@ -16,6 +16,7 @@ seconds) and is tuned in the file's order, so that each warm-starts from the win
 tuned before it (:mod:`tuner.study.warmstart`). Run again, the same call resumes: a problem whose study
 is at its budget (``trials`` measured; with a time budget, a study that finished) is skipped,
 the one that was interrupted goes on, the rest follow. One Ray serves every problem.
+:func:`tune_list` runs such a list of problems of several families (``tuner tune-model``'s).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ ENTRY_KEYS = ("shape", "dtype", "flags")
 
 @dataclass(frozen=True)
 class Tuned:
-    """One problem of :func:`tune_many`: its key and what its call did (None: not reached)."""
+    """One problem of :func:`tune_many`: its key, what its call did (None: not reached) and its
+    family's name."""
 
     problem: str
     result: api.TuneResult | None
+    family: str = ""
 
 
 def read_problems(fam: KernelFamily, path: str | Path) -> list[Problem]:
@@ -94,6 +97,17 @@ def landscapes_for(fam: KernelFamily, problems: Sequence[Problem],
                    replay: Sequence[str | Path]) -> dict[Problem, Path]:
     """For each problem, the landscape among ``replay`` (files, folders of them, or the names of
     those the family ships) that records it; UsageError naming a problem none records."""
+    found = recorded_landscapes(fam, replay)
+    missing = [p for p in problems if p not in found]
+    if missing:
+        raise UsageError(f"no landscape given records {fam.name} {missing[0].key} "
+                         f"(--replay: one landscape per problem, or a folder of them)")
+    return {p: found[p] for p in problems}
+
+
+def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path]) -> dict[Problem, Path]:
+    """The problems of ``fam`` that the landscapes among ``replay`` record, each with the first
+    that does; UsageError naming a path that is neither a file nor a folder."""
     files: list[Path] = []
     for given in replay:
         path = Path(api.landscape_file(fam, given) or given)
@@ -112,11 +126,7 @@ def landscapes_for(fam: KernelFamily, problems: Sequence[Problem],
             continue  # not a landscape: the folder may hold other files
         if recorded is not None:
             found.setdefault(recorded, path)
-    missing = [p for p in problems if p not in found]
-    if missing:
-        raise UsageError(f"no landscape given records {fam.name} {missing[0].key} "
-                         f"(--replay: one landscape per problem, or a folder of them)")
-    return {p: found[p] for p in problems}
+    return found
 
 
 def tune_many(
@@ -139,28 +149,46 @@ def tune_many(
     wanted = read_problems(fam, problems) if isinstance(problems, (str, Path)) else list(problems)
     wanted = list(dict.fromkeys(wanted))  # each once, in order
     api.check_budget(study, where)
+    landscapes = landscapes_for(fam, wanted, replay) if replay else {}
+    return tune_list([(fam, p) for p in wanted], db=db, landscapes=landscapes, options=study, pool=where)
+
+
+def tune_list(
+    problems: Sequence[tuple[KernelFamily, Problem]],
+    *,
+    db: str | None,
+    landscapes: Mapping[Problem, Path],
+    options: StudyOptions,
+    pool: PoolOptions,
+) -> list[Tuned]:
+    """:func:`tune_many`'s run once its arguments are checked (``api.check_budget``): each
+    (family, problem) in order, of one family or several, in one Ray; ``landscapes``: the
+    replay of each problem (all or none)."""
+    study, where = options, pool
+    if not problems:
+        return []
     if study.trials is None and study.time_budget is None:
         study = replace(study, trials=api.DEFAULT_TRIALS)
     study = replace(study, skip_at_budget=True)
-    landscapes = landscapes_for(fam, wanted, replay) if replay else {}
     url = database.url(db)
     database.check(url)  # a database that cannot be opened: refused before Ray starts
     done: list[Tuned] = []
+    mixed = len({fam.name for fam, _ in problems}) > 1
     first_replay = next(iter(landscapes.values()), None)
-    with api.quiet_optuna(), api.ray_for(where.ray_address, first_replay, family=fam):
-        for number, problem in enumerate(wanted, start=1):
-            head = f"problem {number}/{len(wanted)} {problem.key}"
+    with api.quiet_optuna(), api.ray_for(where.ray_address, first_replay, family=problems[0][0]):
+        for number, (fam, problem) in enumerate(problems, start=1):
+            head = f"problem {number}/{len(problems)} {fam.name + ' ' if mixed else ''}{problem.key}"
             logger.info("%s", head)
             landscape = landscapes.get(problem)
             result = api.tune_here(fam, problem, url, replace(study, replay=landscape),
                                    replace(where, replay=landscape))
-            done.append(Tuned(problem.key, result))
+            done.append(Tuned(problem.key, result, fam.name))
             logger.info("%s: %s (%s); best %s", head, result.status, result.reason, _best_text(result))
             if result.status == "interrupted":
                 break
-    done += [Tuned(p.key, None) for p in wanted[len(done):]]
+    done += [Tuned(p.key, None, fam.name) for fam, p in problems[len(done):]]
     tuned = [d for d in done if d.result is not None and d.result.best is not None]
-    logger.info("%d of %d problems have a validated best", len(tuned), len(wanted))
+    logger.info("%d of %d problems have a validated best", len(tuned), len(problems))
     return done
 
 

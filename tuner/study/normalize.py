@@ -16,6 +16,12 @@ too: at the 700 W cap one H200 of a pair ran 10% slower than the other, and a on
 normalization against the reference's rounds moved between 0.898 and 1.074 over a 4-minute grid,
 while both GPUs' clocks drifted. The raw median is stored beside it and never altered.
 
+Once the anchor is chosen, each trial is also timed beside it on its GPU (``workers.paired``):
+``paired(ratio, anchor_ms)`` then gives its normalized median as its ratio to the anchor over the
+same repetitions times the standard, which follows clocks that change within one timing (at the
+power cap whole trials ran 6-14% throttled while the rounds around them moved less than 2%).
+The rounds still give the standard and the factor of what was timed alone.
+
 ``spread`` is the drift the anchor showed around a trial on its GPU (half the range of the recent
 timings over their median), stored with the trial and part of its interval (``storage.ranking``).
 A GPU with no anchor timing yet (the reference: none of the reference yet) has no ratio: the

@@ -1,7 +1,8 @@
-"""One trial's CUDA state on a GpuBench: the module, the launch, the checks and the timing.
+"""One kernel's run on a GpuBench: its module, its launch, the checks and the timing (a trial's
+measurement is one run; a re-timing, several interleaved; a paired timing, two).
 
-``Trial.run`` raises LaunchError with ``Trial.stage`` telling where; GpuBench classifies it.
-``Trial.release`` frees what the trial took (called unless the context is dead); the buffers
+``KernelRun.run`` raises LaunchError with ``KernelRun.stage`` telling where; GpuBench classifies it.
+``KernelRun.release`` frees what the trial took (called unless the context is dead); the buffers
 are the bench's (``workers.resident``), kept for the next trial of the same problem.
 Its steps (``load``, ``attach``, ``verify``, ``warm_up``, ``timed_launch``) also serve the
 interleaved re-timing (``workers.retime``).
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from templates.family import KernelFamily, Launch, Problem, Validation, unwritten
-from workers.device_checks import DeviceChecks, pack_params
+from workers.device_checks import DeviceChecks, pack_args
 from workers.driver import check_call, driver_api
 from workers.hold import HOLD_BATCH, StreamHold
 from workers.resident import Resident, ResidentBuffers
@@ -27,8 +28,8 @@ _DEFAULT_DYNAMIC_SMEM = 48 * 1024
 EARLY_REPS = 5  # repetitions that decide whether a candidate is clearly behind the best
 
 
-class TrialBench(Protocol):
-    """What a Trial uses of its bench (a ``workers.gpu.GpuBench``): its context and stream, the
+class RunBench(Protocol):
+    """What a KernelRun uses of its bench (a ``workers.gpu.GpuBench``): its context and stream, the
     resident buffers, the checks, the hold and the L2 flush, and the events it times with. A bench
     may also have ``clocks_now()``, read around the timed repetitions when it does."""
 
@@ -54,8 +55,8 @@ class TrialBench(Protocol):
     def flush_l2(self) -> None: ...
 
 
-class Trial:
-    def __init__(self, bench: TrialBench, binary: Binary, launch: Launch) -> None:
+class KernelRun:
+    def __init__(self, bench: RunBench, binary: Binary, launch: Launch) -> None:
         self._d = driver_api()
         self._check = check_call
         self.bench = bench
@@ -199,23 +200,7 @@ class Trial:
 
     def _pack(self, step: Launch, buffers: Mapping[str, tuple[Any, int]]) -> tuple[Any, list[Any]]:
         """``step``'s arguments on ``buffers``, as kernelParams (and the values it points at)."""
-        values: list[Any] = []
-        for arg in step.args:
-            if arg.kind == "buffer":
-                if arg.value not in buffers:
-                    raise ValueError(f"launch names an unknown buffer {arg.value!r}")
-                values.append(ctypes.c_uint64(int(buffers[arg.value][0])))
-            elif arg.kind == "i32":
-                values.append(ctypes.c_int32(int(arg.value)))
-            elif arg.kind == "tensormap":  # encoded over its buffer; kept alive in ``values``
-                from workers.tensormap import encode
-
-                if arg.value.buffer not in buffers:
-                    raise ValueError(f"tensor map over an unknown buffer {arg.value.buffer!r}")
-                values.append(encode(arg.value, int(buffers[arg.value.buffer][0])))
-            else:  # f32
-                values.append(ctypes.c_float(float(arg.value)))
-        return pack_params(values), values
+        return pack_args(step, {name: int(ptr) for name, (ptr, _) in buffers.items()})
 
     def _launch(self, which: str = "first", stream: Any = None) -> None:
         """Queue the launch's kernels, in order, on ``stream`` (the bench's by default)."""
@@ -375,8 +360,8 @@ class Trial:
         self._workspace.clear()
 
 
-def verified_trial(bench: TrialBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],
-                   *, seed: int = 0) -> Trial:
+def verified_run(bench: RunBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],
+                   *, seed: int = 0) -> KernelRun:
     """``params`` compiled in this process, loaded on ``bench`` and verified on its buffers of
     (problem, seed): a trial to warm up and time by hand (scripts and GPU tests that compare ways
     of timing). Raises ValueError when it fails; release it when done."""
@@ -392,12 +377,12 @@ def verified_trial(bench: TrialBench, family: KernelFamily, problem: Problem, pa
         raise ValueError(f"{dict(params)}: {exc}") from None
 
 
-def verified(bench: TrialBench, binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
-             *, seed: int = 0) -> Trial:
+def verified(bench: RunBench, binary: Binary, launch: Launch, family: KernelFamily, problem: Problem,
+             *, seed: int = 0) -> KernelRun:
     """``binary`` loaded on ``bench`` and verified on its buffers of (problem, seed), as a trial
     verifies it. Raises ValueError (the failure and its reason) when it fails, having released
     what it took; release the trial when done."""
-    trial = Trial(bench, binary, launch)
+    trial = KernelRun(bench, binary, launch)
     failure = trial.load()
     if failure is None:
         trial.attach(family, problem, seed)

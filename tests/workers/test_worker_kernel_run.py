@@ -72,7 +72,7 @@ def test_the_check_kernels_compile(tmp_path):
 
 
 @pytest.mark.parametrize("protocol", ["workers.device_checks.ChecksBench", "workers.resident.BuffersBench",
-                                      "workers.trial.TrialBench", "workers.retime.RetimeBench"])
+                                      "workers.kernel_run.RunBench", "workers.retime.RetimeBench"])
 def test_the_bench_has_what_its_parts_use(protocol):
     """The checks, the resident buffers, a trial and the re-timing say what they use of their bench
     (a Protocol each, so that none imports workers.gpu, which imports them): GpuBench has it
