@@ -177,3 +177,34 @@ def test_a_jobs_progress_comes_as_server_sent_events_until_it_is_over(served):
     event, data = text.strip().split("\n")
     assert event == "event: progress" and json.loads(data.removeprefix("data: "))["state"] == "cancelled"
     assert _one_line(client.get("/jobs/0/events"), 422)
+
+
+def test_submitting_with_a_write_token_answers_as_the_schema_says(tmp_path, capsys):
+    """schemathesis against POST /jobs and DELETE /jobs/{id} with a write token: generated jobs,
+    valid and not, are queued (201, the job's documented shape) or refused in one line."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import positive_data_acceptance
+
+    from storage import open_repository, open_writer
+    from tuner.answers.reader import open_reader
+    from tuner.answers.serve import create_app
+    from tuner.jobs.routes import Access
+
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    open_repository(url).close()
+    write = _token(capsys, url, "write")
+    with open_reader(url) as reader, open_writer(url) as writer:
+        schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(reader, Access(writer=writer)))
+        for path, method in (("/jobs", "POST"), ("/jobs/{job_id}", "DELETE")):
+            strategy = schema[path][method].as_strategy()
+
+            @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @given(case=strategy)
+            def run(case: schemathesis.Case) -> None:
+                answer = case.call_and_validate(headers=_auth(write), excluded_checks=[positive_data_acceptance])
+                assert answer.status_code < 500
+                if answer.status_code >= 400:
+                    assert "\n" not in answer.json()["detail"]
+
+            run()
