@@ -133,6 +133,37 @@ def test_a_cached_answer_never_outlives_a_new_best(db_copy):
         assert client.get("/export", params=query(TUNED[0])).json()["launch"]["measured"]["median_ms"] == faster * 3
 
 
+def test_coverage_reads_the_rule_score_once_a_version_of_the_bests(db_copy, monkeypatch):
+    """/coverage's rule score (every tuned problem's trials read) is kept while the bests stay;
+    a new best reads it again, and its rows always show the study's trials now."""
+    from fastapi.testclient import TestClient
+
+    from storage import TrialOutcome, open_repository
+    from tuner.answers import covered
+    from tuner.answers.reader import open_reader
+    from tuner.answers.serve import create_app
+
+    reads = []
+    score = covered.rule_score_in
+    monkeypatch.setattr(covered, "rule_score_in", lambda repo, fam: reads.append(fam.name) or score(repo, fam))
+    with open_reader(db_copy) as reader:
+        client = TestClient(create_app(reader))
+        first = client.get("/coverage", params={"family": "attention"}).json()
+        assert client.get("/coverage", params={"family": "attention"}).json()["rule"] == first["rule"]
+        assert reads == ["attention"]
+        best = client.get("/best", params=query(TUNED[0])).json()
+        with open_repository(db_copy) as writer:
+            study = next(s for s in writer.studies() if s.name == best["study"])
+            slower = dict(best["params"], _unused=1)  # a trial that moves no best
+            writer.record_trial(study.id, 1001, slower, TrialOutcome("ok", median_ms=best["median_ms"] * 5, tflops=1.0))
+            counted = client.get("/coverage", params={"family": "attention"}).json()
+            assert reads == ["attention"]
+            assert [r["trials"] for r in counted["rows"]] != [r["trials"] for r in first["rows"]]
+            writer.record_trial(study.id, 1002, best["params"], TrialOutcome("ok", median_ms=best["median_ms"] / 2, tflops=1.0))
+            client.get("/coverage", params={"family": "attention"})
+            assert reads == ["attention", "attention"]
+
+
 def _revision(path: str) -> str:
     with sqlite3.connect(path) as connection:
         return connection.execute("SELECT version_num FROM tuner_alembic_version").fetchone()[0]
