@@ -258,3 +258,16 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(served_db, capsys):
         assert main(["serve", "--db", served_db, "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"tuner: error: cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_the_api_page_needs_no_network(client):
+    """/docs is Swagger UI with its script and style served here (no CDN), over our schema."""
+    page = client.get("/docs")
+    assert page.status_code == 200 and "/openapi.json" in page.text
+    assets = [part.split('"')[0] for part in page.text.split('="')[1:] if part.startswith("/docs-assets/")]
+    assert {a.rsplit("/", 1)[1] for a in assets} >= {"swagger-ui-bundle.js", "swagger-ui.css"}
+    assert "cdn." not in page.text and "://" not in " ".join(assets)
+    for asset in assets:
+        served = client.get(asset)
+        assert served.status_code == 200 and len(served.content) > 1000
+    assert client.get("/openapi.json").json()["openapi"].startswith("3.")

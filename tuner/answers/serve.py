@@ -75,12 +75,37 @@ COVERAGE = {"type": "object", "required": ["family", "template_hash", "rows", "r
 FAMILIES = {"type": "array", "items": {"type": "object", "required": ["name", "template_hash", "flags"]}}
 
 
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the files of the ``fastapi-offline`` package, served here, so
+    that the page works with no network (FastAPI's own loads them from a CDN); without that
+    package, ``/docs`` is off and ``/openapi.json`` is the schema."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        return
+    from pathlib import Path
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Any:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="kernel tuner: API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon.png")
+
+
 def create_app(reader: Reader, access: Access | None = None) -> FastAPI:
     """The application over ``reader`` (opened by the caller, who closes it); ``access``: who
     may do what, and where jobs are written (None: reads open, no jobs queued)."""
     access = access or Access()
     app = FastAPI(title="kernel tuner", version="1", summary="Stored tuning results, and jobs to tune more",
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+                  openapi_url="/openapi.json", docs_url=None, redoc_url=None)
+    _offline_docs(app)
     if not access.open_reads:
         _tokens_for_reads(app, reader)
     flags = _flag_parameters(reader)
