@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from tuner.cli.main import main
+from tuner.cli.commands import main
 
 JOB = {"family": "attention", "trials": 6, "priority": 1,
        "problems": [{"shape": "2,8,1024,64", "dtype": "fp16", "flags": {"causal": True}}]}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tuner.cli.main import main
+from tuner.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 LANDSCAPES = (ROOT / "templates" / "attention" / "landscapes", ROOT / "tests" / "data")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from serve_data import ROOT, TUNED, UNTUNED
-from tuner.cli.main import main
+from tuner.cli.commands import main
 
 
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:

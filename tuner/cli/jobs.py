@@ -1,5 +1,5 @@
 """``tuner submit``, ``tuner jobs``, ``tuner cancel`` and ``tuner token``: the command line of
-:mod:`tuner.jobs.client` and :mod:`tuner.jobs.tokens`, kept beside ``tuner/cli/main.py`` (which
+:mod:`tuner.jobs.client` and :mod:`tuner.jobs.tokens`, kept beside ``tuner/cli/commands.py`` (which
 only adds them to its commands)::
 
     tuner token create --scope write --db sqlite:///tuner.db    # prints the token, once
