@@ -20,8 +20,11 @@ from typing import Any
 
 _MODULES = {
     "storage.engine": ("check_database", "default_url", "missing_sqlite_file", "open_reader", "open_repository",
+                       "open_writer",
                        "use_sqlite_writer"),
     "storage.errors": ("ClaimRefused", "StorageError"),
+    "storage.job_records": ("JobProblem", "JobRecord"),
+    "storage.jobs": ("JobSpec",),
     "storage.records": ("BestRecord", "DeviceRecord", "RetimeEntry", "RetimeRecord", "RunningRecord",
                         "StudyRecord",
                         "StudySpec", "StudySummary", "TrialOutcome", "TrialRecord", "LEASE_RENEW_S", "LEASE_TTL_S",

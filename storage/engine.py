@@ -100,6 +100,27 @@ def open_reader(url: str | None = None) -> Repository:
     return Repository(engine)
 
 
+def open_writer(url: str | None = None) -> Repository:
+    """A :class:`Repository` at ``url`` that writes, but creates and migrates nothing: for a
+    server that serves what others store and keeps its own job queue in it (``tuner serve``).
+
+    Raises:
+        StorageError: as :func:`open_reader`.
+    """
+    url = url or default_url()
+    engine = make_engine(url)
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as connection:
+            current = our_revision(connection, empty=False)
+        if current != head_revision():
+            raise RuntimeError(f"its tuner schema is at revision {current}, not this version's ({head_revision()})")
+    except Exception as error:  # driver, SQLAlchemy and Alembic errors alike
+        engine.dispose()
+        raise StorageError(f"cannot open database {shown}: {driver_message(error)}") from error
+    return Repository(engine)
+
+
 def check_database(url: str | None = None) -> None:
     """StorageError (the line :func:`open_repository` gives) where the database at ``url`` cannot
     be opened (no server, not a database), was written by a newer version of the tuner, or is

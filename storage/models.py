@@ -276,3 +276,64 @@ class BestRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     trial: Mapped[TrialRow] = relationship(lazy="raise")
+
+
+class JobRow(Base):
+    """A job a client submitted: problems of one family, each to be tuned to ``trials`` trials,
+    run by priority (higher first), and among equal priorities the one served longest ago first.
+
+    ``runner`` (host:pid) holds it while a scheduler runs a slice of it, renewing
+    ``heartbeat_at``; a runner gone (killed) leaves it to the next scheduler."""
+
+    __tablename__ = "tuner_jobs"
+    __table_args__ = (
+        CheckConstraint("state IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="state"),
+        Index(None, "state", "priority"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    family: Mapped[str] = mapped_column(String)
+    priority: Mapped[int]
+    trials: Mapped[int]  # the budget of each problem: measured trials of its study
+    state: Mapped[str] = mapped_column(String)
+    reason: Mapped[str | None] = mapped_column(Text)
+    settings: Mapped[dict[str, Any]]  # how it searches (sampler, seed)
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    served_at: Mapped[datetime | None]  # when its last slice ended: the fair turn among equals
+    runner: Mapped[str | None] = mapped_column(String)
+    heartbeat_at: Mapped[datetime | None]
+
+
+class JobProblemRow(Base):
+    """One problem of a job, in the order submitted; ``study`` names its study once it ran."""
+
+    __tablename__ = "tuner_job_problems"
+    __table_args__ = (
+        UniqueConstraint("job_id", "position"),
+        CheckConstraint("state IN ('waiting', 'done', 'failed')", name="state"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("tuner_jobs.id"))
+    position: Mapped[int]
+    shape: Mapped[list[int]] = mapped_column(CanonicalJSON)
+    dtype: Mapped[str] = mapped_column(String)
+    flags: Mapped[dict[str, Any]] = mapped_column(CanonicalJSON)
+    state: Mapped[str] = mapped_column(String)
+    reason: Mapped[str | None] = mapped_column(Text)
+    study: Mapped[str | None] = mapped_column(String)
+
+
+class TokenRow(Base):
+    """An API token of ``tuner serve``: only the SHA-256 of its text is stored."""
+
+    __tablename__ = "tuner_tokens"
+    __table_args__ = (CheckConstraint("scope IN ('read', 'write')", name="scope"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String, unique=True)
+    scope: Mapped[str] = mapped_column(String)
+    label: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage import queries, rows
 from storage.batches import BatchedTrials
+from storage.jobs import JobQueue
 from storage.errors import ClaimRefused, StorageError, driver_message
 from storage.models import BestRow, Retime, RunningTrial, Study, TrialRow, utcnow
 from storage.records import (
@@ -53,9 +54,10 @@ from storage.records import (
 _NUMBERS_A_STATEMENT = 500  # trials read by number: an IN list of at most this many
 
 
-class Repository(BatchedTrials):
+class Repository(BatchedTrials, JobQueue):
     """The tuner's results in one database (SQLite or PostgreSQL); see :func:`open_repository`.
-    Claims and results of many trials in one transaction each: :class:`storage.batches.BatchedTrials`."""
+    Claims and results of many trials in one transaction each: :class:`storage.batches.BatchedTrials`;
+    the job queue of ``tuner serve`` and its tokens: :class:`storage.jobs.JobQueue`."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -57,7 +57,7 @@ NO_DRIVER = """
 import sys
 sys.modules["psycopg"] = None  # as if the [postgres] extra were not installed
 sys.modules["psycopg2"] = None
-from tuner.cli.main import main
+from tuner.cli.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -3,7 +3,7 @@
 import sys
 
 try:
-    from tuner.cli.main import main
+    from tuner.cli.commands import main
 except KeyboardInterrupt:  # Ctrl-C while the command is still being imported
     print("tuner: interrupted", file=sys.stderr)
     sys.exit(130)

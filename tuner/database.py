@@ -61,6 +61,16 @@ def reader(url: str) -> Iterator[Any]:
 
 
 @contextmanager
+def writer(url: str) -> Iterator[Any]:
+    """A ``storage.Repository`` at ``url`` that writes but creates and migrates nothing
+    (``storage.open_writer``): refused in one line as :func:`reader` refuses."""
+    from storage import open_writer
+
+    with _opened(url, open_writer, refuse_missing=True) as repo:
+        yield repo
+
+
+@contextmanager
 def _opened(url: str, opener: Callable[[str], Any], *, refuse_missing: bool) -> Iterator[Any]:
     from storage import StorageError, missing_sqlite_file
 

@@ -62,7 +62,7 @@ def study(gpus: str, folder: Path, cache: Path, args: argparse.Namespace) -> tup
     env.pop("TUNER_DB", None)
     # --full-rounds: the study's calibration rounds time the incumbent as a trial does
     run = ["-c", "import sys, workers.calibrate as c; c.CALIBRATE_TIMING.clear(); "
-           "from tuner.cli.main import main; sys.exit(main())"] if args.full_rounds else ["-m", "tuner"]
+           "from tuner.cli.commands import main; sys.exit(main())"] if args.full_rounds else ["-m", "tuner"]
     cmd = [sys.executable, *run, "tune", "attention", "--shape", args.shape, "--dtype",
            args.dtype, *(["--causal"] if args.causal else []), "--trials", str(args.trials),
            "--db", db, "--seed", "0", "--sampler", args.sampler, "--json"]

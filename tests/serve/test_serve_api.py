@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from serve_data import ROOT, TUNED, UNTUNED
-from tuner.cli.main import main
+from tuner.cli.commands import main
 
 
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
@@ -133,6 +133,37 @@ def test_a_cached_answer_never_outlives_a_new_best(db_copy):
         assert client.get("/export", params=query(TUNED[0])).json()["launch"]["measured"]["median_ms"] == faster * 3
 
 
+def test_coverage_reads_the_rule_score_once_a_version_of_the_bests(db_copy, monkeypatch):
+    """/coverage's rule score (every tuned problem's trials read) is kept while the bests stay;
+    a new best reads it again, and its rows always show the study's trials now."""
+    from fastapi.testclient import TestClient
+
+    from storage import TrialOutcome, open_repository
+    from tuner.answers import covered
+    from tuner.answers.reader import open_reader
+    from tuner.answers.serve import create_app
+
+    reads = []
+    score = covered.rule_score_in
+    monkeypatch.setattr(covered, "rule_score_in", lambda repo, fam: reads.append(fam.name) or score(repo, fam))
+    with open_reader(db_copy) as reader:
+        client = TestClient(create_app(reader))
+        first = client.get("/coverage", params={"family": "attention"}).json()
+        assert client.get("/coverage", params={"family": "attention"}).json()["rule"] == first["rule"]
+        assert reads == ["attention"]
+        best = client.get("/best", params=query(TUNED[0])).json()
+        with open_repository(db_copy) as writer:
+            study = next(s for s in writer.studies() if s.name == best["study"])
+            slower = dict(best["params"], _unused=1)  # a trial that moves no best
+            writer.record_trial(study.id, 1001, slower, TrialOutcome("ok", median_ms=best["median_ms"] * 5, tflops=1.0))
+            counted = client.get("/coverage", params={"family": "attention"}).json()
+            assert reads == ["attention"]
+            assert [r["trials"] for r in counted["rows"]] != [r["trials"] for r in first["rows"]]
+            writer.record_trial(study.id, 1002, best["params"], TrialOutcome("ok", median_ms=best["median_ms"] / 2, tflops=1.0))
+            client.get("/coverage", params={"family": "attention"})
+            assert reads == ["attention", "attention"]
+
+
 def _revision(path: str) -> str:
     with sqlite3.connect(path) as connection:
         return connection.execute("SELECT version_num FROM tuner_alembic_version").fetchone()[0]
@@ -227,3 +258,16 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(served_db, capsys):
         assert main(["serve", "--db", served_db, "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"tuner: error: cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_the_api_page_needs_no_network(client):
+    """/docs is Swagger UI with its script and style served here (no CDN), over our schema."""
+    page = client.get("/docs")
+    assert page.status_code == 200 and "/openapi.json" in page.text
+    assets = [part.split('"')[0] for part in page.text.split('="')[1:] if part.startswith("/docs-assets/")]
+    assert {a.rsplit("/", 1)[1] for a in assets} >= {"swagger-ui-bundle.js", "swagger-ui.css"}
+    assert "cdn." not in page.text and "://" not in " ".join(assets)
+    for asset in assets:
+        served = client.get(asset)
+        assert served.status_code == 200 and len(served.content) > 1000
+    assert client.get("/openapi.json").json()["openapi"].startswith("3.")

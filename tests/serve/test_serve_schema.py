@@ -20,12 +20,14 @@ def _check(case: schemathesis.Case) -> None:
         assert isinstance(detail, str) and "\n" not in detail and "Traceback" not in detail
 
 
-@pytest.mark.parametrize("path", ["/best", "/export", "/studies", "/studies/{study}", "/coverage", "/families"])
-def test_every_answer_is_documented_and_no_query_breaks_the_server(app, path):
+@pytest.mark.parametrize("path, method", [(p, "GET") for p in ("/best", "/export", "/studies", "/studies/{study}",
+                                                                 "/coverage", "/families", "/jobs", "/jobs/{job_id}")]
+                         + [("/jobs", "POST"), ("/jobs/{job_id}", "DELETE")])
+def test_every_answer_is_documented_and_no_query_breaks_the_server(app, path, method):
     """Each operation's queries drawn from the schema (its examples first, then generated ones,
     valid and not): schemathesis checks status, content type, and the body against the schema."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    operation = schema["/" + path.lstrip("/")]["GET"]
+    operation = schema["/" + path.lstrip("/")][method]
     strategy = operation.as_strategy()
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -43,4 +45,7 @@ def test_the_schema_names_the_families_flags_as_on_the_command_line(client):
         assert {"family", "shape", "dtype", "device", "causal", "epilogue", "layout"} <= set(parameters)
         assert parameters["causal"]["schema"] == {"type": "boolean"} and not parameters["causal"]["required"]
         assert "nt" in parameters["layout"]["schema"]["enum"] and parameters["family"]["required"]
-    assert set(document["paths"]) == {"/best", "/export", "/studies", "/studies/{study}", "/coverage", "/families"}
+    assert set(document["paths"]) == {"/best", "/export", "/studies", "/studies/{study}", "/coverage", "/families",
+                                      "/jobs", "/jobs/{job_id}"}
+    assert document["paths"]["/jobs"]["post"]["security"] == [{"bearer": []}]
+    assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}

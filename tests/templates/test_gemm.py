@@ -381,7 +381,7 @@ def test_render_module_names_its_kernel():
 # -- through the tuner ----------------------------------------------------------------------------
 def test_the_command_line_reads_gemms_flags_and_refuses_bad_ones(tmp_path, capsys):
     from storage import open_repository
-    from tuner.cli.main import main
+    from tuner.cli.commands import main
 
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
     open_repository(db).close()  # an empty database, not a missing one

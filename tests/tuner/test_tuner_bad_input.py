@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import LANDSCAPE, PROBLEM, run_cli
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]

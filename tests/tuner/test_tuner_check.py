@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tuner
-import tuner.cli.main as cli
+import tuner.cli.commands as cli
 from tuner_doubles import FakePool
 from workers.results import Measurement, Timing
 

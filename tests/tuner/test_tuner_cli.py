@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli.main import main, parse_duration
+from tuner.cli.commands import main, parse_duration
 from tuner_doubles import PROBLEM, FakePool, run_cli
 
 SHAPE = ["--shape", PROBLEM[0], "--dtype", PROBLEM[1]]

@@ -158,7 +158,7 @@ def test_while_the_study_runs_the_copy_waits_after_each_write_as_long_as_it_took
 
 # -- tuner report ------------------------------------------------------------------------------------
 def test_report_writes_one_png_of_the_study(toy, db, tuned, tmp_path, capsys):
-    from tuner.cli.main import main
+    from tuner.cli.commands import main
 
     out = tmp_path / "report.png"
     assert main(["report", tuned.result.study, "-o", str(out), "--db", db]) == 0
@@ -194,7 +194,7 @@ def test_report_panels_say_what_they_show(toy, db, tuned):
 
 
 def test_report_refuses_a_bad_study_or_output_in_one_line(toy, db, tuned, tmp_path, capsys):
-    from tuner.cli.main import main
+    from tuner.cli.commands import main
 
     assert main(["report", "no/such/study", "-o", str(tmp_path / "r.png"), "--db", db]) == 2
     assert main(["report", tuned.result.study, "-o", str(tmp_path / "missing" / "r.png"), "--db", db]) == 2

@@ -24,7 +24,7 @@ from templates import get_family
 from tuner.answers.dispatch import table_bests
 from tuner.answers.rule import pick_config
 from tuner.api import device_limits
-from tuner.cli.main import main
+from tuner.cli.commands import main
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 

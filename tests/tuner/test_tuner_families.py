@@ -10,7 +10,7 @@ import pytest
 
 import tuner.api
 import workers
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import KERNEL_SOURCE, PROBLEM
 from workers.pool_options import PoolOptions
 

@@ -10,7 +10,7 @@ import pytest
 
 import tuner
 from storage import open_repository
-import tuner.cli.main as cli
+import tuner.cli.commands as cli
 from tuner.study.faults import FaultCost, fault_rows, fault_table
 from tuner_doubles import PROBLEM, FakePool, failure_of
 

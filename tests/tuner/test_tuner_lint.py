@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner.reports.lint import LintError, lint_family, spread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import subprocess
 import pytest
 
 import tuner
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import LANDSCAPE, ROOT
 
 DATA = ROOT / "tests" / "data"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import LANDSCAPE
 
 def run(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import yaml
 
 import tuner
 from templates.family import ModelShape
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner.errors import UsageError
 from tuner.lookup import family
 from tuner.study import model

@@ -11,7 +11,7 @@ import pytest
 import tuner
 import tuner.study.loop
 from storage import open_repository, params_key
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner.study.normalize import GpuScale
 from tuner_doubles import GPUS, PROBLEM, TwoGpuPool, clocks_of, failure_of, latency_ms, noise
 

@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 import tuner
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import LANDSCAPE
 from workers.replay import load_landscape
 

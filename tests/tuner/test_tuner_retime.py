@@ -14,7 +14,7 @@ from tuner.study import final_best
 import tuner.api
 from storage import open_repository, params_key
 from tuner.answers.exporter import launch_path
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner.study.final_best import candidates
 from tuner_doubles import PROBLEM, RETIME_AFTER, RETIME_BEFORE, FakePool, latency_ms
 from workers.results import Measurement

@@ -12,7 +12,7 @@ import pytest
 import tuner
 from storage import TrialOutcome, open_repository
 from templates.family import DeviceLimits, Problem
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import DEVICE, ToyFamily, registered
 
 START = {"BLOCK_M": 16, "BLOCK_N": 16, "WARPS": 2, "STAGES": 1}

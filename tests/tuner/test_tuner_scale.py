@@ -15,7 +15,7 @@ import pytest
 
 import tuner
 from storage import ClaimRefused, TrialOutcome, open_repository, params_key
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner.study import search
 from tuner.study.batchtpe import BatchProposer
 from tuner_doubles import PROBLEM, latency_ms, valid_configs

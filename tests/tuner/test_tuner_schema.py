@@ -13,7 +13,7 @@ from sqlalchemy import create_engine
 
 from storage import TrialOutcome, open_repository
 from storage.migrate import VERSION_TABLE, alembic_config, head_revision
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import LANDSCAPE
 
 STUDY = {

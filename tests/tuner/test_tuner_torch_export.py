@@ -17,7 +17,7 @@ import pytest
 import tuner
 from templates import get_family
 from tuner.answers.torch_runtime import rule_kernel
-from tuner.cli.main import main
+from tuner.cli.commands import main
 from tuner_doubles import ROOT
 
 torch = pytest.importorskip("torch")

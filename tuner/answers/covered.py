@@ -58,8 +58,10 @@ def coverage(family: str | KernelFamily, *, db: str | None = None) -> Coverage:
         return coverage_in(repo, fam)
 
 
-def coverage_in(repo: Any, fam: KernelFamily) -> Coverage:
-    """:func:`coverage` on an open ``storage.Repository``."""
+def rule_score_in(repo: Any, fam: KernelFamily) -> rules.RuleScore:
+    """The any-shape rule's leave-one-out score over the family's stored bests: each best's
+    problem answered by the rule from the others, its pick's time read from that problem's
+    measured trials (the costly part of coverage: every such study's trials)."""
     bests = database.call(lambda: repo.bests(fam.name))
     summaries = {s.name: s for s in database.call(repo.studies)}
     measured: dict[str, dict[str, Any]] = {}
@@ -69,7 +71,16 @@ def coverage_in(repo: Any, fam: KernelFamily) -> Coverage:
             measured[study] = database.call(lambda: repo.measured(summaries[study].id))
         return measured[study]
 
-    score = rules.leave_one_out(fam, bests, api.device_limits(list(summaries.values())), trials_of)
+    return rules.leave_one_out(fam, bests, api.device_limits(list(summaries.values())), trials_of)
+
+
+def coverage_in(repo: Any, fam: KernelFamily, *, score: rules.RuleScore | None = None) -> Coverage:
+    """:func:`coverage` on an open ``storage.Repository``; ``score``: the rule's, read already
+    (``rule_score_in``), else read here."""
+    bests = database.call(lambda: repo.bests(fam.name))
+    summaries = {s.name: s for s in database.call(repo.studies)}
+    if score is None:
+        score = rule_score_in(repo, fam)
     now = datetime.now(timezone.utc)
     rows = []
     for best in bests:

@@ -20,8 +20,8 @@ answers from the cache only when it is unchanged; a new best, or a best that mov
 and the cache is dropped. An answer depends on nothing else that the database can change: the
 trials and re-timings a best points at are never rewritten, and so an answer is never older than
 the bests it is served beside. (A family's template edited on disk while the server runs is a
-new template version: restart it.) Studies and coverage change with every trial and are read
-each time.
+new template version: restart it.) Studies change with every trial and are read each time; so
+are coverage's rows, while its rule score (the costly part) is kept with the bests' version.
 """
 
 from __future__ import annotations
@@ -105,10 +105,15 @@ class Reader:
         return {"study": report.plain(detail.summary), "trials": [report.plain(t) for t in detail.trials]}
 
     def coverage(self, family: str) -> dict[str, Any]:
-        """``tuner coverage FAMILY --json``."""
-        from tuner.answers.covered import coverage_in
+        """``tuner coverage FAMILY --json``; the rule's leave-one-out score, which reads the
+        trials of every tuned problem, is kept with the version of the stored bests (a trial that
+        moves no best can change the score only where the rule's pick was that very config, and
+        the score is of the bests), the rows read each time."""
+        from tuner.answers.covered import coverage_in, rule_score_in
 
-        return report.plain(coverage_in(self.repo, self.family(family)))
+        fam = self.family(family)
+        score = self._cached(("rule", fam.name), lambda: rule_score_in(self.repo, fam))
+        return report.plain(coverage_in(self.repo, fam, score=score))
 
     def catalogue(self) -> list[dict[str, Any]]:
         """The families this reader answers for: name, current template hash, problem flags."""

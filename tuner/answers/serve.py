@@ -10,13 +10,20 @@ is a 4xx with one line, ``{"detail": "..."}``: 400 for a value the tuner refuses
 nothing stored, 409 for a winner of an older template (export), 422 for a parameter missing or
 of the wrong type; 503 when the database cannot be read.
 
+``--run-jobs`` also runs the jobs clients queue (``POST /jobs``, :mod:`tuner.jobs`); submitting and
+cancelling need a token of the write scope. On an address other than loopback every request
+needs a token, and the server refuses to start where none was ever created.
+
 FastAPI and uvicorn are imported here only: ``pip install 'kernel-tuner-service[serve]'``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
+import threading
+from contextlib import ExitStack
 from importlib import resources
 from typing import Any, Callable
 
@@ -26,8 +33,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tuner import database
 from tuner.answers.reader import Reader
 from tuner.errors import DatabaseError, NotFound, TemplateMismatch, TunerError, UsageError, first_line
+from tuner.jobs import tokens
+from tuner.jobs.routes import Access, add_job_routes
 
 logger = logging.getLogger("tuner")
 
@@ -65,10 +75,39 @@ COVERAGE = {"type": "object", "required": ["family", "template_hash", "rows", "r
 FAMILIES = {"type": "array", "items": {"type": "object", "required": ["name", "template_hash", "flags"]}}
 
 
-def create_app(reader: Reader) -> FastAPI:
-    """The application over ``reader`` (opened by the caller, who closes it)."""
-    app = FastAPI(title="kernel tuner", version="1", summary="Stored tuning results, read-only",
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the files of the ``fastapi-offline`` package, served here, so
+    that the page works with no network (FastAPI's own loads them from a CDN); without that
+    package, ``/docs`` is off and ``/openapi.json`` is the schema."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        return
+    from pathlib import Path
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Any:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="kernel tuner: API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon.png")
+
+
+def create_app(reader: Reader, access: Access | None = None) -> FastAPI:
+    """The application over ``reader`` (opened by the caller, who closes it); ``access``: who
+    may do what, and where jobs are written (None: reads open, no jobs queued)."""
+    access = access or Access()
+    app = FastAPI(title="kernel tuner", version="1", summary="Stored tuning results, and jobs to tune more",
+                  openapi_url="/openapi.json", docs_url=None, redoc_url=None)
+    _offline_docs(app)
+    if not access.open_reads:
+        _tokens_for_reads(app, reader)
     flags = _flag_parameters(reader)
     catalogue = reader.catalogue()
     family_query = Query(description="kernel family", examples=list(reader.families),
@@ -125,6 +164,8 @@ def create_app(reader: Reader) -> FastAPI:
     def families(request: Request) -> Any:
         return _answer(lambda: _no_extra(request, ()) or reader.catalogue())
 
+    add_job_routes(app, reader, access)
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> Response:
         return HTMLResponse(_asset("index.html"))
@@ -151,6 +192,24 @@ def create_app(reader: Reader) -> FastAPI:
         return JSONResponse({"detail": f"internal error: {first_line(error)}"}, status_code=500)
 
     return app
+
+
+def _tokens_for_reads(app: FastAPI, reader: Reader) -> None:
+    """Every request but the job routes' (which say what they need) answered only with a
+    token of either scope: 401 and one line without one."""
+
+    @app.middleware("http")
+    async def needs_token(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        if request.url.path == "/jobs" or request.url.path.startswith("/jobs/"):
+            return await call_next(request)
+        try:
+            scope = await run_in_threadpool(tokens.scope_of, reader.repo, request.headers.get("authorization"))
+        except TunerError as error:
+            return JSONResponse({"detail": str(error)}, status_code=503)
+        if not tokens.allows(scope, "read"):
+            return JSONResponse({"detail": "this server answers only with a token (Authorization: Bearer TOKEN)"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
 
 _WHY = {400: "a value the tuner refuses (unknown family, bad shape, dtype or flag, unknown parameter)",
@@ -216,21 +275,57 @@ def _asset(name: str) -> str:
     return (resources.files("tuner.answers") / "page" / name).read_text(encoding="utf-8")
 
 
-def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, jobs: Any = None) -> None:
     """Open ``db`` read-only (refused in one line: missing, not a tuner database, another
-    version's schema) and serve it until interrupted."""
+    version's schema) and serve it until interrupted; its job queue is written through a
+    connection of its own. ``jobs`` (a ``tuner.jobs.scheduler.SchedulerOptions``): also run
+    the queued jobs, in this process (None: not). Off loopback, refused where no token exists."""
     import uvicorn
 
     from tuner.answers.reader import open_reader
 
-    with open_reader(db) as reader:
-        app = create_app(reader)
+    url = database.url(db)
+    with open_reader(url) as reader, database.writer(url) as writer, ExitStack() as running:
+        loopback = is_loopback(host)
+        if not loopback and database.call(reader.repo.token_count) == 0:
+            raise UsageError(f"refusing to serve on {host} without a token: create one with "
+                             "`tuner token create --scope read` (or write), or serve on 127.0.0.1")
+        app = create_app(reader, Access(writer=writer, open_reads=loopback))
         listening = _listen(host, port)  # here, so that a port in use is one line of ours
-        logger.info("serving %s on http://%s:%d/ (read-only; API schema at /openapi.json)",
-                    reader.repo.url, host, listening.getsockname()[1])
+        if jobs is not None:
+            _run_jobs(running, url, reader, jobs)
+        logger.info("serving %s on http://%s:%d/ (%s; API schema at /openapi.json)",
+                    reader.repo.url, host, listening.getsockname()[1],
+                    "running jobs" if jobs is not None else "read-only")
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         with listening:
             uvicorn.Server(config).run(sockets=[listening])
+
+
+def _run_jobs(running: ExitStack, url: str, reader: Reader, options: Any) -> None:
+    """Ray up in this thread, and the scheduler in another until ``running`` closes (after the
+    server stops: the slice running then finishes first)."""
+    from tuner import api, lookup
+    from tuner.jobs.scheduler import Scheduler
+
+    scheduler = Scheduler(url, options)
+    first = next(iter(options.replay), None)
+    running.enter_context(api.quiet_optuna())
+    running.enter_context(api.ray_for(options.pool.ray_address, first, family=lookup.family(reader.families[0])))
+    stop = threading.Event()
+    thread = threading.Thread(target=scheduler.run, args=(stop,), name="jobs", daemon=True)
+    thread.start()
+    running.callback(thread.join)
+    running.callback(stop.set)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is this machine's loopback."""
+    try:
+        found = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
 
 
 def _listen(host: str, port: int) -> socket.socket:

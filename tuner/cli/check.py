@@ -1,4 +1,4 @@
-"""``tuner check``: the command line of :func:`tuner.answers.sanitize.check`, kept beside ``tuner/cli/main.py``
+"""``tuner check``: the command line of :func:`tuner.answers.sanitize.check`, kept beside ``tuner/cli/commands.py``
 (which only adds it to its commands)::
 
     tuner check STUDY [--tools memcheck,racecheck,synccheck] [--trial N] [--family REF] [--json]

@@ -1,5 +1,5 @@
 """`tuner export-dispatch FAMILY -o DIR`: the family's tuned winners as one C++ header
-(:func:`tuner.answers.dispatch.export_dispatch`); kept apart from tuner/cli/main.py, which only registers it."""
+(:func:`tuner.answers.dispatch.export_dispatch`); kept apart from tuner/cli/commands.py, which only registers it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`tuner export-torch FAMILY -o DIR`: the family's tuned winners as an importable Python package of
 torch custom ops (:func:`tuner.answers.torch_export.export_torch`); kept apart from
-tuner/cli/main.py, which only registers it."""
+tuner/cli/commands.py, which only registers it."""
 
 from __future__ import annotations
 

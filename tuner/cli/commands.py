@@ -5,6 +5,7 @@
     tuner export attention --shape 4,16,4096,128 --dtype fp16 --causal -o out/
     tuner studies
     tuner show 'attention/4x16x4096x128-fp16-causal/H100-80GB-HBM3/3f9a0c1d2e4b5a6c'
+    tuner serve --run-jobs; tuner submit attention --shape 4,16,4096,128 --dtype fp16 --causal --trials 200
 
 Every user error prints one line ``tuner: error: ...`` on stderr and exits with code 2.
 """
@@ -26,6 +27,7 @@ from typing import Any, Iterator, Sequence
 from tuner import api
 from tuner.answers.exporter import launch_path
 from tuner.cli import check, export_dispatch, export_torch, lint
+from tuner.cli import jobs as job_commands
 from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
 from tuner.reports.bench import bench as run_bench
@@ -241,6 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
+    serve.add_argument("--run-jobs", action="store_true",
+                       help="also run the jobs clients queue (tuner submit), by priority, in this process")
+    serve.add_argument("--replay", nargs="+", metavar="FILE",
+                       help="with --run-jobs: answer from recorded landscapes (files or folders), no GPU")
+    serve.add_argument("--slice-trials", type=_positive_int, default=8, metavar="N",
+                       help="with --run-jobs: trials of one problem a turn, before the next job's (default 8)")
+    serve.add_argument("--ray-address", metavar="ADDR", help="with --run-jobs: join this Ray cluster")
+    serve.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                       help="with --run-jobs: a measurement running longer is killed (default 60)")
 
     plot = sub.add_parser("report", parents=[common], help="one study as a PNG: best so far, importances, failures")
     plot.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -254,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "an RDB URL (sqlite:///optuna.db) or a journal file path")
     check.add_parser(sub, common, _seconds)
     lint.add_parser(sub, common)
+    job_commands.add_parsers(sub, common, _positive_int)
     return parser
 
 
@@ -281,7 +293,7 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print each problem's summary as JSON")
 
 
-FAMILY_COMMANDS = ("tune", "best", "export", "bench")
+FAMILY_COMMANDS = ("tune", "best", "export", "bench", "submit")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -631,7 +643,15 @@ def _serve(args: argparse.Namespace) -> int:
         from tuner.answers.serve import serve
     except ImportError as error:
         raise UsageError(f"{SERVE_EXTRA} ({error})") from None
-    serve(args.db, host=args.host, port=args.port)
+    jobs = None
+    if args.run_jobs:
+        from tuner.jobs.scheduler import SchedulerOptions
+
+        jobs = SchedulerOptions(replay=tuple(args.replay or ()), slice_trials=args.slice_trials,
+                                pool=_pool_options(args, replay=None))
+    elif args.replay or args.ray_address:
+        raise UsageError("--replay and --ray-address are options of --run-jobs")
+    serve(args.db, host=args.host, port=args.port, jobs=jobs)
     return 0
 
 
@@ -651,7 +671,7 @@ _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "tune-model": _tune_model,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
              "check": check.run, "export-dispatch": export_dispatch.run,
              "export-torch": export_torch.run, "report": _report,
-             "lint": lint.run}
+             "lint": lint.run, **{name: job_commands.run for name in job_commands.COMMANDS}}
 
 
 # -- helpers ---------------------------------------------------------------------------------------

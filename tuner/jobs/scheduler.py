@@ -1,0 +1,166 @@
+"""The scheduler: runs queued jobs, a slice of trials at a time, through the studies of
+:func:`tuner.tune`.
+
+    scheduler = Scheduler("sqlite:///tuner.db", SchedulerOptions(replay=("landscapes/",)))
+    with api.ray_for(None, "landscapes/", family=fam):   # Ray up, in the main thread
+        scheduler.run(stop)                               # until ``stop`` (an Event) is set
+
+Each turn it takes the job whose turn it is (``storage.jobs``: the highest priority, and among
+equal priorities the one served longest ago), tunes its first unfinished problem to at most
+``slice_trials`` more trials of that problem's study (``tuner.api.tune_here``, one coordinator
+on the study, under its leases), and gives the job back. A problem is done at its budget, or
+when its study can measure nothing more (every valid config measured); the job, when all its
+problems are. Nothing of a job's progress lives here: a study resumes by name and its stored
+trials are never measured again, so a scheduler killed and started again goes on where the
+database left it. A job cancelled meanwhile is not taken again; the slice running finishes
+its trials in flight, and stores them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from templates.family import KernelFamily, Problem
+from tuner import api, database, lookup
+from tuner.errors import TunerError, UsageError, first_line
+from tuner.study import search
+from tuner.study.final_best import DEFAULT_TOP
+from tuner.study.many import landscapes_for
+from tuner.study.options import StudyOptions
+from workers.pool_options import PoolOptions
+
+logger = logging.getLogger("tuner")
+
+DEFAULT_SLICE = 8  # trials of one problem a turn
+RENEW_S = 10.0  # a job held is renewed this often (storage.LEASE_TTL_S: 60)
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Where jobs are measured (``pool``: Ray's address, timeouts; ``replay``: landscapes, files
+    or folders of them, answered instead of GPUs), how many trials a turn (``slice_trials``), and
+    how long an idle scheduler waits before looking again (``poll_s``)."""
+
+    replay: Sequence[str | Path] = ()
+    slice_trials: int = DEFAULT_SLICE
+    poll_s: float = 1.0
+    pool: PoolOptions = field(default_factory=PoolOptions)
+
+
+class Scheduler:
+    """Runs the jobs queued in the database at ``url``."""
+
+    def __init__(self, url: str, options: SchedulerOptions | None = None) -> None:
+        self.url = url
+        self.options = options or SchedulerOptions()
+        if self.options.slice_trials < 1:
+            raise UsageError(f"a slice takes 1 trial or more, not {self.options.slice_trials}")
+        self.runner = search.owner_id()
+
+    def run(self, stop: threading.Event) -> None:
+        """Run turns until ``stop`` is set (the turn running then finishes first)."""
+        with database.repository(self.url) as repo:
+            while not stop.is_set():
+                try:
+                    worked = self.turn(repo)
+                except TunerError as error:  # the database away a while: the next turn tries again
+                    logger.warning("jobs: %s", error)
+                    worked = False
+                except Exception:
+                    logger.exception("jobs: a turn failed")
+                    worked = False
+                if not worked:
+                    stop.wait(self.options.poll_s)
+
+    def turn(self, repo: Any) -> bool:
+        """One slice of the job whose turn it is; False where no job is waiting."""
+        job = database.call(lambda: repo.take_job(self.runner, _gone))
+        if job is None:
+            return False
+        state: str | None = None
+        reason: str | None = None
+        try:
+            with _renewing(repo, job.id, self.runner):
+                self._slice(repo, job)
+            state, reason = _concluded(database.call(lambda: repo.job(job.id)))
+        except TunerError as error:  # no GPU, the workers could not start: said on the job
+            state, reason = "failed", first_line(error)
+            logger.warning("job %d failed: %s", job.id, reason)
+        finally:
+            database.call(lambda: repo.release_job(job.id, self.runner, state=state, reason=reason))
+        if state is not None:
+            logger.info("job %d %s: %s", job.id, state, reason)
+        return True
+
+    def _slice(self, repo: Any, job: Any) -> None:
+        entry = next((p for p in job.problems if p.state == "waiting"), None)
+        if entry is None:
+            return
+        fam = lookup.family(job.family)
+        problem = lookup.problem(fam, list(entry.shape), entry.dtype, entry.flags)
+        try:
+            landscape = self._landscape(fam, problem)
+        except UsageError as error:
+            database.call(lambda: repo.set_job_problem(job.id, entry.position, state="failed", reason=str(error)))
+            return
+        target = min(job.trials, entry.measured + self.options.slice_trials)
+        options = StudyOptions(trials=target, sampler=job.settings.get("sampler") or "tpe",
+                               seed=job.settings.get("seed"), retime=DEFAULT_TOP if target >= job.trials else 0,
+                               skip_at_budget=True, replay=landscape)
+        logger.info("job %d: %s %s to %d trials", job.id, fam.name, problem.key, target)
+        result = api.tune_here(fam, problem, self.url, options, replace(self.options.pool, replay=landscape))
+        stored = result.previous + result.measured + result.shared
+        database.call(lambda: repo.set_job_problem(job.id, entry.position, study=result.study))
+        if stored >= job.trials or (result.status == "finished" and stored < target):
+            database.call(lambda: repo.set_job_problem(job.id, entry.position, state="done", reason=result.reason))
+
+    def _landscape(self, fam: KernelFamily, problem: Problem) -> Path | None:
+        """The landscape among ``replay`` that records ``problem`` (None: no replay, GPUs)."""
+        if not self.options.replay:
+            return None
+        for given in self.options.replay:
+            try:
+                return landscapes_for(fam, [problem], [given])[problem]
+            except UsageError:
+                continue
+        raise UsageError(f"no landscape given records {fam.name} {problem.key}")
+
+
+def _concluded(job: Any) -> tuple[str | None, str | None]:
+    """(state, reason) of a job whose problems are all over; (None, None) while one waits."""
+    if job is None or any(p.state == "waiting" for p in job.problems):
+        return None, None
+    failed = [p for p in job.problems if p.state == "failed"]
+    if failed:
+        return "failed", f"{len(failed)} of {len(job.problems)} problems failed: {failed[0].reason}"
+    return "done", f"{len(job.problems)} problems tuned"
+
+
+def _gone(runner: str | None, heartbeat: Any) -> bool:
+    return not search.owner_alive(runner, heartbeat)
+
+
+@contextmanager
+def _renewing(repo: Any, job_id: int, runner: str) -> Iterator[None]:
+    """``runner``'s hold of the job renewed every RENEW_S while the block runs."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(RENEW_S):
+            try:
+                repo.renew_job(job_id, runner)
+            except Exception as error:  # the next renewal tries again
+                logger.warning("job %d: cannot renew its hold: %s", job_id, first_line(error))
+
+    thread = threading.Thread(target=renew, name=f"job-{job_id}-renewal", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
