@@ -162,6 +162,8 @@ def test_what_the_family_does_not_take_goes_to_the_vendors_path(exported):
     assert gemm.gemm_choice(torch.empty(8, 8, **meta), torch.empty(8, 8, **meta)).use == "vendor"  # fp32
     strided = torch.empty(64, 64, dtype=torch.float16, **meta)[:, ::2]
     assert "row-major" in gemm.gemm_choice(strided, torch.empty(32, 8, dtype=torch.float16, **meta)).reason
+    shifted = torch.empty(64 * 64 + 1, dtype=torch.float16)[1:].view(64, 64)  # 2 bytes past an aligned start
+    assert "16-byte" in gemm.gemm_choice(shifted, torch.empty(64, 64, dtype=torch.float16)).reason
     assert attention.choose((2, 8, 512, 96), "fp16", {"causal": False}).use == "vendor"  # head dim 96
     assert "does not take" in attention.choose((2, 8, 512, 96), "fp16", {"causal": False}).reason
     transposed = torch.empty(2, 512, 8, 64, dtype=torch.float16, **meta).transpose(1, 2)
