@@ -141,6 +141,8 @@ def test_a_tuned_shape_takes_its_winner_and_an_untuned_one_the_rules_pick(export
     stored = tuner.best("gemm", (64, 4096, 14336), "bf16", {"layout": "nt"}, db=db)
     assert (tuned.use, tuned.reason, tuned.source) == ("ours", "tuned", "64x4096x14336-bf16-epilogue=none-layout=nt")
     assert tuned.params == get_family("gemm").complete(stored.params)
+    short = gemm.choose((64, 4096, 14336), "bf16", {"layout": "nt"})  # the epilogue left to its default
+    assert (short.use, short.reason, short.kernel) == ("ours", "tuned", tuned.kernel)
     for shape, dtype, flags in [((300, 4096, 4096), "bf16", {"layout": "nt", "epilogue": "none"}),
                                 ((1000, 2048, 2048), "fp16", {"layout": "nn", "epilogue": "none"}),
                                 ((128, 256, 512), "fp16", {"layout": "tn", "epilogue": "bias_relu"})]:
