@@ -431,6 +431,15 @@ class Repository(BatchedTrials, JobQueue):
         with self._session("cannot read the studies") as session:
             return {name: dict(settings) for name, settings in session.execute(select(Study.name, Study.settings))}
 
+    def trials_version(self) -> int:
+        """The newest stored trial's id (0: none). Trials are only ever added, each with a new,
+        higher id, so what is read from the trials holds while it is equal."""
+        try:
+            with self.engine.connect() as connection:
+                return int(connection.execute(select(func.max(TrialRow.id))).scalar() or 0)
+        except SQLAlchemyError as error:
+            raise StorageError(f"cannot read the stored trials: {driver_message(error)}") from error
+
     def bests_version(self) -> tuple[tuple[Any, ...], ...]:
         """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
         best, or one that moves to another trial or re-timing, changes it; the trials and

@@ -9,7 +9,7 @@ how long ago; and how well the rule that answers the others does (:mod:`tuner.an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -81,6 +81,7 @@ def coverage_in(repo: Any, fam: KernelFamily, *, score: rules.RuleScore | None =
     summaries = {s.name: s for s in database.call(repo.studies)}
     if score is None:
         score = rule_score_in(repo, fam)
+    current = fam.template_hash  # read once: it hashes the family's files
     now = datetime.now(timezone.utc)
     rows = []
     for best in bests:
@@ -88,13 +89,24 @@ def coverage_in(repo: Any, fam: KernelFamily, *, score: rules.RuleScore | None =
         rows.append(CoverageRow(
             problem=rules.problem_of(best).key, shape=tuple(best.shape), dtype=best.dtype,
             flags=dict(best.flags), device=best.device.name, template_hash=best.template_hash,
-            current=best.template_hash == fam.template_hash, study=best.study,
+            current=best.template_hash == current, study=best.study,
             trials=summaries[best.study].n_trials, median_ms=best.median_ms, tflops=best.tflops,
             retimed=best.retime is not None, replayed=best.replayed, measured_at=best.measured_at,
             age_s=max(0.0, (now - when).total_seconds()),
         ))
     rows.sort(key=lambda r: (not r.current, r.device, r.dtype, sorted(r.flags.items()), r.shape))
-    return Coverage(fam.name, fam.template_hash, tuple(rows), score)
+    return Coverage(fam.name, current, tuple(rows), score)
+
+
+def aged(report: Coverage) -> Coverage:
+    """``report`` with each row's age counted now."""
+    now = datetime.now(timezone.utc)
+
+    def since(row: CoverageRow) -> float:
+        when = row.measured_at if row.measured_at.tzinfo else row.measured_at.replace(tzinfo=timezone.utc)
+        return max(0.0, (now - when).total_seconds())
+
+    return replace(report, rows=tuple(replace(row, age_s=since(row)) for row in report.rows))
 
 
 def age(seconds: float) -> str:

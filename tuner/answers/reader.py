@@ -20,8 +20,9 @@ answers from the cache only when it is unchanged; a new best, or a best that mov
 and the cache is dropped. An answer depends on nothing else that the database can change: the
 trials and re-timings a best points at are never rewritten, and so an answer is never older than
 the bests it is served beside. (A family's template edited on disk while the server runs is a
-new template version: restart it.) Studies change with every trial and are read each time; so
-are coverage's rows, while its rule score (the costly part) is kept with the bests' version.
+new template version: restart it.) Studies change with every trial and are read each time;
+coverage's rows are kept while no trial is added, its rule score (the costly part) with the
+bests' version.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Reader:
         self._lock = threading.Lock()
         self._version: Any = None
         self._answers: dict[tuple[Any, ...], Any] = {}
+        self._coverage: dict[str, tuple[int, Any, Any]] = {}  # family -> (trials version, score, rows)
 
     # -- what the page and the API ask ------------------------------------------------------------
     def family(self, name: str) -> KernelFamily:
@@ -108,12 +110,20 @@ class Reader:
         """``tuner coverage FAMILY --json``; the rule's leave-one-out score, which reads the
         trials of every tuned problem, is kept with the version of the stored bests (a trial that
         moves no best can change the score only where the rule's pick was that very config, and
-        the score is of the bests), the rows read each time."""
-        from tuner.answers.covered import coverage_in, rule_score_in
+        the score is of the bests); the rows (each study's trial count) while no trial is added,
+        their ages counted at each answer."""
+        from tuner.answers.covered import aged, coverage_in, rule_score_in
 
         fam = self.family(family)
         score = self._cached(("rule", fam.name), lambda: rule_score_in(self.repo, fam))
-        return report.plain(coverage_in(self.repo, fam, score=score))
+        trials = database.call(self.repo.trials_version)
+        with self._lock:
+            kept = self._coverage.get(fam.name)
+        if kept is None or kept[0] != trials or kept[1] is not score:
+            kept = (trials, score, coverage_in(self.repo, fam, score=score))  # rows of these trials
+            with self._lock:
+                self._coverage[fam.name] = kept
+        return report.plain(aged(kept[2]))
 
     def catalogue(self) -> list[dict[str, Any]]:
         """The families this reader answers for: name, current template hash, problem flags."""
