@@ -1,6 +1,8 @@
 // The page of `tuner serve`: it reads the JSON API of the same process and draws what it gets.
 // Studies (polled every few seconds) -> a click opens one: its best-so-far curve (SVG) and trials.
 // Winners per GPU and coverage come from /coverage of each family in /families.
+// Jobs (polled with the studies): their progress, a form that submits one, a button that cancels
+// one; the token typed in is kept in sessionStorage and sent as `Authorization: Bearer`.
 "use strict";
 
 const POLL_MS = 3000;
@@ -25,12 +27,26 @@ function setHTML(el, html) {
   }
 }
 
-async function get(path) {
-  const answer = await fetch(path);
-  const body = await answer.json();
-  if (!answer.ok) throw new Error(body.detail || answer.statusText);
-  return body;
+const TOKEN_KEY = "tuner-token";
+const token = () => sessionStorage.getItem(TOKEN_KEY) || "";
+
+// A call to the API of this server, with the token where one was given; a refusal is an Error
+// whose message is the server's one line.
+async function call(method, path, body) {
+  const headers = {Accept: "application/json"};
+  if (token()) headers.Authorization = "Bearer " + token();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const answer = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  let found = null;
+  try {
+    found = await answer.json();
+  } catch (error) {
+    if (answer.ok) throw new Error(`${path}: not JSON`);
+  }
+  if (!answer.ok) throw new Error(String((found && found.detail) || `${answer.status} ${answer.statusText}`).split("\n")[0]);
+  return found;
 }
+const get = (path) => call("GET", path);
 
 function status(text, bad) {
   const el = $("#status");
@@ -154,20 +170,120 @@ async function loadCoverage() {
   }).join(""));
 }
 
+// -- jobs ----------------------------------------------------------------------------------------
+const OPEN = ["queued", "running"];
+
+function eta(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  const s = Math.round(seconds);
+  if (s < 60) return s + " s";
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor(s % 3600 / 60)).padStart(2, "0")} min`;
+}
+
+async function loadJobs() {
+  const jobs = await get("/jobs");
+  setHTML($("#job-list tbody"), jobs.map((j) => {
+    const share = j.budget ? Math.min(1, j.measured / j.budget) : 0;
+    const problems = j.problems.map((p) =>
+      `<span class="problem${p.state === "failed" ? " failed" : ""}" title="${esc(p.reason || p.study || "")}">` +
+      `${esc(problemKey(p.shape, p.dtype, p.flags))} ${Math.min(p.measured, j.trials)} / ${j.trials}` +
+      `${p.best_median_ms === null ? "" : ", " + fmt(p.best_median_ms)}${p.state === "waiting" ? "" : " " + esc(p.state)}</span>`).join("");
+    return `<tr data-id="${j.id}"><td>${j.id}</td><td>${esc(j.family)}</td>` +
+      `<td class="st-${esc(j.state)}" title="${esc(j.reason || "")}">${esc(j.state)}${j.held && j.state !== "running" ? " (finishing a slice)" : ""}</td>` +
+      `<td class="num">${j.priority}</td>` +
+      `<td><span class="bar"><i style="width:${(100 * share).toFixed(0)}%"></i></span> ${j.measured} / ${j.budget}</td>` +
+      `<td class="params">${problems}</td><td class="num">${fmt(j.best_median_ms)}</td>` +
+      `<td class="num">${OPEN.includes(j.state) ? eta(j.eta_s) : "-"}</td>` +
+      `<td class="muted">${esc((j.submitted_at || "").slice(0, 19))}</td>` +
+      `<td>${OPEN.includes(j.state) ? `<button class="cancel" data-id="${j.id}">cancel</button>` : ""}</td></tr>`;
+  }).join("") || '<tr><td colspan="10" class="muted">no jobs queued</td></tr>');
+  return jobs;
+}
+
+// A problem line: "2,8,1024,64 fp16 causal layout=nt" -> {shape, dtype, flags}; the server
+// checks it, and says in one line what it refuses.
+function parseProblem(line) {
+  const [shape, dtype = "", ...rest] = line.trim().split(/\s+/);
+  const flags = {};
+  for (const word of rest) {
+    const [name, value] = word.replace(/^--/, "").split("=", 2);
+    flags[name.replace(/-/g, "_")] = value === undefined ? true : value;
+  }
+  return {shape, dtype, flags};
+}
+
+const whole = (text) => /^-?[0-9]+$/.test(text.trim()) ? Number(text) : text;
+
+function jobError(text) {
+  $("#job-error").textContent = text;
+  if (text) $("#job-note").textContent = "";
+}
+
+async function submitJob(event) {
+  event.preventDefault();
+  const body = {family: $("#job-family").value, trials: whole($("#job-trials").value),
+                priority: $("#job-priority").value.trim() ? whole($("#job-priority").value) : undefined,
+                problems: $("#job-problems").value.split("\n").filter((l) => l.trim()).map(parseProblem)};
+  $("#job-submit").disabled = true;
+  try {
+    const job = await call("POST", "/jobs", body);
+    jobError("");
+    $("#job-note").textContent = `job ${job.id} queued`;
+    await refresh();
+  } catch (error) {
+    jobError(error.message);
+  } finally {
+    $("#job-submit").disabled = false;
+  }
+}
+
+async function cancelJob(id) {
+  try {
+    const job = await call("DELETE", "/jobs/" + id);
+    jobError("");
+    $("#job-note").textContent = `job ${job.id} ${job.state}`;
+    await refresh();
+  } catch (error) {
+    jobError(error.message);
+  }
+}
+
+async function loadFamilies() {
+  if (!families.length) families = await get("/families");
+  const select = $("#job-family");
+  if (!select.options.length) {
+    setHTML(select, families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join(""));
+  }
+}
+
+$("#job-token").value = token();
+$("#job-token").addEventListener("input", (event) => {
+  const text = event.target.value.trim();
+  if (text) sessionStorage.setItem(TOKEN_KEY, text); else sessionStorage.removeItem(TOKEN_KEY);
+});
+$("#job-form").addEventListener("submit", submitJob);
+$("#job-list tbody").addEventListener("click", (event) => {
+  const button = event.target.closest("button.cancel");
+  if (button) cancelJob(Number(button.dataset.id));
+});
+loadFamilies().catch((error) => status(error.message, true));
+
 // -- tabs and polling ----------------------------------------------------------------------------
 for (const tab of document.querySelectorAll("header nav a")) {
   tab.addEventListener("click", () => {
     for (const t of document.querySelectorAll("header nav a")) t.classList.toggle("on", t === tab);
     for (const s of document.querySelectorAll("main section")) s.classList.toggle("on", s.id === tab.dataset.tab);
-    if (tab.dataset.tab !== "studies") loadCoverage().catch((e) => status(e.message, true));
+    if (tab.dataset.tab === "winners" || tab.dataset.tab === "coverage") loadCoverage().catch((e) => status(e.message, true));
+    if (tab.dataset.tab === "jobs") loadJobs().catch((e) => status(e.message, true));
   });
 }
 
 async function refresh() {
   try {
-    const studies = await loadStudies();
+    const [studies, jobs] = await Promise.all([loadStudies(), loadJobs()]);
     if (chosen !== null) await openStudy(chosen);
-    status(`${studies.length} studies; updated ${new Date().toLocaleTimeString()}`);
+    status(`${studies.length} studies, ${jobs.length} jobs; updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
     status(error.message, true);
   }
