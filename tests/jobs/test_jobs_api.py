@@ -127,6 +127,8 @@ def test_off_loopback_every_read_needs_a_token(url, capsys):
             assert "token" in _one_line(client.get(path), 401)
             assert client.get(path, headers=_auth(read)).status_code == 200
         assert "token" in _one_line(client.get("/studies", headers=_auth("tkn_forged")), 401)
+        for path in ("/", "/page.js"):  # the page itself holds no data: it sends the token typed into it
+            assert client.get(path).status_code == 200
         # a server that writes no jobs says so, once a write token passes
         write = _token(capsys, url, "write")
         assert "read-only" in _one_line(client.post("/jobs", json=JOB, headers=_auth(write)), 503)

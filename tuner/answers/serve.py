@@ -11,8 +11,9 @@ nothing stored, 409 for a winner of an older template (export), 422 for a parame
 of the wrong type; 503 when the database cannot be read.
 
 ``--run-jobs`` also runs the jobs clients queue (``POST /jobs``, :mod:`tuner.jobs`); submitting and
-cancelling need a token of the write scope. On an address other than loopback every request
-needs a token, and the server refuses to start where none was ever created.
+cancelling need a token of the write scope. On an address other than loopback every request but
+the page's own files (``/``, ``/page.js``) needs a token, and the server refuses to start where
+none was ever created. The page sends the token typed into it.
 
 FastAPI and uvicorn are imported here only: ``pip install 'kernel-tuner-service[serve]'``.
 """
@@ -195,12 +196,14 @@ def create_app(reader: Reader, access: Access | None = None) -> FastAPI:
 
 
 def _tokens_for_reads(app: FastAPI, reader: Reader) -> None:
-    """Every request but the job routes' (which say what they need) answered only with a
-    token of either scope: 401 and one line without one."""
+    """Every request but the job routes' (which say what they need) and the page's own files
+    (which hold no data; the page sends the token typed into it) answered only with a token of
+    either scope: 401 and one line without one."""
 
     @app.middleware("http")
     async def needs_token(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if request.url.path == "/jobs" or request.url.path.startswith("/jobs/"):
+        path = request.url.path
+        if path in PAGE_FILES or path == "/jobs" or path.startswith("/jobs/"):
             return await call_next(request)
         try:
             scope = await run_in_threadpool(tokens.scope_of, reader.repo, request.headers.get("authorization"))
@@ -212,6 +215,7 @@ def _tokens_for_reads(app: FastAPI, reader: Reader) -> None:
         return await call_next(request)
 
 
+PAGE_FILES = ("/", "/page.js")
 _WHY = {400: "a value the tuner refuses (unknown family, bad shape, dtype or flag, unknown parameter)",
         404: "nothing stored for it", 409: "the winner was measured with an older template",
         422: "a parameter missing or of the wrong type", 503: "the database cannot be read"}
