@@ -2,7 +2,7 @@
 // Studies (polled every few seconds) -> a click opens one: its best-so-far curve (SVG) and trials.
 // Winners per GPU and coverage come from /coverage of each family in /families.
 // Jobs (polled with the studies): their progress, a form that submits one, a button that cancels
-// one; the token typed in is kept in sessionStorage and sent as `Authorization: Bearer`.
+// one; the token typed in is kept until the tab closes and sent as `Authorization: Bearer`.
 "use strict";
 
 const POLL_MS = 3000;
