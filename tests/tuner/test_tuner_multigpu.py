@@ -285,11 +285,19 @@ def crowded(params) -> float:
 
 def _drifting_wins(db, pools, seeds: int) -> int:
     """Studies of the crowded landscape whose second GPU slows 10% over the run: how many end
-    with A, the true best, as the stored winner (the final re-timing runs on GPU 0, at true times)."""
+    with A, the true best, as the stored winner (the final re-timing runs on GPU 0, at true times).
+    Each in a database of its own, copied from one made once (not migrated study by study)."""
+    import sqlite3
+
+    template = db.replace("tuner.db", "drift_template.db")
+    open_repository(template).close()
     wins = 0
     for seed in range(seeds):
         pools.queued.append(TwoGpuPool(latency=crowded, slowdown=1.0, drift=0.10, drift_trials=40))
         url = db.replace("tuner.db", f"drift{seed}.db")
+        with sqlite3.connect(template.removeprefix("sqlite:///")) as source, \
+                sqlite3.connect(url.removeprefix("sqlite:///")) as target:
+            source.backup(target)
         tuner.tune("toy", *PROBLEM, sampler="random", db=url, seed=seed, warm_start=0, trials=60, retime=3)
         wins += tuner.best("toy", *PROBLEM, db=url).params == A
     return wins
