@@ -316,24 +316,32 @@ def best(
 
 
 def best_in(repo: Any, fam: KernelFamily, problem: Problem, *, device: str | None = None,
-            derive: bool = True) -> Any:
-    """:func:`best` on an open ``storage.Repository`` (a server's, opened once)."""
+            derive: bool = True, inputs: Callable[[], Any] | None = None) -> Any:
+    """:func:`best` on an open ``storage.Repository`` (a server's, opened once); ``inputs``: what
+    gives the rule's inputs (``rule_inputs``) where the server keeps them."""
     try:
         return _best(repo, fam, problem, device)
     except NotFound:
         if not derive:
             raise
-        picked = _derive(repo, fam, problem, device)
+        picked = derive_from(fam, problem, inputs() if inputs else rule_inputs(repo, fam, device))
         if picked is None:
             raise
         return picked
 
 
-def _derive(repo: Any, fam: KernelFamily, problem: Problem, device: str | None) -> Derived | None:
+def rule_inputs(repo: Any, fam: KernelFamily, device: str | None) -> tuple[list[Any], Callable[[Any], DeviceLimits]]:
+    """What the any-shape rule answers from: the family's stored bests (on ``device``) and the
+    limits of the GPU each was tuned on."""
     bests = database.call(lambda: repo.bests(fam.name, device_name=device))
+    return bests, limits_by_study(database.call(repo.study_settings))
+
+
+def derive_from(fam: KernelFamily, problem: Problem, inputs: tuple[list[Any], Callable[[Any], DeviceLimits]]) -> Derived | None:
+    """The rule's answer for ``problem`` from ``rule_inputs``; None where it has none."""
+    bests, limits_of = inputs
     if not bests:
         return None
-    limits_of = limits_by_study(database.call(repo.study_settings))
     pick = rules.pick_config(fam, problem, bests, limits_of, limits_of(bests[0]))
     if pick is None:
         return None

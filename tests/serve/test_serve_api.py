@@ -271,3 +271,23 @@ def test_the_api_page_needs_no_network(client):
         served = client.get(asset)
         assert served.status_code == 200 and len(served.content) > 1000
     assert client.get("/openapi.json").json()["openapi"].startswith("3.")
+
+
+def test_warming_answers_every_stored_best_and_the_rule_reads_its_inputs_once(db_copy, monkeypatch):
+    """``Reader.warm`` (run as the server starts) answers each stored best once, so the first
+    query of a tuned problem is kept already; shapes never tuned read the rule's inputs (every
+    best of the family) once a version of the bests, not once a shape."""
+    from tuner import api
+    from tuner.answers.reader import open_reader
+
+    reads = []
+    inputs = api.rule_inputs
+    monkeypatch.setattr(api, "rule_inputs", lambda repo, fam, device: reads.append(device) or inputs(repo, fam, device))
+    with open_reader(db_copy) as reader:
+        assert reader.cached("best", "attention", *TUNED[0]) is None
+        assert reader.warm() == 2
+        for spec in TUNED:
+            assert reader.cached("best", "attention", *spec)["measured"] is True
+        first = reader.best("attention", "3,8,1000,64", "fp16", {"causal": "true"})
+        again = reader.best("attention", "5,8,1500,64", "fp16", {"causal": "true"})
+        assert not first["measured"] and not again["measured"] and reads == [None]

@@ -12,7 +12,8 @@ neither creates nor migrates anything and refuses writes (``storage.open_reader`
 Families are the installed ones (and those registered in this process) by name only: a path
 or ``module:ATTR`` would load code named by whoever sends the query.
 
-``best`` and ``export`` answers are kept, keyed by what was asked, beside the version of the
+``best`` and ``export`` answers are kept, keyed by what was asked (and the rule's inputs, the
+family's bests and their GPUs' limits, for the shapes never tuned), beside the version of the
 stored bests they were read at (``Repository.bests_version``: each best row's id, trial and
 re-timing). Every call reads that version first (on SQLite a ``PRAGMA data_version``, and the
 ``tuner_best`` rows only when another connection has committed since; elsewhere the rows) and
@@ -27,6 +28,7 @@ bests' version.
 
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -35,6 +37,8 @@ from templates.family import KernelFamily, Problem
 from tuner import api, database, lookup
 from tuner.cli import text as report
 from tuner.errors import UsageError
+
+logger = logging.getLogger("tuner")
 
 CACHE_LIMIT = 4096  # answers kept at one version of the bests; the oldest go first past it
 
@@ -75,8 +79,26 @@ class Reader:
              device: str | None = None) -> dict[str, Any]:
         """``tuner best ... --json``: the stored winner, or the rule's pick for a shape never tuned."""
         fam, problem = self.problem(family, shape, dtype, flags)
+        inputs = lambda: self._cached(("rule inputs", fam.name, device),  # noqa: E731
+                                      lambda: api.rule_inputs(self.repo, fam, device))
         return self._cached(("best", fam.name, problem.key, device), lambda: (
-            report.best_document(api.best_in(self.repo, fam, problem, device=device))))
+            report.best_document(api.best_in(self.repo, fam, problem, device=device, inputs=inputs))))
+
+    def warm(self) -> int:
+        """Answer ``best`` for every problem the database has a best of, once, so that the
+        first queries find them kept (a server calls it in a thread as it starts); the answers
+        counted. Stops at the first error (the database away): a query answers it then."""
+        count = 0
+        try:
+            for name in self.families:
+                fam = lookup.family(name)
+                for stored in database.call(lambda: self.repo.bests(fam.name)):
+                    flags = {k: v for k, v in dict(stored.flags).items()}
+                    self.best(name, ",".join(map(str, stored.shape)), stored.dtype, flags)
+                    count += 1
+        except Exception as error:  # noqa: BLE001 - a query will meet it again, and say it
+            logger.debug("warming the answers stopped: %s", error)
+        return count
 
     def cached(self, what: str, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
                device: str | None = None) -> dict[str, Any] | None:

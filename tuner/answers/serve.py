@@ -298,6 +298,9 @@ def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, jo
         listening = _listen(host, port)  # here, so that a port in use is one line of ours
         if jobs is not None:
             _run_jobs(running, url, reader, jobs)
+        # the stored bests answered once before they are asked: the first /best of a tuned
+        # problem is then as quick as the next (a shape never tuned reads the rule's inputs once)
+        threading.Thread(target=reader.warm, name="warm-answers", daemon=True).start()
         logger.info("serving %s on http://%s:%d/ (%s; API schema at /openapi.json)",
                     reader.repo.url, host, listening.getsockname()[1],
                     "running jobs" if jobs is not None else "read-only")
