@@ -135,8 +135,9 @@ def tune(
 
 
 def tune_here(fam: KernelFamily, problem: Problem, url: str, options: StudyOptions,
-              where: PoolOptions) -> TuneResult:
-    """:func:`tune` once Ray is up (its arguments checked), on a pool made as ``where`` says."""
+              where: PoolOptions, stop_when: Callable[[], str | None] | None = None) -> TuneResult:
+    """:func:`tune` once Ray is up (its arguments checked), on a pool made as ``where`` says;
+    ``stop_when``: asked before each new trial, a reason to stop there (``LoopOptions``)."""
     simulated = where.simulate_gpus is not None
     with _open_pool(fam, problem, where) as pool, database.repository(url) as repo:
         space = _space(fam, pool)
@@ -161,7 +162,7 @@ def tune_here(fam: KernelFamily, problem: Problem, url: str, options: StudyOptio
             )
         meter = Meter()
         name, outcome, warm = _run_study(fam, problem, pool, repo, url, space=space, options=options,
-                                         loop=LoopOptions(meter=meter))
+                                         loop=LoopOptions(meter=meter, stop_when=stop_when))
         throughput = meter.report(
             measured=outcome.measured, gpus=pool.num_gpus if simulated else 0,
             intervals=pool.busy_intervals() if simulated else (),

@@ -398,3 +398,29 @@ def test_the_fastest_known_config_is_kept_as_results_come_and_found_again_when_r
     assert c._best_known == (2.0, "b")
     c._know("c", 0.5)
     assert c._best_known == (0.5, "c") == min((v, k) for k, v in c._known.items())
+
+
+def test_a_stop_asked_for_ends_the_study_there_and_stores_what_was_in_flight(toy, db, pools):
+    """``stop_when`` (a cancelled job's slice): asked before each new trial; once it gives a
+    reason no more trials are asked, those in flight are measured and stored, none left running."""
+    from tuner import lookup
+    from workers.pool_options import PoolOptions
+
+    pool = FakePool()
+    pools.queued.append(pool)
+    fam = lookup.family("toy")
+    problem = lookup.problem(fam, *PROBLEM, {})
+
+    def stop_when():
+        return "its job was cancelled" if len(pool.submitted) >= 6 else None
+
+    result = api.tune_here(fam, problem, db, StudyOptions(trials=60, sampler="random", seed=0, retime=0),
+                           PoolOptions(), stop_when=stop_when)
+    assert result.status == "finished" and result.reason == "its job was cancelled"
+    trials = open_repository(db).trials(_study_id(db))
+    assert 6 <= len(trials) == len(pool.submitted) < 60  # every trial sent was stored
+    assert _running(db, result.study) == []
+
+
+def _study_id(db):
+    return open_repository(db).studies()[0].id

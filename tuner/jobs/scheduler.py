@@ -12,8 +12,9 @@ on the study, under its leases), and gives the job back. A problem is done at it
 when its study can measure nothing more (every valid config measured); the job, when all its
 problems are. Nothing of a job's progress lives here: a study resumes by name and its stored
 trials are never measured again, so a scheduler killed and started again goes on where the
-database left it. A job cancelled meanwhile is not taken again; the slice running finishes
-its trials in flight, and stores them.
+database left it. A job cancelled meanwhile is not taken again; the slice running asks no
+more trials once its hold's renewal sees the cancel (within RENEW_S), and its trials in flight
+finish and are stored.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from workers.pool_options import PoolOptions
 logger = logging.getLogger("tuner")
 
 DEFAULT_SLICE = 8  # trials of one problem a turn
-RENEW_S = 10.0  # a job held is renewed this often (storage.LEASE_TTL_S: 60)
+RENEW_S = 2.0  # a job held is renewed (and a cancel seen) this often (storage.LEASE_TTL_S: 60)
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ class Scheduler:
         state: str | None = None
         reason: str | None = None
         try:
-            with _renewing(repo, job.id, self.runner):
-                self._slice(repo, job)
+            with _renewing(repo, job.id, self.runner) as cancelled:
+                self._slice(repo, job, cancelled)
             state, reason = _concluded(database.call(lambda: repo.job(job.id)))
         except TunerError as error:  # no GPU, the workers could not start: said on the job
             state, reason = "failed", first_line(error)
@@ -97,7 +98,7 @@ class Scheduler:
             logger.info("job %d %s: %s", job.id, state, reason)
         return True
 
-    def _slice(self, repo: Any, job: Any) -> None:
+    def _slice(self, repo: Any, job: Any, cancelled: threading.Event) -> None:
         entry = next((p for p in job.problems if p.state == "waiting"), None)
         if entry is None:
             return
@@ -113,7 +114,8 @@ class Scheduler:
                                seed=job.settings.get("seed"), retime=DEFAULT_TOP if target >= job.trials else 0,
                                skip_at_budget=True, replay=landscape)
         logger.info("job %d: %s %s to %d trials", job.id, fam.name, problem.key, target)
-        result = api.tune_here(fam, problem, self.url, options, replace(self.options.pool, replay=landscape))
+        result = api.tune_here(fam, problem, self.url, options, replace(self.options.pool, replay=landscape),
+                               stop_when=lambda: "its job was cancelled" if cancelled.is_set() else None)
         stored = result.previous + result.measured + result.shared
         database.call(lambda: repo.set_job_problem(job.id, entry.position, study=result.study))
         if stored >= job.trials or (result.status == "finished" and stored < target):
@@ -146,21 +148,23 @@ def _gone(runner: str | None, heartbeat: Any) -> bool:
 
 
 @contextmanager
-def _renewing(repo: Any, job_id: int, runner: str) -> Iterator[None]:
-    """``runner``'s hold of the job renewed every RENEW_S while the block runs."""
-    done = threading.Event()
+def _renewing(repo: Any, job_id: int, runner: str) -> Iterator[threading.Event]:
+    """``runner``'s hold of the job renewed every RENEW_S while the block runs; the event given
+    is set once a renewal finds the job cancelled (its slice then asks no more trials)."""
+    done, cancelled = threading.Event(), threading.Event()
 
     def renew() -> None:
         while not done.wait(RENEW_S):
             try:
-                repo.renew_job(job_id, runner)
+                if repo.renew_job(job_id, runner) == "cancelled":
+                    cancelled.set()
             except Exception as error:  # the next renewal tries again
                 logger.warning("job %d: cannot renew its hold: %s", job_id, first_line(error))
 
     thread = threading.Thread(target=renew, name=f"job-{job_id}-renewal", daemon=True)
     thread.start()
     try:
-        yield
+        yield cancelled
     finally:
         done.set()
         thread.join()

@@ -365,7 +365,7 @@ class Coordinator:
             return f"every valid config ({self._n_valid}) measured"
         if self._idle >= self.max_idle_asks:
             return f"{self._idle} asks in a row brought no new config"
-        return None
+        return self.loop.stop_when() if self.loop.stop_when is not None else None
 
     # -- one trial --------------------------------------------------------------------------------
     @property

@@ -53,7 +53,9 @@ class LoopOptions:
     """How the coordinator's loop runs: trials in flight at once (``lookahead``, None: enough
     for every GPU and compile worker), asks in a row without a new config before it stops,
     seconds a poll waits, and what it reads the time from and reports to (``meter``: a
-    :class:`tuner.study.meter.Meter`; ``stored``: called with each trial stored)."""
+    :class:`tuner.study.meter.Meter`; ``stored``: called with each trial stored). ``stop_when``:
+    asked before each new trial, a reason to ask no more (the trials in flight finish and are
+    stored), or None to go on."""
 
     lookahead: int | None = None
     max_idle_asks: int = MAX_IDLE_ASKS
@@ -62,6 +64,7 @@ class LoopOptions:
     progress: Any = None  # tuner.study.progress.Progress (None: one of the study's)
     meter: Any = None
     stored: Callable[[Any], None] | None = None
+    stop_when: Callable[[], str | None] | None = None
 
 
 DEFAULT_LOOP = LoopOptions()
