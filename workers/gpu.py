@@ -29,7 +29,6 @@ from workers.driver import check_call, driver_api
 from workers.errors import LaunchError, NoGPUError
 from workers.hold import StreamHold, compile_hold
 from workers.nvml import NvmlClocks
-from workers.paired import paired_run
 from workers.device_checks import DeviceChecks, compile_checks
 from workers.pinned import PinnedBuffers
 from workers.request import TakesRequests
@@ -239,10 +238,7 @@ class GpuBench(TakesRequests):
         paired = KernelRun(self, *timing.anchor) if timing.anchor is not None else None
         try:
             family = get_family(family_ref)
-            if paired is None:
-                result = trial.run(family, problem, seed=seed, timing=timing)
-            else:
-                result = paired_run(trial, paired, family, problem, timing, seed)
+            result = trial.run(family, problem, seed=seed, timing=timing, beside=paired)
         except LaunchError as exc:
             result = self.classify(exc, trial.stage)
         except Exception as exc:  # a family or host bug: fail this trial, keep the worker

@@ -20,6 +20,7 @@ from templates.family import KernelFamily, Launch, Problem, Validation, unwritte
 from workers.device_checks import DeviceChecks, pack_args
 from workers.driver import check_call, driver_api
 from workers.hold import HOLD_BATCH, StreamHold
+from workers.paired import anchor_loaded, paired_of
 from workers.resident import Resident, ResidentBuffers
 from workers.results import Binary, DeviceInfo, Measurement, timing_of
 from workers.timing_options import TimingOptions
@@ -80,7 +81,11 @@ class KernelRun:
         self.clocks: dict[str, Any] = {}
 
     # -- steps --------------------------------------------------------------------------------
-    def run(self, family: KernelFamily, problem: Problem, *, seed: int, timing: TimingOptions) -> Measurement:
+    def run(self, family: KernelFamily, problem: Problem, *, seed: int, timing: TimingOptions,
+            beside: KernelRun | None = None) -> Measurement:
+        """Load, verify and time this kernel; ``beside`` (the study's anchor): loaded too and
+        timed in turns with it, its ratios to it in the measurement's ``paired``
+        (``workers.paired``; an anchor that cannot be loaded leaves this one timed alone)."""
         failure = self.load()
         if failure is not None:
             return failure
@@ -88,8 +93,11 @@ class KernelRun:
         failure, validation = self.verify(family, problem)
         if failure is None:
             self.stage = "timing"
-            samples = self._time(timing.warmup_ms, timing.rep, timing.min_reps, timing.max_reps,
-                                 timing.target_ms, timing.flush_l2, timing.abort_above_ms)
+            runs = [self]
+            if beside is not None and anchor_loaded(beside):
+                beside.attach(family, problem, seed)
+                runs.append(beside)
+            samples = time_in_turns(runs, timing)
         self.stage = "check"  # after any run, failed or not: the next trial needs intact inputs
         changed = self.bench.residents.changed()
         if changed is not None:
@@ -101,8 +109,9 @@ class KernelRun:
                   f"{timing.abort_above_ms:.4g} ms" if self.stopped_early else "")
         if self.late_batches:
             detail = "; ".join(filter(None, [detail, late_note(self.late_batches)]))
-        return Measurement(ok=True, timing=timing_of(samples), detail=detail, error=validation.error,
-                           max_abs_error=validation.max_abs_error)
+        return Measurement(ok=True, timing=timing_of(samples[0]), detail=detail, error=validation.error,
+                           max_abs_error=validation.max_abs_error,
+                           paired=paired_of(*samples) if len(samples) == 2 else None)
 
     @property
     def function(self) -> Any:
@@ -269,41 +278,10 @@ class KernelRun:
         self._warming = (start, stop)
         return estimate
 
-    def _time(self, warmup_ms: float, rep: int | None, min_reps: int, max_reps: int,
-              target_ms: float, flush_l2: bool, abort_above_ms: float | None = None) -> list[float]:
-        """Warm up, then time ``count`` repetitions; with ``abort_above_ms``, the first
-        EARLY_REPS decide: a median above it ends the timing there (clearly behind the best)."""
-        estimate = self.warm_up(warmup_ms)
-        count = rep if rep is not None else min(max(math.ceil(target_ms / estimate), min_reps), max_reps)
-        before = self._read_clocks()  # the warm-up runs on the GPU now: its clocks under load
-        if abort_above_ms is None or count <= EARLY_REPS:
-            samples = self._repeat(count, flush_l2, 0)
-        else:
-            samples = self._repeat(EARLY_REPS, flush_l2, 0)
-            if statistics.median(samples) > abort_above_ms:
-                self.stopped_early = True
-            else:
-                samples += self._repeat(count - EARLY_REPS, flush_l2, EARLY_REPS)
-        self.clocks = {"before": before, "after": self._read_clocks()}  # the stream is synchronized
-        return samples
-
     def _read_clocks(self) -> dict[str, Any]:
         """The bench's GPU clocks, temperature and power now (NVML: microseconds), or {}."""
         read = getattr(self.bench, "clocks_now", None)
         return dict(read()) if read is not None else {}
-
-    def _repeat(self, count: int, flush_l2: bool, offset: int) -> list[float]:
-        """``count`` timed launches, queued behind holds of the stream (HOLD_BATCH at a time),
-        then their times."""
-        pairs: list[tuple[Any, Any]] = []
-        late = self.bench.hold.timeouts
-        for first in range(offset, offset + count, HOLD_BATCH):
-            with self.held():
-                pairs += [self.timed_launch(flush_l2) for _ in range(first, min(first + HOLD_BATCH, offset + count))]
-        self.stage = "timing"
-        self._check("cuStreamSynchronize", self._d.cuStreamSynchronize(self.bench.stream))
-        self.late_batches += self.bench.hold.timeouts - late
-        return self.elapsed(pairs)
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -358,6 +336,52 @@ class KernelRun:
         for ptr, _ in self._workspace.values():
             check("cuMemFree", d.cuMemFree(ptr))
         self._workspace.clear()
+
+
+def time_in_turns(runs: Sequence[KernelRun], timing: TimingOptions) -> list[list[float]]:
+    """Warm ``runs`` up (``warmup_ms`` shared among them), then time them in turns, each once a
+    round, in order: each one's times. Rounds: ``rep``, or as many as take about ``target_ms``
+    in all, at least ``min_reps``, at most ``max_reps`` (of several: as many launches in all as
+    one alone would make, and never fewer than ``min_reps`` rounds). With ``abort_above_ms`` the
+    first EARLY_REPS rounds decide: the first run's median above it ends the timing there
+    (clearly behind the best). The first run keeps the clocks read around the timed rounds."""
+    first = runs[0]
+    estimate = sum(run.warm_up(timing.warmup_ms / len(runs)) for run in runs)
+    most = timing.max_reps if len(runs) == 1 else max(timing.min_reps, timing.max_reps // len(runs))
+    count = timing.rep if timing.rep is not None else min(
+        max(math.ceil(timing.target_ms / estimate), timing.min_reps), most)
+    before = first._read_clocks()  # the warm-up runs on the GPU now: its clocks under load
+    abort = timing.abort_above_ms
+    if abort is None or count <= EARLY_REPS:
+        samples = repeat_in_turns(runs, count, timing.flush_l2)
+    else:
+        samples = repeat_in_turns(runs, EARLY_REPS, timing.flush_l2)
+        if statistics.median(samples[0]) > abort:
+            first.stopped_early = True
+        else:
+            rest = repeat_in_turns(runs, count - EARLY_REPS, timing.flush_l2)
+            samples = [done + more for done, more in zip(samples, rest)]
+    first.clocks = {"before": before, "after": first._read_clocks()}  # the stream is synchronized
+    return samples
+
+
+def repeat_in_turns(runs: Sequence[KernelRun], count: int, flush_l2: bool) -> list[list[float]]:
+    """``count`` rounds of timed launches, each run once a round in order, queued behind holds of
+    the stream (HOLD_BATCH launches a hold), then each run's times; holds that timed out are
+    counted on the first run."""
+    first = runs[0]
+    pairs: list[list[tuple[Any, Any]]] = [[] for _ in runs]
+    late = first.bench.hold.timeouts
+    per_hold = max(1, HOLD_BATCH // len(runs))
+    for start in range(0, count, per_hold):
+        with first.held():
+            for _ in range(start, min(count, start + per_hold)):
+                for run, timed in zip(runs, pairs):
+                    timed.append(run.timed_launch(flush_l2))
+    first.stage = "timing"
+    check_call("cuStreamSynchronize", driver_api().cuStreamSynchronize(first.bench.stream))
+    first.late_batches += first.bench.hold.timeouts - late
+    return [run.elapsed(timed) for run, timed in zip(runs, pairs)]
 
 
 def verified_run(bench: RunBench, family: KernelFamily, problem: Problem, params: Mapping[str, Any],

@@ -54,7 +54,7 @@ class PeerResult:
 
 class HeldTimer:
     """Times calls that queue GPU work on torch's current stream: the same hold, flush and
-    events around the call alone as a trial's repetitions (``KernelRun._repeat``)."""
+    events around the call alone as a trial's repetitions (``kernel_run.repeat_in_turns``)."""
 
     def __init__(self, torch: Any, hold: Any, flush: Callable[[int], None]) -> None:
         self._torch, self.hold, self._flush = torch, hold, flush

@@ -5,7 +5,7 @@ GPU, to see where `tuner bench`'s held ratio and `triton.testing.do_bench`'s par
     python3 docs/scripts/gemm_timing.py 4096,4096,4096 fp16 nn '[{...}, {...}]'     # configs in turns
 
 Ways, each the median of REPS repetitions with the L2 flushed before each (but "no flush"):
-- ``trial``: the workers' timing of ours (``KernelRun._repeat``: the bench's stream, its flush, holds);
+- ``trial``: the workers' timing of ours (``kernel_run.repeat_in_turns``: the bench's stream, its flush, holds);
 - ``held``: ``workers.peers.HeldTimer`` on torch's stream, ours (``KernelRun.launch_on``) and cuBLAS;
 - ``alternate``: the same holds, ours and cuBLAS one after the other in every batch (no drift of
   clocks between the two sets);
@@ -42,7 +42,7 @@ from workers.driver import check_call, driver_api
 from workers.hold import stream_handle
 from workers.gpu import GpuBench
 from workers.peers import do_bench_ms, held_timer
-from workers.kernel_run import verified_run
+from workers.kernel_run import repeat_in_turns, verified_run
 
 REPS = 200
 FAMILY = get_family("gemm")
@@ -101,7 +101,7 @@ def main(shape: str, dtype: str, layout: str, params: dict, rounds: int) -> None
         rows.append((name, value, clk))
 
     steps = [
-        ("trial ours", lambda: (trial.warm_up(25.0), statistics.median(trial._repeat(REPS, True, 0)))[1]),
+        ("trial ours", lambda: (trial.warm_up(25.0), statistics.median(repeat_in_turns([trial], REPS, True)[0]))[1]),
         ("held ours", lambda: statistics.median(timer.time(ours, REPS)[0])),
         ("held cublas", lambda: statistics.median(timer.time(cublas, REPS)[0])),
         ("alternate", lambda: alternate(timer, {"ours": ours, "cublas": cublas}, REPS)),

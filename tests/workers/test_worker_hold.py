@@ -16,7 +16,7 @@ from templates.family import KernelArg, Launch, TemplateError
 from workers.device_checks import pack_params
 from workers.hold import FLUSH_KERNEL, HOLD_BATCH, KERNEL, compile_hold
 from workers.peers import HeldTimer
-from workers.kernel_run import KernelRun
+from workers.kernel_run import KernelRun, repeat_in_turns
 
 
 class RecordingHold:
@@ -134,7 +134,7 @@ def trial(monkeypatch):
 
 def test_a_trials_repetitions_are_queued_behind_holds_and_read_after(trial):
     trial, log = trial
-    times = trial._repeat(HOLD_BATCH + 3, True, 0)
+    times = repeat_in_turns([trial], HOLD_BATCH + 3, True)[0]
     assert times == [0.5] * (HOLD_BATCH + 3)
     queued = batches(log)
     # each batch: an event marking the hold's end, then per repetition flush, event, launch, event
@@ -146,10 +146,23 @@ def test_a_trials_repetitions_are_queued_behind_holds_and_read_after(trial):
     assert trial.flush_ms == pytest.approx(0.5 * (HOLD_BATCH + 3)) and trial.late_batches == 0
 
 
+def test_two_kernels_in_turns_share_each_hold_and_keep_their_own_times(trial):
+    """A trial and the anchor beside it (``workers.paired``): each round launches both, in
+    order, each behind its own flush; a hold takes half as many rounds; each gets its times."""
+    trial, log = trial
+    anchor = KernelRun(trial.bench, None, trial.launch)
+    anchor.functions, anchor._params = ["anchor"], {"first": [(pack_params([]), [])]}
+    mine, theirs = repeat_in_turns([trial, anchor], HOLD_BATCH // 2 + 1, True)
+    assert mine == theirs == [0.5] * (HOLD_BATCH // 2 + 1)
+    queued = batches(log)
+    assert len(queued) == 2 and queued[0][1:] == ["flush", "event", "launch", "event"] * HOLD_BATCH
+    assert trial.flush_ms + anchor.flush_ms == pytest.approx(0.5 * (HOLD_BATCH + 2))
+
+
 def test_a_trial_counts_holds_that_timed_out(trial):
     trial, log = trial
     trial.bench.hold.late = True
-    trial._repeat(5, True, 0)
+    repeat_in_turns([trial], 5, True)
     assert trial.late_batches == 1
 
 
