@@ -187,13 +187,28 @@ class TrialRecord:
         value = self.ranked_ms
         if value is None or not self.median_ms:
             return None
+        drift = None if self.paired else (self.gpu_state or {}).get("anchor_spread")
+        return ranking.interval_ms(value, self.ranked_iqr_ms, self.repetitions, drift=drift)
+
+    @property
+    def paired(self) -> bool:
+        """Whether it was timed beside the anchor (``workers.paired``) and normalized by that."""
         state = self.gpu_state or {}
-        ratio, ratio_iqr = state.get("anchor_ratio"), state.get("anchor_ratio_iqr")
-        if self.normalized_ms is not None and ratio and ratio_iqr is not None:
-            # timed beside the anchor: the spread of its ratios to the anchor's is its noise
-            return ranking.interval_ms(value, ratio_iqr * value / ratio, self.repetitions)
-        iqr = self.iqr_ms * value / self.median_ms if self.iqr_ms is not None else None
-        return ranking.interval_ms(value, iqr, self.repetitions, drift=state.get("anchor_spread"))
+        return (self.normalized_ms is not None and bool(state.get("anchor_ratio"))
+                and state.get("anchor_ratio_iqr") is not None)
+
+    @property
+    def ranked_iqr_ms(self) -> float | None:
+        """The spread of :attr:`ranked_ms`, in its terms: timed beside the anchor, the IQR of its
+        ratios to the anchor's (the noise of the ratio it is ranked by); else its repetitions'
+        IQR, scaled as the median is."""
+        value = self.ranked_ms
+        if value is None or not self.median_ms:
+            return None
+        if self.paired:
+            state = self.gpu_state or {}
+            return state["anchor_ratio_iqr"] * value / state["anchor_ratio"]
+        return self.iqr_ms * value / self.median_ms if self.iqr_ms is not None else None
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,10 @@ def trial_measurement(trial: Any) -> Any:
                   clocks=dict(trial.gpu_state or {}))
     if not trial.ok:
         return Measurement.failed(trial.failure or "worker", trial.reason or "failed", **common)
-    value = getattr(trial, "normalized_ms", None) or trial.median_ms
+    value = trial.ranked_ms
     f = value / trial.median_ms
-    iqr = (trial.iqr_ms or 0.0) * f
-    state = trial.gpu_state or {}
-    if state.get("anchor_ratio") and state.get("anchor_ratio_iqr") is not None:  # timed beside the anchor
-        iqr = state["anchor_ratio_iqr"] * value / state["anchor_ratio"]
     timing = Timing(value, (trial.min_ms or trial.median_ms) * f, (trial.max_ms or trial.median_ms) * f,
-                    iqr, trial.repetitions or 0)
+                    trial.ranked_iqr_ms or 0.0, trial.repetitions or 0)
     return Measurement(ok=True, timing=timing, **common)
 
 
