@@ -63,7 +63,11 @@ def rule_score_in(repo: Any, fam: KernelFamily) -> rules.RuleScore:
     problem answered by the rule from the others, its pick's time read from that problem's
     measured trials (the costly part of coverage: every such study's trials)."""
     bests = database.call(lambda: repo.bests(fam.name))
-    summaries = {s.name: s for s in database.call(repo.studies)}
+    return _score(repo, fam, bests, {s.name: s for s in database.call(repo.studies)})
+
+
+def _score(repo: Any, fam: KernelFamily, bests: list[Any], summaries: dict[str, Any]) -> rules.RuleScore:
+    """:func:`rule_score_in` of the bests and study summaries read already."""
     measured: dict[str, dict[str, Any]] = {}
 
     def trials_of(study: str) -> dict[str, Any]:
@@ -80,7 +84,7 @@ def coverage_in(repo: Any, fam: KernelFamily, *, score: rules.RuleScore | None =
     bests = database.call(lambda: repo.bests(fam.name))
     summaries = {s.name: s for s in database.call(repo.studies)}
     if score is None:
-        score = rule_score_in(repo, fam)
+        score = _score(repo, fam, bests, summaries)
     current = fam.template_hash  # read once: it hashes the family's files
     now = datetime.now(timezone.utc)
     rows = []

@@ -93,8 +93,7 @@ class Reader:
             for name in self.families:
                 fam = lookup.family(name)
                 for stored in database.call(lambda: self.repo.bests(fam.name)):
-                    flags = {k: v for k, v in dict(stored.flags).items()}
-                    self.best(name, ",".join(map(str, stored.shape)), stored.dtype, flags)
+                    self.best(name, ",".join(map(str, stored.shape)), stored.dtype, dict(stored.flags))
                     count += 1
         except Exception as error:  # noqa: BLE001 - a query will meet it again, and say it
             logger.debug("warming the answers stopped: %s", error)

@@ -723,7 +723,7 @@ class Coordinator:
         or for a failure. A GPU with no ratio yet keeps its raw median (ratio None)."""
         if self._scale is None or not m.ok or m.timing is None:
             return None, None
-        if m.paired is not None and self._scale.standard is not None:
+        if self._by_pair(m):
             return self._scale.paired(m.paired.ratio, m.paired.anchor_ms)
         return self._scale.normalized(m.gpu.get("uuid"), m.timing.median_ms)
 
@@ -733,9 +733,14 @@ class Coordinator:
         if self._scale is None or not m.ok or m.timing is None:
             return None, None, None
         uuid = m.gpu.get("uuid")
-        if m.paired is not None and self._scale.standard is not None:  # its own, over the same time
+        if self._by_pair(m):  # its own, over the same time
             return m.paired.anchor_ms, None, self._anchor_key
         return self._scale.local(uuid), self._scale.spread(uuid), self._anchor_key
+
+    def _by_pair(self, m: Measurement) -> bool:
+        """Whether ``m`` is normalized by its own timing beside the anchor (``workers.paired``):
+        it has one, and the standard is known."""
+        return m.paired is not None and self._scale is not None and self._scale.standard is not None
 
     def _held_for_ratio(self, ticket: int, m: Measurement) -> bool:
         """Whether a result waits for its GPU's first ratio (several GPUs, a GPU whose first
@@ -766,7 +771,7 @@ class Coordinator:
         known; else once its GPU has a ratio."""
         assert self._scale is not None
         if m.paired is not None:
-            return self._scale.standard is not None
+            return self._by_pair(m)
         return self._scale.ratio(m.gpu.get("uuid")) is not None
 
     def _calibrated(self) -> None:
