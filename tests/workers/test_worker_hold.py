@@ -225,3 +225,25 @@ def test_a_persistent_launch_is_capped_at_the_devices_sms_and_its_workspace_zero
     info.sm_count = 1000
     trial._timed_run("first")
     assert log[-2] == ("fn", (1000, 1, 1))  # never more blocks than tiles
+
+
+def test_runs_in_turns_share_the_target_and_the_launches_and_stop_early_together(trial):
+    """``time_in_turns``: the rounds take about ``target_ms`` for all the runs, a trial alone at
+    most ``max_reps`` launches and two in turns as many in all; a first median above
+    ``abort_above_ms`` ends both after EARLY_REPS rounds."""
+    from workers.kernel_run import EARLY_REPS, time_in_turns
+    from workers.timing_options import TimingOptions
+
+    trial, _ = trial
+    anchor = KernelRun(trial.bench, None, trial.launch)
+    anchor.functions, anchor._params = ["anchor"], {"first": [(pack_params([]), [])]}
+    warmed = []
+    for run in (trial, anchor):
+        run.warm_up = lambda ms, run=run: (warmed.append((run, ms)), 0.5)[1]  # 0.5 ms a launch
+    alone = time_in_turns([trial], TimingOptions(warmup_ms=20.0, target_ms=30.0, max_reps=40))
+    assert [len(s) for s in alone] == [40] and warmed == [(trial, 20.0)]  # 60 wanted, 40 at most
+    both = time_in_turns([trial, anchor], TimingOptions(warmup_ms=20.0, target_ms=30.0, max_reps=40))
+    assert [len(s) for s in both] == [20, 20] and warmed[1:] == [(trial, 10.0), (anchor, 10.0)]
+    stopped = time_in_turns([trial, anchor], TimingOptions(target_ms=30.0, abort_above_ms=0.1))
+    assert [len(s) for s in stopped] == [EARLY_REPS] * 2 and trial.stopped_early
+    assert trial.clocks == {"before": {}, "after": {}}
