@@ -3,8 +3,9 @@ Both out and r (res_out) are written; T tokens (rows) of hidden size H, fp16 or 
 
     tuner tune docs/examples/rmsnorm --shape 4096,8192 --dtype bf16 --trials 30
 
-Space: threads a block, rows a block (each row has THREADS / ROWS threads), elements a load,
-vectors a thread keeps in registers between the two passes, streaming (evict-first) accesses.
+Space: threads a block, rows at a time (each row has THREADS / ROWS threads), elements a load,
+vectors a thread keeps in registers between the two passes, inputs read through the read-only
+(non-coherent) path or not.
 """
 
 from templates.simple import kernel_family, torch
@@ -24,7 +25,7 @@ def constraints(p, s, device):
 @kernel_family(
     "rmsnorm.cu.j2", shape="T, H",
     params=dict(THREADS=(256, 128, 512, 1024, 64), ROWS=(1, 2, 4, 8), VEC=(8, 4, 2, 1),
-                CACHE=(2, 1, 4, 8), STREAM=(1, 0)),
+                CACHE=(2, 1, 4, 8), NC=(0, 1)),
     constraints=constraints,
     inputs=dict(x="T, H", residual="T, H", weight="H"), outputs=dict(out="T, H", res_out="T, H"),
     args=["out", "res_out", "x", "residual", "weight", "T", "H", EPS],
@@ -32,10 +33,10 @@ def constraints(p, s, device):
     flops=lambda s: 5 * s.T * s.H,
     peers=dict(torch=lambda x, residual, weight, H: torch.rms_norm(x + residual, (H,), weight, EPS)),
     suite=[("4096,4096", "bf16"), ("4096,8192", "fp16"), ("16384,8192", "bf16"), ("1,4097", "bf16")],
-    starting_points=[dict(THREADS=512, ROWS=1, VEC=8, CACHE=2, STREAM=1),
-                     dict(THREADS=1024, ROWS=1, VEC=8, CACHE=1, STREAM=1),
-                     dict(THREADS=256, ROWS=1, VEC=8, CACHE=4, STREAM=1),
-                     dict(THREADS=256, ROWS=8, VEC=8, CACHE=1, STREAM=1)],
+    starting_points=[dict(THREADS=512, ROWS=1, VEC=8, CACHE=2, NC=0),
+                     dict(THREADS=1024, ROWS=1, VEC=8, CACHE=1, NC=0),
+                     dict(THREADS=256, ROWS=1, VEC=8, CACHE=4, NC=0),
+                     dict(THREADS=256, ROWS=8, VEC=8, CACHE=1, NC=0)],
 )
 def rmsnorm(x, residual, weight):
     r = x + residual
