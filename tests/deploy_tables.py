@@ -86,6 +86,7 @@ def attention_db(db: str, fastest: int = 3) -> list[str]:
 TMA_WINNERS = [
     ((2, 16, 2048, 128), "bf16", {"causal": True}, starts.TMA_POINTS[128][2]),
     ((2, 8, 2048, 64), "fp16", {"causal": False}, starts.TMA_POINTS[64][0]),
+    ((1, 32, 2048, 128, 8), "bf16", {"causal": True}, starts.TMA_POINTS[128][2]),  # grouped-query
 ]
 
 

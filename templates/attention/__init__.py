@@ -5,13 +5,16 @@
     problem = family.parse_problem("4,16,4096,128", "fp16", {"causal": True})
     source = family.render(family.default_params(), problem)
 
-Layout (B, H, S, D) contiguous, fp16 or bf16, D in {64, 128}, any S, B and H.
+Layout (B, H, S, D) contiguous, fp16 or bf16, D in {64, 128}, any S, B and H; grouped-query
+attention as the shape B,H,S,D,HKV (K and V of (B, HKV, S, D), HKV dividing H).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import math
 
 import numpy as np
 
@@ -90,26 +93,20 @@ class AttentionFamily(KernelFamily):
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
-        b, h, s, d = problem.shape
+        b, h, s, d = problem.shape[:4]
         few_tiles = b * h * -(-s // 128) < device.sm_count
         points = [dict(self.default_params(), **point) for point in _starts.starting_points(d, few_tiles)]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:
-        """Causal prefill of one sequence of each token count: B=1, H query heads, S tokens, D.
-        K and V here have the query's heads: a model with fewer KV heads (grouped-query
-        attention) is listed as skipped."""
+        """Causal prefill of one sequence of each token count: B=1, H query heads, S tokens, D,
+        and the model's KV heads (grouped-query attention where fewer)."""
         found = []
         for s in tokens:
-            what = f"1x{model.heads}x{s}x{model.head_dim}-{model.dtype}-causal"
-            if model.kv_heads != model.heads:
-                found.append(LayerProblem("attention", s, what=what, skipped=(
-                    f"{model.kv_heads} KV heads for {model.heads} query heads (grouped-query attention): "
-                    "this family takes K and V with the query's heads")))
-                continue
+            shape = (1, model.heads, s, model.head_dim) + ((model.kv_heads,) if model.kv_heads != model.heads else ())
+            what = f"{'x'.join(map(str, shape))}-{model.dtype}-causal"
             try:
-                found.append(LayerProblem("attention", s, self.parse_problem((1, model.heads, s, model.head_dim),
-                                                                             model.dtype, {"causal": True})))
+                found.append(LayerProblem("attention", s, self.parse_problem(shape, model.dtype, {"causal": True})))
             except TemplateError as error:
                 found.append(LayerProblem("attention", s, what=what, skipped=str(error).splitlines()[0]))
         return found
@@ -135,7 +132,17 @@ class AttentionFamily(KernelFamily):
         return _problem.outputs(problem)
 
     def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {name: (tuple(problem.shape), problem.dtype) for name in ("q", "k", "v")}
+        q, kv = _problem.q_shape(problem.shape), _problem.kv_shape(problem.shape)
+        return {"q": (q, problem.dtype), "k": (kv, problem.dtype), "v": (kv, problem.dtype)}
+
+    def distance(self, a: Problem, b: Problem) -> float:
+        """The same dtype, flags and D; then |log2| of the ratios of S, of B*H and of the query
+        heads a KV head serves (the source is the same for every group: it is a kernel argument)."""
+        if a.dtype != b.dtype or a.flags != b.flags or a.shape[3] != b.shape[3]:
+            return math.inf
+        lead_a, lead_b = a.shape[0] * a.shape[1], b.shape[0] * b.shape[1]
+        return (abs(math.log2(a.shape[2] / b.shape[2])) + abs(math.log2(lead_a / lead_b))
+                + abs(math.log2(_problem.group(a.shape) / _problem.group(b.shape))))
 
     def dispatch_variant(self, problem: Problem) -> int:
         """D: the source's one dependence on the shape (dispatch.h.j2's ``variant`` says the same)."""

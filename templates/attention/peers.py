@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from templates.attention.problem import group
 from templates.family import PeerCall, Problem
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
@@ -23,15 +24,16 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     from templates.attention import triton_peer
 
     dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
-    q, k, v = (torch.from_numpy(inputs[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))
+    q, k, v = (torch.from_numpy(inputs[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))  # k, v: HKV heads
     causal = problem.flag("causal")
+    grouped = k.shape[1] != q.shape[1]
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
     def sdpa(backend: Any) -> Any:
         def run() -> Any:
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
         return run
 
     calls = {name: PeerCall(sdpa(backends[name])) for name in SDPA_BACKENDS}
@@ -49,5 +51,5 @@ def prepare(problems: Sequence[Problem]) -> None:
     from templates.attention import triton_peer
 
     if problems and triton_peer.available():
-        triton_peer.precompile([(p.shape[0] * p.shape[1], p.shape[2], p.shape[3], p.flag("causal"), p.dtype)
-                                for p in problems])
+        triton_peer.precompile([(p.shape[0] * p.shape[1], p.shape[2], p.shape[3], p.flag("causal"), p.dtype,
+                                 group(p.shape)) for p in problems])

@@ -1,4 +1,9 @@
-"""Inputs, reference and tolerances for attention forward, layout (B, H, S, D)."""
+"""Inputs, reference and tolerances for attention forward, layout (B, H, S, D).
+
+A shape is B,H,S,D, or B,H,S,D,HKV for grouped-query attention: K and V have HKV heads, each
+serving H / HKV query heads in order (query head h reads KV head h // (H / HKV)); HKV = 1 is
+multi-query attention. HKV = H is written as the four-number shape.
+"""
 
 from __future__ import annotations
 
@@ -26,39 +31,65 @@ def parse_shape(shape: str | tuple[int, ...] | list[int]) -> tuple[int, int, int
         try:
             dims = tuple(int(p) for p in parts)
         except ValueError:
-            raise TemplateError(f"malformed shape {shown(shape)}: expected B,H,S,D such as 4,16,4096,128") from None
+            raise TemplateError(f"malformed shape {shown(shape)}: expected B,H,S,D such as 4,16,4096,128, "
+                                "or B,H,S,D,HKV") from None
     else:
         dims = tuple(int(d) for d in shape)
-    if len(dims) != 4 or min(dims) < 1:
-        raise TemplateError(f"malformed shape {shown(shape)}: expected four positive integers B,H,S,D")
-    b, h, s, d = dims
+    if len(dims) not in (4, 5) or min(dims) < 1:
+        raise TemplateError(f"malformed shape {shown(shape)}: expected four positive integers B,H,S,D "
+                            "(or five: B,H,S,D,HKV with HKV key/value heads)")
+    b, h, s, d = dims[:4]
+    if len(dims) == 5 and h % dims[4]:
+        raise TemplateError(f"{dims[4]} key/value heads do not divide {h} query heads (HKV must divide H)")
     if d not in HEAD_DIMS:
         raise TemplateError(f"unsupported head dimension D={d}: attention supports {list(HEAD_DIMS)}")
     if h > 65535 or b > 65535:
         raise TemplateError(f"B and H must each be at most 65535 (got B={b}, H={h})")
     if b * h * s * d * 2 >= 2**31 * 8:
         raise TemplateError(f"shape {dims} is too large for one tensor")
-    return b, h, s, d
+    return dims if len(dims) == 5 and dims[4] != h else (b, h, s, d)
+
+
+def kv_heads(shape: tuple[int, ...]) -> int:
+    """K's and V's heads: HKV of a five-number shape, else H."""
+    return shape[4] if len(shape) == 5 else shape[1]
+
+
+def group(shape: tuple[int, ...]) -> int:
+    """Query heads a key/value head serves (1 without grouping)."""
+    return shape[1] // kv_heads(shape)
+
+
+def q_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Q's and O's (B, H, S, D)."""
+    return tuple(shape[:4])
+
+
+def kv_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """K's and V's (B, HKV, S, D)."""
+    b, _, s, d = shape[:4]
+    return b, kv_heads(shape), s, d
 
 
 def flops(problem: Problem) -> float:
-    b, h, s, d = problem.shape
+    b, h, s, d = problem.shape[:4]
     total = 4.0 * b * h * s * s * d
     return total / 2 if problem.flag("causal") else total
 
 
 def min_bytes(problem: Problem) -> int:
-    b, h, s, d = problem.shape
-    return 4 * b * h * s * d * 2  # read Q, K, V once, write O once
+    b, h, s, d = problem.shape[:4]
+    return 2 * (2 * b * h * s * d + 2 * b * kv_heads(problem.shape) * s * d)  # read Q, K, V once, write O
 
 
 def inputs(problem: Problem, seed: int) -> dict[str, np.ndarray]:
     """Standard normal Q, K and V (``templates.elements.normal_inputs``)."""
-    return normal_inputs({name: problem.shape for name in ("q", "k", "v")}, problem.dtype, seed)
+    q, kv = q_shape(problem.shape), kv_shape(problem.shape)
+    return normal_inputs({"q": q, "k": kv, "v": kv}, problem.dtype, seed)
 
 
 def outputs(problem: Problem) -> tuple[BufferSpec, ...]:
-    return (BufferSpec("o", tuple(problem.shape), np.dtype(np.uint16), POISON[problem.dtype],
+    return (BufferSpec("o", q_shape(problem.shape), np.dtype(np.uint16), POISON[problem.dtype],
                        element=problem.dtype),)
 
 
@@ -85,7 +116,8 @@ def reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: np.ndarray
 
 def reference(problem: Problem, ins: Mapping[str, np.ndarray]) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
     """(b, h, rows, float64 output rows) of the checked heads: the first, the last and random ones."""
-    b_count, h_count, seq, _ = problem.shape
+    b_count, h_count, seq, _ = problem.shape[:4]
+    per_kv = group(problem.shape)
     rng = np.random.default_rng(seq * 7919 + b_count * 31 + h_count)
     heads = {(0, 0), (b_count - 1, h_count - 1)}
     while len(heads) < min(CHECKED_HEADS, b_count * h_count):
@@ -93,7 +125,8 @@ def reference(problem: Problem, ins: Mapping[str, np.ndarray]) -> list[tuple[int
     checked = []
     for b, h in sorted(heads):
         rows = checked_rows(seq, rng)
-        q, k, v = (from_bits(ins[n].reshape(problem.shape)[b, h], problem.dtype) for n in ("q", "k", "v"))
+        q = from_bits(ins["q"].reshape(q_shape(problem.shape))[b, h], problem.dtype)
+        k, v = (from_bits(ins[n].reshape(kv_shape(problem.shape))[b, h // per_kv], problem.dtype) for n in ("k", "v"))
         checked.append((b, h, rows, reference_rows(q, k, v, rows, problem.flag("causal"))))
     return checked
 

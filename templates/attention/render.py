@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 
+from templates.attention import problem as _problem
 from templates.attention import space as _space
 from templates.family import KernelArg, Launch, Params, Problem, TemplateError, TensorMap
 
@@ -40,7 +41,7 @@ def source(params: Params, problem: Problem) -> str:
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
     # What the source depends on, and no more: B, H and S are arguments, so problems that share
     # D, dtype and causal share each config's source, and so its compiled cubin (cache key).
-    for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.flag('causal') else ''}, any B, H, S"
+    for_problems = f"D={head_dim} {problem.dtype}{' causal' if problem.flag('causal') else ''}, any B, H, S, KV heads"
     return _TEMPLATES[params["LOADS"]].render(
         **params,
         config_comment=f"{for_problems}; {comment}",
@@ -64,18 +65,20 @@ def source(params: Params, problem: Problem) -> str:
 
 
 def launch(params: Params, problem: Problem) -> Launch:
-    b, h, s, d = problem.shape
+    b, h, s, d = problem.shape[:4]
+    group = _problem.group(problem.shape)
     m_blocks = (s + params["BLOCK_M"] - 1) // params["BLOCK_M"]
     block, smem = (_space.threads(params), 1, 1), _space.smem_bytes(params, d)
     if not _space.tma(params):
         args = (KernelArg("buffer", "q"), KernelArg("buffer", "k"), KernelArg("buffer", "v"),
-                KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("f32", _space.scale_log2(d)))
+                KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("i32", group),
+                KernelArg("f32", _space.scale_log2(d)))
         return Launch(KERNEL_NAME, (m_blocks, h, b), block, smem, args)
     # the TMA path: a 1-D grid over the work tiles (persistent: at most the SMs' blocks)
     maps = tuple(KernelArg("tensormap", tensor_map(name, rows, problem))
                  for name, rows in (("q", params["BLOCK_M"]), ("k", params["BLOCK_N"]),
                                     ("v", params["BLOCK_N"]), ("o", STORE_ROWS)))
-    args = maps + (KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("i32", b * h),
+    args = maps + (KernelArg("buffer", "o"), KernelArg("i32", s), KernelArg("i32", b * h), KernelArg("i32", group),
                    KernelArg("f32", _space.scale_log2(d)))
     grid = (m_blocks * b * h, 1, 1)
     if not _space.persistent(params):
@@ -88,10 +91,12 @@ def launch(params: Params, problem: Problem) -> Launch:
 
 @functools.lru_cache(maxsize=256)  # a study asks for the same few for each config it screens
 def tensor_map(buffer: str, rows: int, problem: Problem) -> TensorMap:
-    """A (B, H, S, D) tensor as the 3-D map {D, S, B*H}: a box is 64 columns of ``rows`` rows of
-    one head, 128-byte swizzled; rows past S read as zeros and are never written."""
-    b, h, s, d = problem.shape
-    return TensorMap(buffer, 2, (d, s, b * h), (2 * d, 2 * d * s), (64, rows, 1), swizzle=128)
+    """A (B, H, S, D) tensor as the 3-D map {D, S, B*H} (K and V: {D, S, B*HKV}): a box is 64
+    columns of ``rows`` rows of one head, 128-byte swizzled; rows past S read as zeros and are
+    never written."""
+    b, h, s, d = problem.shape[:4]
+    heads = _problem.kv_heads(problem.shape) if buffer in ("k", "v") else h
+    return TensorMap(buffer, 2, (d, s, b * heads), (2 * d, 2 * d * s), (64, rows, 1), swizzle=128)
 
 
 def _ptx_regs(first: int, count: int) -> str:

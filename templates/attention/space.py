@@ -58,7 +58,7 @@ MAX_CONSUMER_REGS = 240
 TIGHT_BUDGET = 224
 TIGHT_RESERVE = 24
 PINGPONG_RESERVE = 32
-# Two blocks an SM: ptxas' reports of every such config of D 64 and 128 (tenth session): at 104
+# Two blocks an SM, from ptxas' reports of every such config of D 64 and 128: at 104
 # and 128 registers they spilled with 24 and 32 to spare, not with 48; at 200-232 none spilled.
 TWO_BLOCK_LOW_BUDGET = 128
 TWO_BLOCK_LOW_RESERVE = 48

@@ -9,8 +9,10 @@
         print(tuned.seconds, tuned.config, tuned.already_tuned)  # 37.4 BLOCK_M=64 BLOCK_N=128 ... False
         o = triton_peer.attention(q, k, v, causal=True)  # the tuned kernel, (B, H, S, D) like q
 
-Inputs (B, H, S, D) contiguous CUDA tensors, fp16 or bf16, D 64 or 128, any S >= 1; causal is
-top-left aligned (query i sees keys j <= i, as SDPA's ``is_causal`` with equal lengths).
+Inputs q (B, H, S, D) and k, v (B, HKV, S, D) contiguous CUDA tensors, HKV dividing H (query head
+h reads KV head h // (H // HKV): grouped-query attention where HKV < H), fp16 or bf16, D 64 or
+128, any S >= 1; causal is top-left aligned (query i sees keys j <= i, as SDPA's ``is_causal``
+with equal lengths).
 
 The kernel: one program per (BLOCK_M query rows, b*h), online softmax in the exp2 domain
 (log2(e) folded into the 1/sqrt(D) scale), fp32 accumulators, P rounded to the input type before
@@ -19,7 +21,7 @@ blocks that need one: the key tail past S, or for causal the block(s) crossing t
 masked to -inf. Causal programs stop at their last row, so they see only blocks that intersect
 the causal triangle. Rows whose every key is masked (l == 0) come out 0, not NaN.
 
-``@triton.autotune`` picks BLOCK_M, BLOCK_N, stages and warps per key (B*H, S, D, causal, and
+``@triton.autotune`` picks BLOCK_M, BLOCK_N, stages and warps per key (B*H, S, D, causal, group, and
 the tensors' dtype, which Triton's autotuner appends to every key itself), from ``CONFIG_SPACE``
 less what ``fits`` rules out. Tuning a key compiles and times every config: 37-41 s a key on an
 H100 with Triton 3.6 and a cold compile cache, mostly compiling; ``tune`` reports how long, and
@@ -205,16 +207,17 @@ def _build():
         return acc, l_i, m_i
 
     @triton.jit
-    def _attn_fwd(Q, K, V, O, BH, S, qk_scale,
+    def _attn_fwd(Q, K, V, O, BH, S, GROUP, qk_scale,
                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Grid (cdiv(S, BLOCK_M), B*H); Q, K, V, O contiguous (B, H, S, D). qk_scale is
-        log2(e)/sqrt(D). BH is unused in the body: it is part of the autotuner's key."""
+        """Grid (cdiv(S, BLOCK_M), B*H); Q, O contiguous (B, H, S, D), K, V (B, H / GROUP, S, D).
+        qk_scale is log2(e)/sqrt(D). BH is unused in the body: it is part of the autotuner's key."""
         start_m = tl.program_id(0)
         head = tl.program_id(1).to(tl.int64) * S * HEAD_DIM
+        kv_head = (tl.program_id(1) // GROUP).to(tl.int64) * S * HEAD_DIM
         Q_head = Q + head
-        K_head = K + head
-        V_head = V + head
+        K_head = K + kv_head
+        V_head = V + kv_head
         O_head = O + head
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
@@ -273,7 +276,7 @@ def _autotuned_kernel():
                        for bm, bn, stages, warps in space]
             kernel = triton.autotune(
                 configs=configs,
-                key=["BH", "S", "HEAD_DIM", "CAUSAL"],  # Triton appends the tensors' dtypes itself
+                key=["BH", "S", "GROUP", "HEAD_DIM", "CAUSAL"],  # Triton appends the tensors' dtypes itself
                 prune_configs_by={"early_config_prune": prune_configs},
             )(_attn_fwd)
             entry = _autotuned[space] = (kernel, {})
@@ -286,12 +289,15 @@ def _valid(torch, q, k, v, out) -> bool:
     peer is timed with do_bench)."""
     try:
         shape, dtype, device = q.shape, q.dtype, q.device
+        kv = k.shape
         return (len(shape) == 4 and shape[3] in HEAD_DIMS and 1 <= shape[2]
                 and 1 <= shape[0] * shape[1] <= MAX_GRID_Y and shape[0] >= 1
+                and len(kv) == 4 and kv[0] == shape[0] and kv[2:] == shape[2:] and kv[1] >= 1
+                and shape[1] % kv[1] == 0 and v.shape == kv
                 and (dtype is torch.float16 or dtype is torch.bfloat16) and device.type == "cuda"
-                and all(type(t) is torch.Tensor and t.shape == shape and t.dtype is dtype
+                and all(type(t) is torch.Tensor and t.shape == want and t.dtype is dtype
                         and t.device == device and t.is_contiguous()
-                        for t in ((q, k, v) if out is None else (q, k, v, out))))
+                        for t, want in ((q, shape), (k, kv), (v, kv)) + (((out, shape),) if out is not None else ())))
     except (AttributeError, TypeError):
         return False
 
@@ -304,9 +310,8 @@ def _check(torch, q, k, v, out):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be (B, H, S, D), got shape {tuple(t.shape)}")
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} is {tuple(t.shape)} {t.dtype} on {t.device}; "
-                             f"q is {tuple(q.shape)} {q.dtype} on {q.device}")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; q is {q.dtype} on {q.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -314,6 +319,11 @@ def _check(torch, q, k, v, out):
     if q.device.type != "cuda":
         raise ValueError(f"tensors must be on a CUDA device, got {q.device}")
     b, h, s, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != q.shape[2:] or k.shape[1] < 1 or h % k.shape[1]:
+        raise ValueError(f"k and v {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}: (B, HKV, S, D) "
+                         "with HKV dividing H")
+    if out is not None and out.shape != q.shape:
+        raise ValueError(f"out is {tuple(out.shape)}; q is {tuple(q.shape)}")
     if d not in HEAD_DIMS:
         raise ValueError(f"head dimension D must be one of {HEAD_DIMS}, got {d}")
     if s < 1 or b < 1 or h < 1:
@@ -325,7 +335,7 @@ def _check(torch, q, k, v, out):
 def _arguments(q, k, v, out, causal):
     b, h, s, d = q.shape
     scale = math.log2(math.e) / math.sqrt(d)
-    return (q, k, v, out, b * h, s, scale, d, bool(causal))
+    return (q, k, v, out, b * h, s, h // k.shape[1], scale, d, bool(causal))
 
 
 def _run(q, k, v, causal, out):
@@ -335,7 +345,7 @@ def _run(q, k, v, causal, out):
     if out is None:
         out = torch.empty_like(q)
     b, h, s, d = q.shape
-    key = (b * h, s, d, bool(causal), str(q.dtype))
+    key = (b * h, s, h // k.shape[1], d, bool(causal), str(q.dtype))
     args = _arguments(q, k, v, out, causal)
 
     def grid(meta):
@@ -368,7 +378,7 @@ def attention(q, k, v, causal: bool = False, *, out=None):
 
 
 def tune(q, k, v, causal: bool = False) -> TunedPeer:
-    """Tune this key (B*H, S, D, causal, dtype) if it is not yet, and run the tuned kernel once.
+    """Tune this key (B*H, S, group, D, causal, dtype) if it is not yet, and run the tuned kernel once.
     Returns the seconds its tuning took, the chosen config, and whether it was already tuned."""
     _, record = _run(q, k, v, causal, None)
     return record
@@ -381,7 +391,8 @@ def autotuned_configs(seq_len: int, head_dim: int) -> list[tuple[int, int, int, 
 
 def precompile(keys, processes: int | None = None) -> int:
     """Compile, in parallel processes, every config the autotuner will time for each key
-    (B*H, S, D, causal, "fp16" or "bf16") into Triton's on-disk cache, so that tuning those keys
+    (B*H, S, D, causal, "fp16" or "bf16"[, group: query heads a KV head serves, 1 if left out]) into
+    Triton's on-disk cache, so that tuning those keys
     later only times them (Triton compiles one config at a time: 25-40 s a key from a cold cache).
     Launches nothing. Returns the number of kernels compiled or found in the cache."""
     import multiprocessing
@@ -389,8 +400,8 @@ def precompile(keys, processes: int | None = None) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     _require()
-    jobs = sorted({(int(bh), int(s), int(d), bool(causal), str(dtype), config)
-                   for bh, s, d, causal, dtype in keys for config in autotuned_configs(int(s), int(d))})
+    jobs = sorted({(int(bh), int(s), int(d), bool(causal), str(dtype), int(group[0]) if group else 1, config)
+                   for bh, s, d, causal, dtype, *group in keys for config in autotuned_configs(int(s), int(d))})
     if not jobs:
         return 0
     workers = max(1, min(len(jobs), processes or os.cpu_count() or 1))
@@ -399,12 +410,12 @@ def precompile(keys, processes: int | None = None) -> int:
 
 
 def _compile_one(job) -> int:
-    """One (B*H, S, D, causal, dtype, config) through JITFunction.warmup: the autotuner's
+    """One (B*H, S, D, causal, dtype, group, config) through JITFunction.warmup: the autotuner's
     specialisation (the integers' values, 16-byte-aligned pointers), compiled, not launched."""
     torch = _require()
-    bh, s, d, causal, dtype, (block_m, block_n, stages, warps) = job
+    bh, s, d, causal, dtype, group, (block_m, block_n, stages, warps) = job
     element = torch.float16 if dtype == "fp16" else torch.bfloat16
-    _attn_fwd.warmup(element, element, element, element, bh, s, math.log2(math.e) / math.sqrt(d), d, causal,
+    _attn_fwd.warmup(element, element, element, element, bh, s, group, math.log2(math.e) / math.sqrt(d), d, causal,
                      BLOCK_M=block_m, BLOCK_N=block_n, num_stages=stages, num_warps=warps, grid=(1,))
     return 1
 

@@ -107,6 +107,36 @@ def _limits(bench):
     return bench.device_info().limits
 
 
+# Grouped-query and multi-query attention: K and V of fewer heads, at odd sizes.
+GQA_PROBLEMS = [
+    FAMILY.parse_problem(shape.format(d=d), dtype, {"causal": causal})
+    for shape in ("2,6,1000,{d},2", "1,8,4097,{d},1", "3,12,65,{d},4")
+    for d in (64, 128)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def gqa_sample(bench, tmp_path_factory):
+    """Per grouped-query problem: a random config of each path (cp.async, TMA) and the TMA starting
+    points."""
+    rng = random.Random(96)
+    limits = _limits(bench)
+    jobs = []
+    for problem in GQA_PROBLEMS:
+        valid = FAMILY.valid_configs(problem, limits)
+        jobs += [(problem, rng.choice([c for c in valid if c["LOADS"] == loads])) for loads in ("cp.async", "tma")]
+        jobs += [(problem, c) for c in FAMILY.starting_points(problem, limits) if c["LOADS"] == "tma"]
+    return _compiled(jobs, tmp_path_factory.mktemp("gqa_cubins"))
+
+
+def test_grouped_query_configs_match_the_reference(bench, gqa_sample):
+    """Each query head reads its own KV head: a kernel reading another would fail the reference."""
+    failures = failed_checks(bench, FAMILY, gqa_sample, seed=17, target_ms=10)
+    assert not failures, "\n".join(failures)
+
+
 def test_random_configs_match_the_reference(bench, sample):
     failures = []
     for problem, params, binary in sample:

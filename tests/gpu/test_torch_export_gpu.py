@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 F = pytest.importorskip("torch.nn.functional")
 
 GEMM_TUNED = [((512, 1024, 1024), "bf16", {"layout": "nt"}), ((256, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"})]
-ATTENTION_TUNED = [((1, 4, 512, 64), "fp16", {"causal": True})]
+ATTENTION_TUNED = [((1, 4, 512, 64), "fp16", {"causal": True}), ((1, 8, 512, 64, 2), "fp16", {"causal": True})]
 GEMM_NAME, ATTENTION_NAME = "tuned_gemm_gpu_test", "tuned_attention_gpu_test"
 
 
@@ -72,15 +72,20 @@ def test_gemm_runs_ours_on_the_gpu_as_torch_does(packages, m, n, k, dtype, bias,
     assert got.shape == (m, n) and got.dtype == dtype and _relative(got, reference) <= GEMM_TOLERANCE[name]
 
 
-@pytest.mark.parametrize("shape,causal,tuned", [((1, 4, 512, 64), True, True), ((2, 4, 700, 64), True, False)])
-def test_attention_runs_ours_on_the_gpu_as_sdpa_does(packages, shape, causal, tuned):
+@pytest.mark.parametrize("shape,kv_heads,causal,tuned", [
+    ((1, 4, 512, 64), 4, True, True), ((2, 4, 700, 64), 4, True, False),
+    ((1, 8, 512, 64), 2, True, True), ((2, 8, 333, 64), 2, True, False), ((1, 8, 300, 64), 1, False, False)])
+def test_attention_runs_ours_on_the_gpu_as_sdpa_does(packages, shape, kv_heads, causal, tuned):
     attention = packages["attention"]
     generator = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(shape, dtype=torch.float16, device="cuda", generator=generator) for _ in range(3))
+    kv_shape = (shape[0], kv_heads, *shape[2:])
+    q = torch.randn(shape, dtype=torch.float16, device="cuda", generator=generator)
+    k, v = (torch.randn(kv_shape, dtype=torch.float16, device="cuda", generator=generator) for _ in range(2))
     choice = attention.attention_choice(q, k, v, causal)
     assert choice.use == "ours" and (choice.reason == "tuned") == tuned
     got = attention.attention(q, k, v, causal=causal)
-    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                               enable_gqa=kv_heads != shape[1])
     assert _relative(got, reference) <= ATTENTION_TOLERANCE["fp16"]
 
 

@@ -185,8 +185,9 @@ def test_launch_geometry_covers_every_row():
     assert launch.grid == (math.ceil(4097 / 128), 5, 3)
     assert launch.block == (9 * 32, 1, 1)
     assert launch.smem_bytes == space.smem_bytes(params, 64)
-    assert [a.kind for a in launch.args] == ["buffer"] * 4 + ["i32", "f32"]
-    assert launch.args[5].value == pytest.approx(math.log2(math.e) / 8)
+    assert [a.kind for a in launch.args] == ["buffer"] * 4 + ["i32", "i32", "f32"]
+    assert [a.value for a in launch.args[4:6]] == [4097, 1]  # S, and the query heads a KV head serves
+    assert launch.args[6].value == pytest.approx(math.log2(math.e) / 8)
 
 
 def test_tma_launch_carries_tensor_maps_as_plain_json():
@@ -198,8 +199,8 @@ def test_tma_launch_carries_tensor_maps_as_plain_json():
     assert launch.grid == (tiles, 1, 1) and launch.block == (3 * 128, 1, 1)
     assert launch.blocks_per_sm_cap == 0 and launch.grid_on(132) == launch.grid
     assert launch.smem_bytes == space.smem_bytes(params, 128) == 2 * 128 * (128 + 4 * 176) + 1024 + 8 * 11
-    assert [a.kind for a in launch.args] == ["tensormap"] * 4 + ["buffer", "i32", "i32", "f32"]
-    assert [a.value for a in launch.args[5:7]] == [4097, 15]  # S, and B*H: the tiles' heads
+    assert [a.kind for a in launch.args] == ["tensormap"] * 4 + ["buffer", "i32", "i32", "i32", "f32"]
+    assert [a.value for a in launch.args[5:8]] == [4097, 15, 1]  # S, B*H (the tiles' heads), the group
     maps = [a.value for a in launch.args[:4]]
     assert [m.buffer for m in maps] == ["q", "k", "v", "o"]
     assert [m.box for m in maps] == [(64, 128, 1), (64, 176, 1), (64, 176, 1), (64, 64, 1)]
@@ -431,3 +432,54 @@ def test_the_longest_first_order_is_a_choice_under_the_causal_mask_only():
     assert FAMILY.check(params, causal, H100_LIMITS) is None
     assert "#define LPT_ORDER 1" in FAMILY.render(params, causal)
     assert FAMILY.check(params, plain, H100_LIMITS).startswith("irrelevant")
+
+
+def test_grouped_query_shapes_parse_and_normalize():
+    gqa = FAMILY.parse_problem("2,32,1000,128,8", "bf16", {"causal": True})
+    assert gqa.shape == (2, 32, 1000, 128, 8) and gqa.key == "2x32x1000x128x8-bf16-causal"
+    assert FAMILY.parse_problem("2,8,1000,128,8", "bf16").shape == (2, 8, 1000, 128)  # HKV = H: plain
+    assert FAMILY.parse_problem((1, 6, 64, 64, 1), "fp16").shape == (1, 6, 64, 64, 1)  # multi-query
+    for bad, says in (("2,32,1000,128,5", "do not divide 32 query heads"), ("2,32,1000,128,0", "positive"),
+                      ("2,32,1000,128,8,1", "B,H,S,D,HKV")):
+        with pytest.raises(TemplateError, match=says):
+            FAMILY.parse_problem(bad, "bf16")
+    shapes = FAMILY.input_shapes(gqa)
+    assert shapes["q"][0] == (2, 32, 1000, 128) and shapes["k"][0] == shapes["v"][0] == (2, 8, 1000, 128)
+    assert FAMILY.outputs(gqa)[0].shape == (2, 32, 1000, 128)
+    assert FAMILY.min_bytes(gqa) == 2 * (2 * 2 * 32 * 1000 * 128 + 2 * 2 * 8 * 1000 * 128)
+    assert FAMILY.flops(gqa) == FAMILY.flops(FAMILY.parse_problem("2,32,1000,128", "bf16", {"causal": True}))
+
+
+def test_grouped_query_launches_pass_the_group_and_map_kv_heads():
+    problem = FAMILY.parse_problem("3,12,4097,128,4", "bf16", {"causal": True})
+    params = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=176, STAGES=2, SMEM_LAYOUT="swizzle",
+                  WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
+    launch = FAMILY.launch(params, problem)
+    assert [a.value for a in launch.args[5:8]] == [4097, 36, 3]
+    assert [a.value.dims[2] for a in launch.args[:4]] == [36, 12, 12, 36]  # q, k, v, o: B*H, B*HKV
+    cp_async = FAMILY.launch(dict(FAMILY.default_params()), problem)
+    assert cp_async.grid[1:] == (12, 3) and cp_async.args[5].value == 3
+
+
+def test_grouped_query_reference_reads_each_query_heads_kv_head():
+    problem = FAMILY.parse_problem("1,4,40,64,2", "fp16", {"causal": False})
+    ins = FAMILY.inputs(problem, 3)
+    assert ins["k"].shape == (1, 2, 40, 64) and ins["q"].shape == (1, 4, 40, 64)
+    from templates.attention.problem import from_bits, reference_rows
+
+    for b, h, rows, ref in FAMILY.reference(problem, ins):
+        q = from_bits(ins["q"][b, h], "fp16")
+        k, v = (from_bits(ins[n][b, h // 2], "fp16") for n in ("k", "v"))
+        assert np.allclose(ref, reference_rows(q, k, v, rows, False))
+        wrong = (from_bits(ins[n][b, 1 - h // 2], "fp16") for n in ("k", "v"))
+        assert not np.allclose(ref, reference_rows(q, *wrong, rows, False))
+
+
+def test_distance_counts_the_group_and_the_source_is_shared():
+    mha = FAMILY.parse_problem("1,32,4096,128", "bf16", {"causal": True})
+    gqa = FAMILY.parse_problem("1,32,4096,128,8", "bf16", {"causal": True})
+    assert FAMILY.distance(mha, gqa) == pytest.approx(2.0)  # log2 of 4 query heads a KV head
+    assert FAMILY.distance(gqa, FAMILY.parse_problem("1,32,2048,128,8", "bf16", {"causal": True})) == 1.0
+    assert FAMILY.distance(gqa, FAMILY.parse_problem("1,32,4096,64,8", "bf16", {"causal": True})) == math.inf
+    params = FAMILY.default_params()
+    assert FAMILY.render(params, mha) == FAMILY.render(params, gqa)

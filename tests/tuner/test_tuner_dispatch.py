@@ -43,6 +43,9 @@ ATTENTION_QUERIES = [
     ((3, 8, 777, 64), "fp16", {"causal": False}),  # TMA, persistent, TMA store
     ((2, 8, 1024, 128), "fp16", {"causal": True}),  # no tuned problem of this kind
     ((2, 8, 2048, 128), "fp16", {"causal": True}),  # nor of this one
+    ((1, 32, 3000, 128, 8), "bf16", {"causal": True}),  # grouped-query: the tuned one's TMA winner
+    ((2, 12, 700, 64, 4), "fp16", {"causal": True}),  # grouped-query: a plain winner (the group a distance)
+    ((1, 8, 333, 64, 1), "fp16", {"causal": False}),  # multi-query
 ]
 GEMM_QUERIES = [
     ((128, 4096, 4096), "bf16", {"layout": "nt"}),  # tuned
@@ -186,12 +189,12 @@ def test_the_header_holds_every_tuned_problem_of_the_gpu(tmp_path):
     keys = attention_db(db)
     path = tuner.export_dispatch("attention", out_dir=tmp_path / "out", db=db)
     text = path.read_text()
-    entries = re.findall(r'^    \{"([^"]+)", \{', text, flags=re.M)
+    entries = re.findall(r'^    \{"([^"]+)", \d+, \{', text, flags=re.M)
     assert entries == sorted(keys) and len(keys) >= 5
     listed = json.loads(path.with_suffix(".json").read_text())
     family = get_family("attention")
     with open_repository(db) as repo:
-        winners = {f"{b.shape[0]}x{b.shape[1]}x{b.shape[2]}x{b.shape[3]}-{b.dtype}"
+        winners = {f"{'x'.join(map(str, b.shape))}-{b.dtype}"
                    f"{'-causal' if b.flags['causal'] else ''}": family.complete(b.params)
                    for b in repo.bests("attention")}
     assert {p["key"]: p["params"] for p in listed["problems"]} == winners

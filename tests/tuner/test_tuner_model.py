@@ -45,22 +45,23 @@ def cli(*argv, cwd):
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
-def test_llama_3_8b_is_four_linear_projections_a_token_count_and_its_attention_skipped(tmp_path):
+def test_llama_3_8b_is_four_linear_projections_and_a_grouped_query_attention_a_token_count(tmp_path):
     shape = model.read_config(write(tmp_path, LLAMA_3_8B))
     assert shape == ModelShape(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, dtype="bf16")
     plan = model.plan_model(shape, (1, 64))
     assert [(p.family, p.problem.key, p.roles, p.tokens) for p in plan.problems] == [
+        ("attention", "1x32x1x128x8-bf16-causal", ("attention",), 1),
+        ("attention", "1x32x64x128x8-bf16-causal", ("attention",), 64),
         ("gemm", f"1x6144x4096-{LINEAR}", ("qkv",), 1), ("gemm", f"64x6144x4096-{LINEAR}", ("qkv",), 64),
         ("gemm", f"1x4096x4096-{LINEAR}", ("o",), 1), ("gemm", f"64x4096x4096-{LINEAR}", ("o",), 64),
         ("gemm", f"1x28672x4096-{LINEAR}", ("gate_up",), 1), ("gemm", f"64x28672x4096-{LINEAR}", ("gate_up",), 64),
         ("gemm", f"1x4096x14336-{LINEAR}", ("down",), 1), ("gemm", f"64x4096x14336-{LINEAR}", ("down",), 64)]
     # torch's Linear: activations row-major, the weight [out, in] transposed
-    assert all(dict(p.problem.flags) == {"layout": "nt", "epilogue": "none"} for p in plan.problems)
-    assert [s.line for s in plan.skipped] == [
-        f"skipped attention 1x32x{s}x128-bf16-causal (attention, {s} token{'s' * (s > 1)}): 8 KV heads for 32 "
-        "query heads (grouped-query attention): this family takes K and V with the query's heads" for s in (1, 64)]
+    assert all(dict(p.problem.flags) == {"layout": "nt", "epilogue": "none"}
+               for p in plan.problems if p.family == "gemm")
+    assert plan.skipped == ()
     assert model.plan_model(shape).tokens == tuple(2**i for i in range(14))  # 1 ... 8192
-    assert len(model.plan_model(shape).problems) == 4 * 14
+    assert len(model.plan_model(shape).problems) == 5 * 14
 
 
 def test_a_config_without_gqa_gets_its_attention_prefill_and_the_options_shape_the_linears(tmp_path):
@@ -101,7 +102,7 @@ def test_the_dry_run_prints_tune_many_yaml_and_stores_nothing(tmp_path):
     assert not (tmp_path / "tuner.db").exists()
     gqa = cli("tune-model", str(write(tmp_path, LLAMA_3_8B, "llama.json")), "--tokens", "1", "--dry-run",
               cwd=tmp_path)
-    assert "# skipped attention 1x32x1x128-bf16-causal (attention, 1 token): 8 KV heads" in gqa.stdout
+    assert '- {shape: "1,32,1,128,8", dtype: bf16, flags: {causal: true}}  # attention, 1 token' in gqa.stdout
 
 
 @pytest.mark.parametrize("config, extra, line", [
@@ -144,7 +145,7 @@ def test_the_dtype_argument_replaces_the_configs_and_a_config_may_nest_the_text_
 
 def test_tune_model_tunes_what_a_landscape_records_through_tune_many_and_resumes(tmp_path, module_ray):
     """Llama-3-8B at 64 tokens: its down projection is the landscape gemm ships; the other
-    projections have none (skipped, a line each), its attention is grouped-query (skipped)."""
+    projections and its grouped-query attention have none (skipped, a line each)."""
     config = write(tmp_path, LLAMA_3_8B)
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
     args = ("tune-model", str(config), "--tokens", "64", "--trials", "3", "--retime", "0", "--seed", "1",
@@ -157,7 +158,7 @@ def test_tune_model_tunes_what_a_landscape_records_through_tune_many_and_resumes
         "gemm", f"64x4096x14336-{LINEAR}", ["down"], 64)
     assert tuned["result"]["status"] == "finished" and tuned["result"]["measured"] == 3
     assert [(s["role"], s["reason"].split(" (")[0]) for s in summary["skipped"]] == [
-        ("attention", "8 KV heads for 32 query heads"), ("qkv", "no landscape given records it"),
+        ("attention", "no landscape given records it"), ("qkv", "no landscape given records it"),
         ("o", "no landscape given records it"), ("gate_up", "no landscape given records it")]
     assert "problem 1/1 64x4096x14336" in done.stderr
     assert "skipped gemm 64x6144x4096-bf16-epilogue=none-layout=nt (qkv, 64 tokens)" in done.stderr

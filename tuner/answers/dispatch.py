@@ -107,7 +107,7 @@ def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callabl
         config_fields=[(p.name, _ctype(p.choices)) for p in family.params],
         kernels=kernels,
         sources=sources,
-        rank=len(first.shape),
+        rank=max(len(p.shape) for p, _, _ in entries),
         flag_count=max(1, len(flags)),
         flag_names=[f.name for f in flags],
         flag_defaults=[_flag_text(f.choices[0]) for f in flags],
@@ -183,7 +183,8 @@ def _kernel(family: KernelFamily, params: dict[str, Any], kind: str, config: int
 def _entry(problem: Problem, config: int, median_ms: float) -> str:
     shape = ", ".join(str(n) for n in problem.shape)
     flags = ", ".join(f'"{_flag_text(v)}"' for _, v in problem.flags) or "nullptr"
-    return f'{{"{problem.key}", {{{shape}}}, "{problem.dtype}", {{{flags}}}, {config}, {median_ms!r}}}'
+    return (f'{{"{problem.key}", {len(problem.shape)}, {{{shape}}}, "{problem.dtype}", {{{flags}}}, {config}, '
+            f'{median_ms!r}}}')
 
 
 def _config(family: KernelFamily, params: dict[str, Any]) -> str:

@@ -105,12 +105,19 @@ def landscapes_for(fam: KernelFamily, problems: Sequence[Problem],
     return {p: found[p] for p in problems}
 
 
-def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path]) -> dict[Problem, Path]:
+def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path], *,
+                        others: bool = False) -> dict[Problem, Path]:
     """The problems of ``fam`` that the landscapes among ``replay`` record, each with the first
-    that does; UsageError naming a path that is neither a file nor a folder."""
+    that does; UsageError naming a path that is neither a file nor a folder, or a landscape of
+    another family (passed over with ``others``: a model's landscapes of several families)."""
     files: list[Path] = []
     for given in replay:
-        path = Path(api.landscape_file(fam, given) or given)
+        try:
+            path = Path(api.landscape_file(fam, given) or given)
+        except UsageError:
+            if others:
+                continue
+            raise
         if path.is_dir():
             files += sorted(path.glob("*.json"))
         elif path.is_file():

@@ -196,7 +196,7 @@ def tune_model(
     landscapes: dict[Problem, Path] = {}
     if replay:
         for fam in families.values():
-            landscapes.update(recorded_landscapes(fam, replay))
+            landscapes.update(recorded_landscapes(fam, replay, others=True))
         for p in [p for p in wanted if p.problem not in landscapes]:
             skip = Skipped(p.family, p.problem.key, ", ".join(p.roles), p.tokens,
                            "no landscape given records it (--replay)")
