@@ -1,7 +1,9 @@
 """`tuner export-torch`'s package on a real GPU: studies tuned on it, exported, imported, and the
 ops run on CUDA tensors (a tuned shape: the shipped cubin; an untuned one: the rule's pick,
 compiled on its first call) against torch, under torch.compile(fullgraph=True) with inductor,
-inside a captured CUDA graph, and refused (or sent to the vendor's path) under another GPU's stamp.
+inside a captured CUDA graph, and refused (or sent to the vendor's path) under another GPU's stamp;
+then `tuner guard` times the packages' kernels against the vendor's path (last: it rewrites the
+tables, restored after).
 
 Run on the GPU machine: ``pytest -m gpu tests/gpu/test_torch_export_gpu.py``. Skipped without a GPU.
 """
@@ -17,12 +19,15 @@ import pytest
 import tuner
 from templates.attention.problem import TOLERANCE as ATTENTION_TOLERANCE
 from templates.gemm.problem import TOLERANCE as GEMM_TOLERANCE
+from tuner.cli.commands import main
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 F = pytest.importorskip("torch.nn.functional")
 
-GEMM_TUNED = [((512, 1024, 1024), "bf16", {"layout": "nt"}), ((256, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"})]
+GEMM_TUNED = [((512, 1024, 1024), "bf16", {"layout": "nt"}),
+              ((256, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),
+              ((128, 1024, 1024), "bf16", {"layout": "nt"})]  # with the first: a sample at M=256 for the guard
 ATTENTION_TUNED = [((1, 4, 512, 64), "fp16", {"causal": True}), ((1, 8, 512, 64, 2), "fp16", {"causal": True})]
 GEMM_NAME, ATTENTION_NAME = "tuned_gemm_gpu_test", "tuned_attention_gpu_test"
 
@@ -139,3 +144,48 @@ def test_another_gpus_stamp_is_one_line_at_the_first_call_unless_vendor_is_chose
     finally:
         path.write_text(original)
         gemm.load_table()
+
+
+def _guarded(package, folder, argv: list[str], capsys) -> tuple[dict, dict]:
+    """`tuner guard` run on ``folder``: (the table it wrote, the JSON it printed); the table as
+    exported is written back by the caller."""
+    assert main(["guard", str(folder), *argv, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    table = json.loads((folder / "table.json").read_text())
+    assert table["guard"]["gpu"] == torch.cuda.get_device_name() and package.TABLE["guard"] == table["guard"]
+    for row in [*table["problems"], *table.get("samples", [])]:
+        assert row["ours_ms"] > 0 and row["vendor_ms"] > 0 and row["use"] in ("ours", "vendor"), row
+        assert row["ours_iqr_ms"] >= 0 and row["vendor_iqr_ms"] >= 0, row
+        assert row["guard_reason"] and "differs" not in row["guard_reason"] and "fails" not in row["guard_reason"]
+    return table, document
+
+
+def test_the_guard_times_each_gemm_row_and_sample_against_the_vendors_path(packages, capsys):
+    gemm = packages["gemm"]
+    folder = packages["out"] / GEMM_NAME
+    original = (folder / "table.json").read_text()
+    try:
+        table, document = _guarded(gemm, folder, ["--reps", "20"], capsys)
+        assert table["guard"]["reps"] == 20 and len(table["problems"]) == len(GEMM_TUNED)
+        [sample] = table["samples"]
+        assert sample["shape"] == [256, 1024, 1024] and sample["loss"] >= 0 and sample["params"]
+        assert len(document["problems"]) == len(GEMM_TUNED) + 1
+        a = torch.randn(256, 1024, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+        assert gemm.gemm_choice(a, w.t()).use == sample["use"]  # the sample's own problem
+        assert _relative(gemm.gemm(a, w.t()), a.double() @ w.t().double()) <= GEMM_TOLERANCE["bf16"]
+    finally:
+        (folder / "table.json").write_text(original)
+        gemm.load_table()
+
+
+def test_the_guard_times_attention_against_sdpa(packages, capsys):
+    attention = packages["attention"]
+    folder = packages["out"] / ATTENTION_NAME
+    original = (folder / "table.json").read_text()
+    try:
+        table, _ = _guarded(attention, folder, ["--reps", "20", "--no-samples"], capsys)
+        assert "samples" not in table and len(table["problems"]) == len(ATTENTION_TUNED)
+    finally:
+        (folder / "table.json").write_text(original)
+        attention.load_table()

@@ -12,8 +12,9 @@ The package (``torch_package.py.j2`` beside this file renders its ``__init__.py`
 - ``kernels/``: each tuned problem's ``tuner export`` (``.cu`` and ``.launch.json``) and its
   cubin, compiled here by the tuner's compile path (NVRTC or nvcc, for ``sm_90a``: no GPU needed);
 - ``table.json``: each tuned problem's shape, dtype, flags, config, times and ``use`` ("ours",
-  or "vendor" where the vendor's path was measured faster: the rows are written "ours"), and the
-  limits of the GPU each won on, which is the any-shape rule's data (tuner/answers/rule.py);
+  or "vendor" where the vendor's path was measured faster: the rows are written "ours", and
+  ``tuner guard`` times them against the vendor's, tuner/answers/guard.py), and the limits of
+  the GPU each won on, which is the any-shape rule's data (tuner/answers/rule.py);
 - a stamp: GPU name, driver, CUDA version, the toolkits (the search's and the cubins'), the
   template hash, the date.
 

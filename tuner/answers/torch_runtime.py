@@ -7,16 +7,20 @@ pick for a problem its table does not hold, and that pick's kernel::
         c = kernel(a, b)                             # compiled on its first call, then cached
 
 The pick is ``tuner best --device GPU``'s on the exported winners (``pick_config`` over the
-table's rows, each checked under the limits of the GPU it won on). Neither torch nor a database
-is imported here; the family's templates are, to check, render and launch the pick.
+table's rows, each checked under the limits of the GPU it won on). Where ``tuner guard`` timed
+the package (its table has a ``guard`` stamp), the pick gives way to the vendor's path when the
+nearest problem it timed (by the family's ``distance``: its tuned rows and its ``samples``
+between them) says ``"use": "vendor"``. Neither torch nor a database is imported here; the
+family's templates are, to check, render and launch the pick.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from templates.family import DeviceLimits, TemplateError
+from templates.family import DeviceLimits, KernelFamily, Problem, TemplateError
 from tuner.errors import TunerError
 
 
@@ -62,8 +66,18 @@ def winners(table: Mapping[str, Any]) -> list[Winner]:
 
 def rule_choice(table: Mapping[str, Any], shape: tuple[int, ...], dtype: str, flags: Mapping[str, Any]) -> Choice:
     """The rule's pick for a problem the table does not hold, or the vendor's path where the
-    family does not take the problem or no config is valid for it. StaleTemplates where the
-    installed templates are not the export's (the pick's source would not be the measured one's)."""
+    family does not take the problem, no config is valid for it, or the nearest problem the
+    guard timed took the vendor's path (``guarded_choice``). StaleTemplates where the installed
+    templates are not the export's (the pick's source would not be the measured one's)."""
+    choice = rule_pick(table, shape, dtype, flags)
+    if choice.use != "ours" or choice.kernel is not None or "guard" not in table:
+        return choice
+    return guarded_choice(table, choice)
+
+
+def rule_pick(table: Mapping[str, Any], shape: tuple[int, ...], dtype: str, flags: Mapping[str, Any]) -> Choice:
+    """``rule_choice`` without the guard's say: the pick the rule makes from the tuned rows
+    (what ``tuner guard`` times at its samples)."""
     from templates import get_family
     from tuner.answers.rule import pick_config
 
@@ -86,6 +100,34 @@ def rule_choice(table: Mapping[str, Any], shape: tuple[int, ...], dtype: str, fl
         return Choice("vendor", "no tuned config and no starting point is valid for it", problem.key)
     return Choice("ours", "the rule's pick (not measured for this shape)", problem.key, pick.params, pick.source,
                   problem=problem)
+
+
+def guarded_choice(table: Mapping[str, Any], choice: Choice) -> Choice:
+    """``choice`` (the rule's pick, "ours"), or the vendor's path where the problem the guard
+    timed nearest to it (a tuned row or a sample, of its dtype and flags; a tie: the vendor's)
+    took the vendor's path."""
+    from templates import get_family
+
+    nearest = nearest_timed(get_family(table["family"]), table, choice.problem)
+    if nearest is None or nearest.get("use") != "vendor":
+        return choice
+    return Choice("vendor", f"the vendor's path measured faster at the nearest timed problem, {nearest['key']}",
+                  choice.key, choice.params, choice.source, problem=choice.problem)
+
+
+def nearest_timed(family: KernelFamily, table: Mapping[str, Any], problem: Problem) -> Mapping[str, Any] | None:
+    """The row or sample of ``table`` that ``tuner guard`` timed nearest to ``problem`` by the
+    family's ``distance`` (None: none at a finite distance); at one distance, one that says
+    "vendor" first."""
+    timed = [row for row in table["problems"] if "guard_reason" in row] + list(table.get("samples", ()))
+    best, best_rank = None, (math.inf, True)
+    for entry in timed:
+        other = Problem(tuple(entry["shape"]), entry["dtype"], tuple(sorted(entry["flags"].items())))
+        away = family.distance(other, problem)
+        rank = (away, entry.get("use") != "vendor")
+        if math.isfinite(away) and rank < best_rank:
+            best, best_rank = entry, rank
+    return best
 
 
 def table_choice(row: Mapping[str, Any]) -> Choice:
@@ -111,4 +153,5 @@ def rule_kernel(table: Mapping[str, Any], choice: Choice) -> Any:
                           {"params": params, "source": choice.source})
 
 
-__all__ = ["Choice", "StaleTemplates", "Winner", "rule_choice", "rule_kernel", "table_choice", "winners"]
+__all__ = ["Choice", "StaleTemplates", "Winner", "guarded_choice", "nearest_timed", "rule_choice", "rule_kernel",
+           "rule_pick", "table_choice", "winners"]

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 
 from tuner import api
 from tuner.answers.exporter import launch_path
-from tuner.cli import check, export_dispatch, export_torch, lint
+from tuner.cli import check, export_dispatch, export_torch, guard, lint
 from tuner.cli import jobs as job_commands
 from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export_dispatch.add_parser(sub, common)
     export_torch.add_parser(sub, common)
+    guard.add_parser(sub, common, _positive_int)
 
     serve = sub.add_parser("serve", parents=[common],
                            help="serve the stored results read-only over HTTP (JSON API and a page)")
@@ -253,9 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                        help="with --run-jobs: a measurement running longer is killed (default 60)")
 
-    plot = sub.add_parser("report", parents=[common], help="one study as a PNG: best so far, importances, failures")
-    plot.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
-    plot.add_argument("-o", "--out", required=True, metavar="FILE", help="PNG file to write")
+    plot = sub.add_parser("report", parents=[common],
+                          help="one study as a PNG: best so far, importances, failures; or a torch package's "
+                               "table (--package)")
+    plot.add_argument("study", metavar="STUDY", nargs="?", help="study name or id (see `tuner studies`)")
+    plot.add_argument("-o", "--out", metavar="FILE", help="PNG file to write (with STUDY)")
+    plot.add_argument("--package", metavar="DIR",
+                      help="instead: a package of export-torch as a markdown table, ours against the vendor's path")
+    plot.add_argument("--json", action="store_true", help="with --package: print JSON")
 
     show = sub.add_parser("show", parents=[common], help="one study and its trials")
     show.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
@@ -656,6 +662,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.package is not None:
+        if args.study is not None or args.out is not None:
+            raise UsageError("report: --package DIR takes no STUDY and no -o")
+        from tuner.answers.guard import read_table
+        from tuner.reports.package_table import document, markdown
+
+        table = read_table(args.package)
+        print(json.dumps(document(table), indent=2) if args.json else "\n".join(markdown(table)))
+        return 0
+    if args.study is None or args.out is None or args.json:
+        raise UsageError("report: give STUDY and -o FILE (a PNG), or --package DIR [--json]")
     print(f"wrote {plot_study(args.study, args.out, db=args.db)}")
     return 0
 
@@ -670,7 +687,7 @@ _COMMANDS = {"tune": _tune, "tune-many": _tune_many, "tune-model": _tune_model,
              "coverage": _coverage, "best": _best, "export": _export, "studies": _studies, "show": _show,
              "landscape": _landscape, "serve": _serve, "bench": _bench, "bench-search": _bench_search,
              "check": check.run, "export-dispatch": export_dispatch.run,
-             "export-torch": export_torch.run, "report": _report,
+             "export-torch": export_torch.run, "guard": guard.run, "report": _report,
              "lint": lint.run, **{name: job_commands.run for name in job_commands.COMMANDS}}
 
 
