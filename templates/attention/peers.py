@@ -26,14 +26,14 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
     q, k, v = (torch.from_numpy(inputs[n].view(np.int16)).view(dtype).cuda() for n in ("q", "k", "v"))  # k, v: HKV heads
     causal = problem.flag("causal")
-    grouped = k.shape[1] != q.shape[1]
+    grouped = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}  # torch 2.5 and later
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
     def sdpa(backend: Any) -> Any:
         def run() -> Any:
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **grouped)
         return run
 
     calls = {name: PeerCall(sdpa(backends[name])) for name in SDPA_BACKENDS}
