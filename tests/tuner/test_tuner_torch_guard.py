@@ -154,18 +154,24 @@ def test_the_guard_times_each_row_and_sample_and_writes_the_table(package):
     assert module.choose(row["shape"], row["dtype"], row["flags"]).use == "vendor"
 
 
-def test_an_untuned_problem_takes_the_vendors_path_where_the_nearest_timed_one_did(package):
+def test_an_untuned_problem_takes_the_rules_pick_only_between_timed_wins_on_its_line(package):
     folder, module = package
     exported = json.loads((folder / "table.json").read_text())
     assert rule_choice(exported, (14, 4096, 4096), "bf16", LINEAR).use == "ours"  # no guard data: as exported
     guard_package(folder, bench=FakeBench())
-    near_sixteen = module.choose((14, 4096, 4096), "bf16", LINEAR)
+    near_sixteen = module.choose((14, 4096, 4096), "bf16", LINEAR)  # between 4 (ours) and the sample at 16
     assert near_sixteen.use == "vendor" and "16x4096x4096" in near_sixteen.reason and near_sixteen.params
-    assert module.choose((200, 4096, 4096), "bf16", LINEAR).use == "ours"  # nearest: the sample at 181
-    assert module.choose((50, 4096, 4096), "bf16", LINEAR).use == "vendor"  # nearest: the row at 64
-    assert module.choose((3000, 2048, 2048), "fp16", {"layout": "nn"}).use == "ours"
+    assert module.choose((200, 4096, 4096), "bf16", LINEAR).use == "ours"  # between 181 and 512: both ours
+    assert module.choose((3, 4096, 4096), "bf16", LINEAR).use == "ours"  # the sample itself
+    assert module.choose((50, 4096, 4096), "bf16", LINEAR).use == "vendor"  # the row at 64 lost
+    beyond = module.choose((1000, 4096, 4096), "bf16", LINEAR)  # past the last timed one
+    assert beyond.use == "vendor" and "on both sides" in beyond.reason
+    assert module.choose((3000, 2048, 2048), "fp16", {"layout": "nn"}).use == "vendor"  # a line of one problem
+    between_n = module.choose((64, 7000, 4096), "bf16", LINEAR)  # N between the sample at 5793 and 8192
+    assert between_n.use == "vendor" and "64x8192x4096" in between_n.reason  # whose kernel was wrong
     guard_package(folder, samples=False, bench=FakeBench())
-    assert "samples" not in module.TABLE and module.choose((14, 4096, 4096), "bf16", LINEAR).use == "ours"
+    without = module.choose((14, 4096, 4096), "bf16", LINEAR)  # now between the rows at 4 and at 64
+    assert "samples" not in module.TABLE and without.use == "vendor" and "64x4096x4096" in without.reason
 
 
 def test_a_comparison_that_fails_takes_the_vendors_path_with_why(package):

@@ -8,19 +8,18 @@ pick for a problem its table does not hold, and that pick's kernel::
 
 The pick is ``tuner best --device GPU``'s on the exported winners (``pick_config`` over the
 table's rows, each checked under the limits of the GPU it won on). Where ``tuner guard`` timed
-the package (its table has a ``guard`` stamp), the pick gives way to the vendor's path when the
-nearest problem it timed (by the family's ``distance``: its tuned rows and its ``samples``
-between them) says ``"use": "vendor"``. Neither torch nor a database is imported here; the
+the package (its table has a ``guard`` stamp), the pick stands only between problems of its own
+line that the guard timed (tuned rows and ``samples``) with ours faster on both sides
+(``guarded_choice``); elsewhere the vendor's path. Neither torch nor a database is imported here; the
 family's templates are, to check, render and launch the pick.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from templates.family import DeviceLimits, KernelFamily, Problem, TemplateError
+from templates.family import DeviceLimits, TemplateError
 from tuner.errors import TunerError
 
 
@@ -103,31 +102,46 @@ def rule_pick(table: Mapping[str, Any], shape: tuple[int, ...], dtype: str, flag
 
 
 def guarded_choice(table: Mapping[str, Any], choice: Choice) -> Choice:
-    """``choice`` (the rule's pick, "ours"), or the vendor's path where the problem the guard
-    timed nearest to it (a tuned row or a sample, of its dtype and flags; a tie: the vendor's)
-    took the vendor's path."""
-    from templates import get_family
-
-    nearest = nearest_timed(get_family(table["family"]), table, choice.problem)
-    if nearest is None or nearest.get("use") != "vendor":
-        return choice
-    return Choice("vendor", f"the vendor's path measured faster at the nearest timed problem, {nearest['key']}",
-                  choice.key, choice.params, choice.source, problem=choice.problem)
-
-
-def nearest_timed(family: KernelFamily, table: Mapping[str, Any], problem: Problem) -> Mapping[str, Any] | None:
-    """The row or sample of ``table`` that ``tuner guard`` timed nearest to ``problem`` by the
-    family's ``distance`` (None: none at a finite distance); at one distance, one that says
-    "vendor" first."""
+    """``choice`` (the rule's pick, "ours") where the guard timed the problem's own line on both
+    sides of it and ours won at the nearest timed problem on each side (or at the problem itself);
+    otherwise the vendor's path. A line: the tuned rows and samples of the problem's dtype and
+    flags whose shapes differ from it in one dimension (a GEMM's token count, with N and K
+    alike). Past the last timed problem of its line, or on a line the guard never timed, the
+    vendor's path: a pick there was never measured against it."""
+    problem = choice.problem
     timed = [row for row in table["problems"] if "guard_reason" in row] + list(table.get("samples", ()))
-    best, best_rank = None, (math.inf, True)
+    below: dict[int, Mapping[str, Any]] = {}
+    above: dict[int, Mapping[str, Any]] = {}
     for entry in timed:
-        other = Problem(tuple(entry["shape"]), entry["dtype"], tuple(sorted(entry["flags"].items())))
-        away = family.distance(other, problem)
-        rank = (away, entry.get("use") != "vendor")
-        if math.isfinite(away) and rank < best_rank:
-            best, best_rank = entry, rank
-    return best
+        shape = tuple(int(d) for d in entry["shape"])
+        if (entry["dtype"], tuple(sorted(entry["flags"].items()))) != (problem.dtype, problem.flags) \
+                or len(shape) != len(problem.shape):
+            continue
+        differ = [axis for axis, (a, b) in enumerate(zip(shape, problem.shape)) if a != b]
+        if not differ:
+            return choice if entry.get("use") != "vendor" else _vendor(choice, entry, "at it")
+        if len(differ) != 1:
+            continue
+        axis = differ[0]
+        side = below if shape[axis] < problem.shape[axis] else above
+        if axis not in side or abs(shape[axis] - problem.shape[axis]) < \
+                abs(int(side[axis]["shape"][axis]) - problem.shape[axis]):
+            side[axis] = entry
+    brackets = [(below[axis], above[axis]) for axis in below if axis in above]
+    if not brackets:
+        return Choice("vendor", "the guard timed no problem on both sides of it: the rule's pick was not "
+                      "measured against the vendor's path here", choice.key, choice.params, choice.source,
+                      problem=problem)
+    for low, high in brackets:
+        for entry in (low, high):
+            if entry.get("use") == "vendor":
+                return _vendor(choice, entry, "beside it")
+    return choice
+
+
+def _vendor(choice: Choice, entry: Mapping[str, Any], where: str) -> Choice:
+    return Choice("vendor", f"the vendor's path measured faster {where}, at {entry['key']}", choice.key,
+                  choice.params, choice.source, problem=choice.problem)
 
 
 def table_choice(row: Mapping[str, Any]) -> Choice:
@@ -153,5 +167,5 @@ def rule_kernel(table: Mapping[str, Any], choice: Choice) -> Any:
                           {"params": params, "source": choice.source})
 
 
-__all__ = ["Choice", "StaleTemplates", "Winner", "guarded_choice", "nearest_timed", "rule_choice", "rule_kernel",
+__all__ = ["Choice", "StaleTemplates", "Winner", "guarded_choice", "rule_choice", "rule_kernel",
            "rule_pick", "table_choice", "winners"]
