@@ -17,8 +17,8 @@ dimension only (gemm's M, the token count, over N and K alike), the rounded geom
 of each neighbouring pair (``sample_problems``). There the any-shape rule's pick
 (``torch_runtime.rule_pick``) is timed against the vendor's path the same way, and its ``loss``
 recorded (ours' time over the vendor's, less one, where ours is slower). At run time an untuned
-problem takes the vendor's path where the nearest problem timed here says so
-(``torch_runtime.rule_choice``).
+problem keeps the rule's pick only between problems of its own line timed here with ours faster
+on both sides; elsewhere the vendor's path (``torch_runtime.guarded_choice``).
 
 ``table.json`` is written back whole (``write_atomic``) with a ``guard`` stamp: the GPU, the
 date, the repetitions.
