@@ -12,9 +12,9 @@ family's tolerance; ours wrong or failing: the vendor's path, with the reason), 
 turns in this process (``GpuBench``: tuner/answers/guard_bench.py). ``decide`` keeps ours only
 where it won by more than the measurement's spread.
 
-Samples, between the tuned problems: for rows of one dtype and flags whose shapes differ in one
-dimension only (gemm's M, the token count, over N and K alike), the rounded geometric midpoint
-of each neighbouring pair (``sample_problems``). There the any-shape rule's pick
+Samples, between the tuned problems: for rows of one dtype and flags, along the dimension in
+which they vary most (gemm's M, the token count, over N and K alike), the rounded geometric
+midpoint of each neighbouring pair (``sample_problems``). There the any-shape rule's pick
 (``torch_runtime.rule_pick``) is timed against the vendor's path the same way, and its ``loss``
 recorded (ours' time over the vendor's, less one, where ours is slower). At run time an untuned
 problem keeps the rule's pick only between problems of its own line timed here with ours faster
@@ -82,24 +82,28 @@ def loss(fields: Mapping[str, Any]) -> float | None:
 
 
 def sample_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[int, ...], str, dict[str, Any]]]:
-    """(shape, dtype, flags) between tuned rows: for rows of one dtype and flags whose shapes
-    differ in one dimension only, the rounded geometric midpoint of each neighbouring pair of
-    that dimension's values, where an integer lies strictly between them."""
-    groups: dict[tuple[Any, ...], set[int]] = {}
+    """(shape, dtype, flags) between tuned rows: for rows of one dtype and flags, along the
+    dimension with the most distinct values among them (a model's token count), between rows
+    alike in every other dimension, the rounded geometric midpoint of each neighbouring pair,
+    where an integer lies strictly between them."""
+    kinds: dict[tuple[Any, ...], list[tuple[int, ...]]] = {}
     for row in rows:
-        shape, flags = tuple(int(d) for d in row["shape"]), tuple(sorted(row["flags"].items()))
-        for axis in range(len(shape)):
-            others = shape[:axis] + shape[axis + 1:]
-            groups.setdefault((row["dtype"], flags, len(shape), axis, others), set()).add(shape[axis])
+        kind = (row["dtype"], tuple(sorted(row["flags"].items())), len(row["shape"]))
+        kinds.setdefault(kind, []).append(tuple(int(d) for d in row["shape"]))
     found: dict[tuple[Any, ...], tuple[tuple[int, ...], str, dict[str, Any]]] = {}
-    for (dtype, flags, _, axis, others), values in groups.items():
-        ordered = sorted(values)
-        for low, high in zip(ordered, ordered[1:]):
-            if high - low < 2:
-                continue
-            middle = min(max(round(math.sqrt(low * high)), low + 1), high - 1)
-            shape = others[:axis] + (middle,) + others[axis:]
-            found[(dtype, flags, shape)] = (shape, dtype, dict(flags))
+    for (dtype, flags, rank), shapes in kinds.items():
+        axis = max(range(rank), key=lambda a: (len({s[a] for s in shapes}), -a))
+        lines: dict[tuple[int, ...], set[int]] = {}
+        for shape in shapes:
+            lines.setdefault(shape[:axis] + shape[axis + 1:], set()).add(shape[axis])
+        for others, values in lines.items():
+            ordered = sorted(values)
+            for low, high in zip(ordered, ordered[1:]):
+                if high - low < 2:
+                    continue
+                middle = min(max(round(math.sqrt(low * high)), low + 1), high - 1)
+                shape = others[:axis] + (middle,) + others[axis:]
+                found[(dtype, flags, shape)] = (shape, dtype, dict(flags))
     return [found[key] for key in sorted(found)]
 
 
