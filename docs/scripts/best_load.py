@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openloop import run  # noqa: E402
 
+# problems with a landscape to replay, and no H200 study in make_trials_db.py's database
 JOB_PROBLEMS = ({"shape": "2,8,1024,64", "dtype": "fp16", "flags": {"causal": True}},
-                {"shape": "4,8,512,64", "dtype": "fp16", "flags": {"causal": True}},
                 {"shape": "4,8,1024,64", "dtype": "bf16", "flags": {"causal": True}},
                 {"shape": "1,16,2048,64", "dtype": "fp16", "flags": {"causal": True}})
 UNTUNED = ("3,8,1000,64", "2,12,3000,128", "1,24,777,64", "6,8,2500,128", "5,16,1500,64")

@@ -1,5 +1,6 @@
 """Trials a minute of `tuner serve --run-jobs` on simulated GPUs: one job alone on one GPU against
-as many jobs as GPUs at once, each on its own (docs/BENCHMARKS.md, "Jobs sharing GPUs").
+as many jobs as GPUs at once, each on its own (docs/BENCHMARKS.md, "Serving and the dashboard
+copy": jobs sharing GPUs).
 
     .venv/bin/python docs/scripts/jobs_gpus.py --trials 160 --rounds 2
 
@@ -9,7 +10,8 @@ with ``G`` jobs of ``--trials`` trials submitted at once, each a problem of its 
 job, each round another of those problems). A run's
 trials a minute: the trials its jobs measured over the time from the first job's start to the
 last one's end (the slices' pools starting, the studies opening and the final re-timings
-included). The runs alternate (1 GPU, then 2), so that the machine's other load falls on both.
+included); ``all_cpu_ms_a_trial``: the CPU time of the server and every process it started (Ray,
+its workers, the Optuna copies), from start to stop, a trial. The runs alternate (1 GPU, then 2), so that the machine's other load falls on both.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -59,6 +62,7 @@ def _cpu_seconds(pid: int) -> float:
 def run_once(gpus: int, problems: tuple[dict, ...], trials: int, slice_trials: int, folder: Path) -> dict:
     """One server on ``gpus`` simulated GPUs running a job of each of ``problems``; their trials a minute."""
     python = sys.executable
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     url = f"sqlite:///{folder / f'jobs-{gpus}.db'}"
     token = subprocess.run([python, "-m", "tuner", "token", "create", "--scope", "write", "--db", url], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -88,13 +92,16 @@ def run_once(gpus: int, problems: tuple[dict, ...], trials: int, slice_trials: i
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
         log.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    every = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     start = min(datetime.fromisoformat(j["started_at"]) for j in jobs)
     end = max(datetime.fromisoformat(j["finished_at"]) for j in jobs)
     seconds = (end - start).total_seconds()
     measured = sum(j["measured"] for j in jobs)
     return {"gpus": gpus, "jobs": len(jobs), "shapes": [p["shape"] for p in problems], "states": sorted({j["state"] for j in jobs}), "trials": measured,
             "seconds": round(seconds, 1), "trials_per_min": round(60 * measured / seconds, 1),
-            "server_cpu_s": round(cpu, 1), "load_before": round(load, 2)}
+            "server_cpu_s": round(cpu, 1), "all_cpu_ms_a_trial": round(1000 * every / measured),
+            "load_before": round(load, 2)}
 
 
 def main() -> int:
