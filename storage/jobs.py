@@ -5,15 +5,17 @@ by a scheduler a slice at a time, cancelled; and the server's tokens, kept as di
                                      trials=50, priority=1))
     taken = repo.take_job("host:pid", gone=lambda runner, heartbeat: ...)  # the next job's turn
     repo.release_job(taken.id, "host:pid")                                  # its slice done
+    both = repo.take_jobs("host:pid", gone, most=2, running=[7])            # two at once, beside job 7
 
-A job is taken by priority (higher first), and among equal priorities the one whose last slice
-ended longest ago (never served first, then the oldest): a later job takes turns with earlier
-ones of its priority, and is never starved by them. A job held by a live runner is not taken.
+A job is taken by priority (higher first; a lower priority waits while a higher one is open),
+and among equal priorities the one whose last slice ended longest ago (never served first, then
+the oldest): a later job takes turns with earlier ones of its priority, and is never starved by
+them. A job held by a live runner is not taken.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -84,19 +86,30 @@ class JobQueue:
     def take_job(self, runner: str, gone: Callable[[str | None, datetime | None], bool]) -> JobRecord | None:
         """The next open job whose turn it is, held for ``runner`` (host:pid) from now; None when
         none is free. ``gone(runner, heartbeat)``: whether another runner holding a job is gone."""
+        taken = self.take_jobs(runner, gone)
+        return taken[0] if taken else None
+
+    def take_jobs(self, runner: str, gone: Callable[[str | None, datetime | None], bool], most: int = 1,
+                  running: Collection[int] = ()) -> list[JobRecord]:
+        """Up to ``most`` open jobs whose turn it is, in turn order, held for ``runner`` from now:
+        jobs of the highest priority among those free to take and those ``runner`` runs now
+        (``running``, their ids: not taken again), so that a lower priority waits while a higher
+        one is open. ``gone`` as for :meth:`take_job`."""
         with self._session("cannot take a job", write=True) as session:
             query = (select(JobRow).where(JobRow.state.in_(list(OPEN_STATES)))
                      .order_by(JobRow.priority.desc(), JobRow.served_at.is_not(None), JobRow.served_at,
                                JobRow.id))
-            for row in session.scalars(query):
-                if row.runner is not None and row.runner != runner and not gone(row.runner, row.heartbeat_at):
-                    continue
-                now = utcnow()
+            rows = list(session.scalars(query))
+            free = [row for row in rows if row.id not in running and (
+                row.runner in (None, runner) or gone(row.runner, row.heartbeat_at))]
+            priorities = [row.priority for row in free] + [row.priority for row in rows if row.id in running]
+            taken = [row for row in free if row.priority == max(priorities)][:most] if priorities else []
+            now = utcnow()
+            for row in taken:
                 row.runner, row.heartbeat_at, row.state = runner, now, "running"
                 row.started_at = row.started_at or now
-                session.flush()
-                return _records(session, [row])[0]
-            return None
+            session.flush()
+            return _records(session, taken)
 
     def renew_job(self, job_id: int, runner: str) -> str | None:
         """Renew ``runner``'s hold of a job; the job's state (None: no such job)."""

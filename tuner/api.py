@@ -562,10 +562,24 @@ def export_optuna(name: str, target: str, db: str | None = None) -> str:
     return target
 
 
-def ray_for(address: str | None, replay: str | Path | None, *, family: KernelFamily) -> Any:
+def ray_for(address: str | None, replay: str | Path | None, *, family: KernelFamily,
+            simulate_gpus: int | None = None) -> Any:
     """The Ray that :func:`tune` runs in (:func:`_ray`), for callers that run several studies in
-    one (``tuner.study.many``): up for the ``with`` block, unless this process has it up already."""
-    return _ray(address, replay, family=reference(family))
+    one (``tuner.study.many``): up for the ``with`` block, unless this process has it up already
+    (``simulate_gpus``: a local one offering that many simulated GPUs)."""
+    return _ray(address, replay, family=reference(family), simulate_gpus=simulate_gpus)
+
+
+def gpus_to_share(*, replay: bool, simulate_gpus: int | None = None) -> int:
+    """How many GPUs the Ray this process has up offers studies at once, each study its own:
+    its GPUs; with ``simulate_gpus``, its simulated ones; a ``replay`` without them stands for
+    one GPU."""
+    from workers.ray_session import cluster_gpus
+    from workers.simulate import RESOURCE
+
+    if simulate_gpus is not None:
+        return cluster_gpus(RESOURCE)
+    return 1 if replay else cluster_gpus()
 
 
 def quiet_optuna() -> Any:

@@ -129,6 +129,8 @@ class WorkerPool:
         backend, replay_gpus, ship_folder = o.backend, o.replay_gpus, o.ship_folder
         if simulate_gpus is not None and (replay is None or simulate_gpus < 1):
             raise WorkerError("simulated GPUs need a replay landscape and a count of 1 or more")
+        if o.gpus is not None and o.gpus < 1:
+            raise WorkerError(f"a pool measures on 1 GPU or more, not {o.gpus}")
         self._simulate = simulate_gpus
         self._mail = Mailbox((), None)  # node agents or simulated GPUs: posted a host at a time (set at start)
         self._posted: dict[int, _Slot] = {}  # id(slot.post_to) -> its slot
@@ -196,7 +198,7 @@ class WorkerPool:
                     f"not {name} {self.problem.key}")
             self.recorded = tuple(params for params, _ in landscape.entries)
             if self._simulate:
-                self._start_simulated(str(replay), self._simulate)
+                self._start_simulated(str(replay), min(self._simulate, self.options.gpus or self._simulate))
                 return
             cls, options = worker_cls or ReplayBench, {"num_gpus": 0}
             if self._replay_gpus and not hasattr(cls, "simulate"):
@@ -216,6 +218,7 @@ class WorkerPool:
             count = int(gpus // options["num_gpus"])
         else:
             count = len(self._replay_gpus) or int(getattr(cls, "num_workers", 1))
+        count = min(count, self.options.gpus or count)
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")

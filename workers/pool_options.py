@@ -33,7 +33,10 @@ class PoolOptions:
     factor (``ReplayBench.simulate``). ``simulate_gpus``: with ``replay``, that many simulated
     GPUs that each take a trial's GPU time (:mod:`workers.simulate`), on Ray's custom resource
     ``sim_gpu`` (the pool's own Ray gets it; a Ray started elsewhere must have it); they are one
-    GPU model, the landscape's (no calibration, no ratios between them). A bench class
+    GPU model, the landscape's (no calibration, no ratios between them). ``gpus``: the pool
+    measures on at most that many of them (None: every GPU of the cluster, or every simulated
+    one); Ray holds each for the pool's actors alone, so pools given shares that add up to no
+    more than the cluster's GPUs never time on one GPU at once. A bench class
     (``worker_cls``) takes packed requests: it derives from :class:`workers.request.TakesRequests`.
     """
 
@@ -53,6 +56,7 @@ class PoolOptions:
     calibrate_seconds: float | None = None
     replay_gpus: Sequence[float] | None = None
     simulate_gpus: int | None = None
+    gpus: int | None = None  # the most GPUs this pool measures on (None: all)
 
     @classmethod
     def of(cls, options: PoolOptions | None, keywords: dict[str, Any]) -> PoolOptions:

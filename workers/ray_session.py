@@ -201,6 +201,12 @@ def ray_running() -> bool:
     return ray.is_initialized()
 
 
+def cluster_gpus(resource: str = "GPU") -> int:
+    """How many whole GPUs the Ray this process has up offers its actors (``resource``: the
+    custom resource of simulated GPUs, ``workers.simulate.RESOURCE``, counts those instead)."""
+    return int(ray.cluster_resources().get(resource, 0))
+
+
 def start_actor(cls: type, *args: Any) -> Any:
     """A CPU actor of ``cls`` (no CPU reserved, never restarted); it starts in the background."""
     return ray.remote(num_cpus=0, max_restarts=0)(cls).remote(*args)

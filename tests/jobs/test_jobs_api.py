@@ -169,6 +169,30 @@ def test_the_queue_runs_by_priority_and_in_turn_among_equals(url):
         assert repo.job(later).started_at - repo.job(later).submitted_at < timedelta(minutes=1)
 
 
+def test_jobs_are_taken_several_at_once_of_the_highest_priority_open(url):
+    from storage import JobSpec, open_repository
+    from tuner.jobs.scheduler import split
+
+    problem = ([2, 8, 1024, 64], "fp16", {"causal": True})
+    live = lambda runner, heartbeat: False  # noqa: E731 - every other runner is alive
+    with open_repository(url) as repo:
+        first, second, third = (repo.submit_job(JobSpec("attention", [problem], trials=6)) for _ in range(3))
+        assert [j.id for j in repo.take_jobs("here:1", live, most=2)] == [first, second]
+        # those running here are not taken again
+        assert [j.id for j in repo.take_jobs("here:1", live, most=2, running=[first, second])] == [third]
+        repo.release_job(third, "here:1")
+        repo.release_job(first, "here:1")
+        assert [j.id for j in repo.take_jobs("here:1", live, most=2, running=[second])] == [third, first]
+        high = repo.submit_job(JobSpec("attention", [problem], trials=6, priority=5))
+        for job in (first, second, third):
+            repo.release_job(job, "here:1")
+        taken = repo.take_jobs("here:1", live, most=4)
+        assert [j.id for j in taken] == [high] and taken[0].state == "running"
+        # while the higher priority runs here, the lower ones wait, though GPUs are free
+        assert repo.take_jobs("here:1", live, most=3, running=[high]) == []
+    assert split(2, 1) == [2] and split(2, 2) == [1, 1] and split(3, 2) == [2, 1] and split(4, 3) == [2, 1, 1]
+
+
 def test_a_jobs_progress_comes_as_server_sent_events_until_it_is_over(served):
     client, made, _ = served
     job = client.post("/jobs", json=JOB, headers=_auth(made["write"])).json()

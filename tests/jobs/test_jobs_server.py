@@ -1,13 +1,15 @@
 """`tuner serve --run-jobs` itself, on each backend: a real server with its scheduler, real Ray
-and replay workers standing in for GPUs; clients submit with the commands. Jobs of different
-priorities all finish, the higher first (equal priorities taking turns: test_jobs_api); a job cancelled mid-way keeps every trial stored; a scheduler killed with kill -9
-and started again goes on where the database left it, measuring no config twice (soak: two
-servers, and Ray in each)."""
+and replay workers standing in for two GPUs (simulated); clients submit with the commands. Jobs
+of different priorities all finish, the higher first, taking the GPUs while it is open; jobs of
+equal priority run at once on a GPU each; a job alone gets both; a job cancelled mid-way keeps
+every trial stored; a scheduler killed with kill -9 and started again goes on where the database
+left it, measuring no config twice (soak: two servers, and Ray in each)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,14 +35,14 @@ def _free_port() -> int:
 
 
 class Server:
-    """`tuner serve --run-jobs` on a free loopback port, replaying the landscapes."""
+    """`tuner serve --run-jobs` on a free loopback port, replaying the landscapes on 2 simulated GPUs."""
 
     def __init__(self, url: str, cwd: Path, slice_trials: int = 3) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         command = [sys.executable, "-m", "tuner", "serve", "--db", url, "--port", str(self.port), "--run-jobs",
-                   "--slice-trials", str(slice_trials), "--replay", *map(str, LANDSCAPES)]
+                   "--slice-trials", str(slice_trials), "--simulate-gpus", "2", "--replay", *map(str, LANDSCAPES)]
         self.log = open(cwd / f"serve-{self.port}.log", "w+")
         self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 90
@@ -111,21 +113,43 @@ def _trials(server: Server, study: str) -> dict[int, str]:
     return {t["number"]: json.dumps(t["params"], sort_keys=True) for t in shown["trials"]}
 
 
-def test_jobs_finish_the_higher_priority_first_and_a_cancel_keeps_every_trial(server, tokens, capsys):
+def _slices(log: str) -> list[tuple[int, int]]:
+    """(job id, its GPUs) of each slice the server's log says it started, in order."""
+    return [(int(job), int(gpus)) for job, gpus in re.findall(r"job (\d+): .* trials on (\d+) of 2 GPUs", log)]
+
+
+def _times(server: Server, study: str) -> list[str]:
+    shown = server.get("/studies/" + urllib.request.quote(study, safe=""))
+    return sorted(t["created_at"] for t in shown["trials"])
+
+
+def test_jobs_share_the_gpus_by_priority_and_a_cancel_keeps_every_trial(server, tokens, capsys):
     write = tokens["write"]
     low = _submit(capsys, server.base, write, "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
                   "--trials", "6")
+    equal = _submit(capsys, server.base, write, "--shape", "1,16,2048,64", "--dtype", "fp16", "--causal",
+                    "--trials", "6")
     high = _submit(capsys, server.base, write, "--shape", "4,8,512,64", "--dtype", "fp16", "--causal",
                    "--trials", "3", "--priority", "5")
-    ids = [low["id"], high["id"]]
+    ids = [low["id"], equal["id"], high["id"]]
     done = _wait(lambda: (jobs := {j["id"]: j for j in server.get("/jobs")}) and
                  all(jobs[i]["state"] not in ("queued", "running") for i in ids) and jobs)
-    low, high = (done[i] for i in ids)
-    assert [j["state"] for j in (low, high)] == ["done"] * 2, server.errors()
-    assert high["finished_at"] < low["finished_at"]
-    for job in (low, high):
+    low, equal, high = (done[i] for i in ids)
+    assert [j["state"] for j in (low, equal, high)] == ["done"] * 3, server.errors()
+    assert high["finished_at"] < min(low["finished_at"], equal["finished_at"])
+    for job in (low, equal, high):
         assert job["measured"] == job["budget"] and job["eta_s"] == 0.0 and job["best_median_ms"] > 0
         assert len(_trials(server, job["problems"][0]["study"])) == job["trials"]
+    log = server.errors()
+    slices = _slices(log)
+    # once the higher priority has a GPU, no slice of a lower one starts until it is done
+    held = log[log.index(f"job {high['id']}: "):log.index(f"job {high['id']} done")]
+    assert {job for job, _ in _slices(held)} == {high["id"]}
+    # the two of equal priority ran at once, a GPU each: each stored trials while the other ran
+    assert (low["id"], 1) in slices and (equal["id"], 1) in slices
+    spans = [_times(server, job["problems"][0]["study"]) for job in (low, equal)]
+    for mine, other in (spans, spans[::-1]):
+        assert any(other[0] < t < other[-1] for t in mine), spans
 
     capsys.readouterr()
     assert main(["jobs", "--server", server.base]) == 0
@@ -136,6 +160,7 @@ def test_jobs_finish_the_higher_priority_first_and_a_cancel_keeps_every_trial(se
                   "--trials", "200")
     running = _wait(lambda: (job := server.get(f"/jobs/{big['id']}"))["measured"] >= 3 and job)
     assert running["state"] == "running" and 0 < running["eta_s"]
+    assert (big["id"], 2) in _slices(server.errors())  # alone: both GPUs
     study = running["problems"][0]["study"]
     before = _trials(server, study)
     assert main(["cancel", str(big["id"]), "--server", server.base, "--token", tokens["read"]]) == 2

@@ -318,7 +318,8 @@ def _run_jobs(running: ExitStack, url: str, reader: Reader, options: Any) -> Non
     scheduler = Scheduler(url, options)
     first = next(iter(options.replay), None)
     running.enter_context(api.quiet_optuna())
-    running.enter_context(api.ray_for(options.pool.ray_address, first, family=lookup.family(reader.families[0])))
+    running.enter_context(api.ray_for(options.pool.ray_address, first, family=lookup.family(reader.families[0]),
+                                      simulate_gpus=options.pool.simulate_gpus))
     stop = threading.Event()
     thread = threading.Thread(target=scheduler.run, args=(stop,), name="jobs", daemon=True)
     thread.start()

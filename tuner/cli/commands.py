@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--slice-trials", type=_positive_int, default=8, metavar="N",
                        help="with --run-jobs: trials of one problem a turn, before the next job's (default 8)")
     serve.add_argument("--ray-address", metavar="ADDR", help="with --run-jobs: join this Ray cluster")
+    serve.add_argument("--simulate-gpus", type=_positive_int, metavar="N",
+                       help="with --run-jobs --replay: N simulated GPUs, shared among the jobs as GPUs are")
     serve.add_argument("--measure-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                        help="with --run-jobs: a measurement running longer is killed (default 60)")
 
@@ -655,8 +657,10 @@ def _serve(args: argparse.Namespace) -> int:
 
         jobs = SchedulerOptions(replay=tuple(args.replay or ()), slice_trials=args.slice_trials,
                                 pool=_pool_options(args, replay=None))
-    elif args.replay or args.ray_address:
-        raise UsageError("--replay and --ray-address are options of --run-jobs")
+        if args.simulate_gpus and not args.replay:
+            raise UsageError("--simulate-gpus needs --replay")
+    elif args.replay or args.ray_address or args.simulate_gpus:
+        raise UsageError("--replay, --simulate-gpus and --ray-address are options of --run-jobs")
     serve(args.db, host=args.host, port=args.port, jobs=jobs)
     return 0
 

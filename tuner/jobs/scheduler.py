@@ -1,25 +1,32 @@
 """The scheduler: runs queued jobs, a slice of trials at a time, through the studies of
-:func:`tuner.tune`.
+:func:`tuner.tune`, several at once on the GPUs it shares among them.
 
     scheduler = Scheduler("sqlite:///tuner.db", SchedulerOptions(replay=("landscapes/",)))
     with api.ray_for(None, "landscapes/", family=fam):   # Ray up, in the main thread
         scheduler.run(stop)                               # until ``stop`` (an Event) is set
 
-Each turn it takes the job whose turn it is (``storage.jobs``: the highest priority, and among
-equal priorities the one served longest ago), tunes its first unfinished problem to at most
-``slice_trials`` more trials of that problem's study (``tuner.api.tune_here``, one coordinator
-on the study, under its leases), and gives the job back. A problem is done at its budget, or
-when its study can measure nothing more (every valid config measured); the job, when all its
-problems are. Nothing of a job's progress lives here: a study resumes by name and its stored
-trials are never measured again, so a scheduler killed and started again goes on where the
-database left it. A job cancelled meanwhile is not taken again; the slice running asks no
-more trials once its hold's renewal sees the cancel (within RENEW_S), and its trials in flight
-finish and are stored.
+The GPUs are those of Ray (``api.gpus_to_share``: with replay workers, the simulated ones; a
+replay without them stands for one). Whenever some are free, the scheduler takes the jobs whose
+turn it is (``storage.jobs``: the highest priority open, and among equal priorities those served
+longest ago), at most one a free GPU, and splits the free GPUs among them (:func:`split`): a job
+alone gets every GPU, two jobs of equal priority on two GPUs get one each and run at once, and
+a lower priority waits while a higher one is open. Each taken job runs one slice in a thread of
+its own: its first unfinished problem tuned to at most ``slice_trials`` more trials of that
+problem's study (``tuner.api.tune_here``: its own coordinator on the study, under its leases),
+on a pool of its share of the GPUs (``PoolOptions.gpus``: Ray holds each GPU for one pool's
+actors, so two studies never time on one GPU at once); then the job is given back and its GPUs
+are free again. A problem is done at its budget, or when its study can measure nothing more
+(every valid config measured); the job, when all its problems are. Nothing of a job's progress
+lives here: a study resumes by name and its stored trials are never measured again, so a
+scheduler killed and started again goes on where the database left it. A job cancelled
+meanwhile is not taken again; its slice running asks no more trials once its hold's renewal
+sees the cancel (within RENEW_S), and its trials in flight finish and are stored.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -43,9 +50,10 @@ RENEW_S = 2.0  # a job held is renewed (and a cancel seen) this often (storage.L
 
 @dataclass(frozen=True)
 class SchedulerOptions:
-    """Where jobs are measured (``pool``: Ray's address, timeouts; ``replay``: landscapes, files
-    or folders of them, answered instead of GPUs), how many trials a turn (``slice_trials``), and
-    how long an idle scheduler waits before looking again (``poll_s``)."""
+    """Where jobs are measured (``pool``: Ray's address, timeouts, and with ``replay`` the
+    simulated GPUs the jobs share, ``simulate_gpus``; ``replay``: landscapes, files or folders of
+    them, answered instead of GPUs), how many trials a turn (``slice_trials``), and how long an
+    idle scheduler waits before looking again (``poll_s``)."""
 
     replay: Sequence[str | Path] = ()
     slice_trials: int = DEFAULT_SLICE
@@ -64,41 +72,70 @@ class Scheduler:
         self.runner = search.owner_id()
 
     def run(self, stop: threading.Event) -> None:
-        """Run turns until ``stop`` is set (the turn running then finishes first)."""
+        """Run slices until ``stop`` is set (the slices running then finish first)."""
+        gpus = max(1, api.gpus_to_share(replay=bool(self.options.replay),
+                                        simulate_gpus=self.options.pool.simulate_gpus))
+        ended: queue.Queue[int] = queue.Queue()  # a job id, as its slice ends
+        running: dict[int, tuple[threading.Thread, int]] = {}  # job id -> (its slice, its GPUs)
         with database.repository(self.url) as repo:
-            while not stop.is_set():
-                try:
-                    worked = self.turn(repo)
-                except TunerError as error:  # the database away a while: the next turn tries again
-                    logger.warning("jobs: %s", error)
-                    worked = False
-                except Exception:
-                    logger.exception("jobs: a turn failed")
-                    worked = False
-                if not worked:
-                    stop.wait(self.options.poll_s)
+            try:
+                while not stop.is_set():
+                    free = gpus - sum(share for _, share in running.values())
+                    started = self._start(repo, free, gpus, running, ended) if free > 0 else False
+                    try:
+                        done = [ended.get(timeout=0 if started else self.options.poll_s)]
+                    except queue.Empty:
+                        continue
+                    while not ended.empty():
+                        done.append(ended.get())
+                    for job_id in done:
+                        running.pop(job_id)[0].join()
+            finally:
+                for thread, _ in running.values():
+                    thread.join()
 
-    def turn(self, repo: Any) -> bool:
-        """One slice of the job whose turn it is; False where no job is waiting."""
-        job = database.call(lambda: repo.take_job(self.runner, _gone))
-        if job is None:
+    def _start(self, repo: Any, free: int, gpus: int, running: dict[int, tuple[threading.Thread, int]],
+               ended: queue.Queue[int]) -> bool:
+        """Take the jobs whose turn it is for ``free`` GPUs, and start a slice of each on its share
+        (of ``gpus`` in all); False where none is waiting."""
+        try:
+            taken = database.call(lambda: repo.take_jobs(self.runner, _gone, most=free, running=list(running)))
+        except TunerError as error:  # the database away a while: the next look tries again
+            logger.warning("jobs: %s", error)
             return False
+        except Exception:
+            logger.exception("jobs: cannot take jobs")
+            return False
+        for job, share in zip(taken, split(free, len(taken))):
+            thread = threading.Thread(target=self._turn, args=(repo, job, GpuShare(share, gpus), ended),
+                                      name=f"job-{job.id}", daemon=True)
+            running[job.id] = (thread, share)
+            thread.start()
+        return bool(taken)
+
+    def _turn(self, repo: Any, job: Any, share: GpuShare, ended: queue.Queue[int]) -> None:
+        """One slice of ``job`` on ``share``, then the job given back (and said over, if it is)."""
         state: str | None = None
         reason: str | None = None
         try:
             with _renewing(repo, job.id, self.runner) as cancelled:
-                self._slice(repo, job, cancelled)
+                self._slice(repo, job, share, cancelled)
             state, reason = _concluded(database.call(lambda: repo.job(job.id)))
         except TunerError as error:  # no GPU, the workers could not start: said on the job
             state, reason = "failed", first_line(error)
             logger.warning("job %d failed: %s", job.id, reason)
+        except Exception:
+            logger.exception("jobs: a slice of job %d failed", job.id)
         finally:
-            database.call(lambda: repo.release_job(job.id, self.runner, state=state, reason=reason))
+            try:
+                database.call(lambda: repo.release_job(job.id, self.runner, state=state, reason=reason))
+            except TunerError as error:  # still held by this runner: taken again at the next look
+                logger.warning("jobs: %s", error)
+            ended.put(job.id)
         if state is not None:
             logger.info("job %d %s: %s", job.id, state, reason)
-        return True
 
-    def _slice(self, repo: Any, job: Any, cancelled: threading.Event) -> None:
+    def _slice(self, repo: Any, job: Any, share: GpuShare, cancelled: threading.Event) -> None:
         entry = next((p for p in job.problems if p.state == "waiting"), None)
         if entry is None:
             return
@@ -113,8 +150,10 @@ class Scheduler:
         options = StudyOptions(trials=target, sampler=job.settings.get("sampler") or "tpe",
                                seed=job.settings.get("seed"), retime=DEFAULT_TOP if target >= job.trials else 0,
                                skip_at_budget=True, replay=landscape)
-        logger.info("job %d: %s %s to %d trials", job.id, fam.name, problem.key, target)
-        result = api.tune_here(fam, problem, self.url, options, replace(self.options.pool, replay=landscape),
+        logger.info("job %d: %s %s to %d trials on %d of %d GPUs", job.id, fam.name, problem.key, target,
+                    share.gpus, share.of)
+        where = replace(self.options.pool, replay=landscape, gpus=share.gpus)
+        result = api.tune_here(fam, problem, self.url, options, where,
                                stop_when=lambda: "its job was cancelled" if cancelled.is_set() else None)
         stored = result.previous + result.measured + result.shared
         database.call(lambda: repo.set_job_problem(job.id, entry.position, study=result.study))
@@ -131,6 +170,20 @@ class Scheduler:
             except UsageError:
                 continue
         raise UsageError(f"no landscape given records {fam.name} {problem.key}")
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """The GPUs a slice measures on: ``gpus`` of the ``of`` the scheduler shares."""
+
+    gpus: int
+    of: int
+
+
+def split(free: int, jobs: int) -> list[int]:
+    """``free`` GPUs split among ``jobs`` (at most ``free``) as evenly as they go, the jobs first
+    in turn order taking what does not divide: ``split(2, 1) == [2]``, ``split(3, 2) == [2, 1]``."""
+    return [free // jobs + (1 if i < free % jobs else 0) for i in range(jobs)] if jobs else []
 
 
 def _concluded(job: Any) -> tuple[str | None, str | None]:
