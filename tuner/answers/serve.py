@@ -283,7 +283,7 @@ def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, jo
     """Open ``db`` read-only (refused in one line: missing, not a tuner database, another
     version's schema) and serve it until interrupted; its job queue is written through a
     connection of its own. ``jobs`` (a ``tuner.jobs.scheduler.SchedulerOptions``): also run
-    the queued jobs, in this process (None: not). Off loopback, refused where no token exists."""
+    the queued jobs, in a process of its own (``tuner.jobs.process``; None: not). Off loopback, refused where no token exists."""
     import uvicorn
 
     from tuner.answers.reader import open_reader
@@ -310,21 +310,15 @@ def serve(db: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, jo
 
 
 def _run_jobs(running: ExitStack, url: str, reader: Reader, options: Any) -> None:
-    """Ray up in this thread, and the scheduler in another until ``running`` closes (after the
-    server stops: the slice running then finishes first)."""
-    from tuner import api, lookup
+    """The scheduler, with Ray, in a process of its own until ``running`` closes (after the
+    server stops: the slices running then finish first)."""
+    from tuner.jobs.process import SchedulerProcess
     from tuner.jobs.scheduler import Scheduler
 
-    scheduler = Scheduler(url, options)
-    first = next(iter(options.replay), None)
-    running.enter_context(api.quiet_optuna())
-    running.enter_context(api.ray_for(options.pool.ray_address, first, family=lookup.family(reader.families[0]),
-                                      simulate_gpus=options.pool.simulate_gpus))
-    stop = threading.Event()
-    thread = threading.Thread(target=scheduler.run, args=(stop,), name="jobs", daemon=True)
-    thread.start()
-    running.callback(thread.join)
-    running.callback(stop.set)
+    Scheduler(url, options)  # its options checked here: a bad one is the server's one line
+    jobs = SchedulerProcess(url, options, reader.families[0])
+    jobs.start()
+    running.callback(jobs.close)
 
 
 def is_loopback(host: str) -> bool:
