@@ -258,6 +258,7 @@ def _run_study(
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
     meter = loop.meter or Meter()
+
     def start_copy() -> dashboard.DashboardCopy | None:
         return dashboard.start(url, record, repo)
 
@@ -274,8 +275,10 @@ def _run_study(
         outcome = database.call(coordinator.run)
     finally:
         meter.stop()
-        if copy is not None:
-            loop.copies.defer(copy) if loop.copies else copy.close()
+        if copy is not None and loop.copies is not None:
+            loop.copies.defer(copy)  # written while the next study of the list sets up
+        elif copy is not None:
+            copy.close()
     summary = database.call(lambda: repo.study(name))
     measured = database.call(lambda: repo.measured(record.id))
     return name, outcome, warmstart.outcomes(picks, measured, summary.best_median_ms)
