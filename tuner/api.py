@@ -36,6 +36,7 @@ from tuner.study import dashboard, search, warmstart
 from tuner.study.loop import Coordinator, LoopOutcome, Pool, StudyPlan
 from tuner.study.meter import Meter
 from tuner.study.options import DEFAULT_LOOP, LoopOptions, StudyOptions, split_keywords
+from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
 
 logger = logging.getLogger("tuner")
@@ -135,11 +136,14 @@ def tune(
 
 
 def tune_here(fam: KernelFamily, problem: Problem, url: str, options: StudyOptions,
-              where: PoolOptions, stop_when: Callable[[], str | None] | None = None) -> TuneResult:
+              where: PoolOptions, stop_when: Callable[[], str | None] | None = None,
+              shared: SharedRun | None = None) -> TuneResult:
     """:func:`tune` once Ray is up (its arguments checked), on a pool made as ``where`` says;
-    ``stop_when``: asked before each new trial, a reason to stop there (``LoopOptions``)."""
+    ``stop_when``: asked before each new trial, a reason to stop there (``LoopOptions``);
+    ``shared``: what the studies of a list share (its pool, the copy of the study before)."""
     simulated = where.simulate_gpus is not None
-    with _open_pool(fam, problem, where) as pool, database.repository(url) as repo:
+    pools = shared.pool(fam, problem, where, _open_pool) if shared is not None else _open_pool(fam, problem, where)
+    with pools as pool, database.repository(url) as repo:
         space = _space(fam, pool)
         if options.trials is None and options.time_budget is None:
             options = replace(options, trials=space.size if options.sampler == "grid" else DEFAULT_TRIALS)
@@ -162,7 +166,7 @@ def tune_here(fam: KernelFamily, problem: Problem, url: str, options: StudyOptio
             )
         meter = Meter()
         name, outcome, warm = _run_study(fam, problem, pool, repo, url, space=space, options=options,
-                                         loop=LoopOptions(meter=meter, stop_when=stop_when))
+                                         loop=LoopOptions(meter=meter, stop_when=stop_when, copies=shared))
         throughput = meter.report(
             measured=outcome.measured, gpus=pool.num_gpus if simulated else 0,
             intervals=pool.busy_intervals() if simulated else (),
@@ -254,7 +258,11 @@ def _run_study(
         logger.info("warm start from %s: %s", pick.source, pick.params)
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
     meter = loop.meter or Meter()
-    copy = database.call(lambda: dashboard.start(url, record, repo))
+
+    def start_copy() -> dashboard.DashboardCopy | None:
+        return dashboard.start(url, record, repo)
+
+    copy = database.call(lambda: loop.copies.start_copy(start_copy) if loop.copies else start_copy())
     coordinator = Coordinator(
         StudyPlan(fam, problem, record, space, first=first, valid=listed),
         pool=pool, repository=meter.repository(repo),
@@ -267,7 +275,9 @@ def _run_study(
         outcome = database.call(coordinator.run)
     finally:
         meter.stop()
-        if copy is not None:
+        if copy is not None and loop.copies is not None:
+            loop.copies.defer(copy)  # written while the next study of the list sets up
+        elif copy is not None:
             copy.close()
     summary = database.call(lambda: repo.study(name))
     measured = database.call(lambda: repo.measured(record.id))

@@ -188,15 +188,9 @@ class WorkerPool:
     # -- actors -------------------------------------------------------------------------------
     def _start_actors(self, worker_cls: type | None, replay: str | Path | None) -> None:
         if replay is not None:
-            from workers.replay import ReplayBench, load_landscape
+            from workers.replay import ReplayBench
 
-            landscape = load_landscape(replay, self.family)
-            name = self._family_name()
-            if landscape.family not in (self.family, name) or landscape.problem != self.problem:
-                raise WorkerError(
-                    f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
-                    f"not {name} {self.problem.key}")
-            self.recorded = tuple(params for params, _ in landscape.entries)
+            self.recorded = self._recorded(replay, self.problem)
             if self._simulate:
                 self._start_simulated(str(replay), min(self._simulate, self.options.gpus or self._simulate))
                 return
@@ -219,6 +213,7 @@ class WorkerPool:
         else:
             count = len(self._replay_gpus) or int(getattr(cls, "num_workers", 1))
         count = min(count, self.options.gpus or count)
+        self._worker_cls = cls
         self._actor_cls = ray.remote(cls).options(**options)
         self._actor_args = args
         self._prepares = hasattr(cls, "prepare")
@@ -248,6 +243,19 @@ class WorkerPool:
         if len(self._slots) > 1:
             every, seconds = self._calibrate
             self._schedule = CalibrationSchedule(len(self._slots), every=every, seconds=seconds)
+
+    def _recorded(self, replay: str | Path, problem: Problem) -> tuple[Mapping[str, Any], ...]:
+        """The configs the landscape ``replay`` records, or WorkerError where it records
+        another family or problem."""
+        from workers.replay import load_landscape
+
+        landscape = load_landscape(replay, self.family)
+        name = self._family_name()
+        if landscape.family not in (self.family, name) or landscape.problem != problem:
+            raise WorkerError(
+                f"landscape {replay} records {landscape.family} {landscape.problem.key}, "
+                f"not {name} {problem.key}")
+        return tuple(params for params, _ in landscape.entries)
 
     def _start_agents(self) -> None:
         """One :class:`workers.agent.NodeAgent` on each node of the GPU actors, each slot posted
@@ -395,6 +403,48 @@ class WorkerPool:
         self._owners[slot.ready_ref] = slot
 
     # -- public surface -----------------------------------------------------------------------
+    def retarget(self, problem: Problem, replay: str | Path | None = None) -> bool:
+        """Serve another problem of the family (``replay``: its landscape) with the same actors
+        and node agents, as a new pool would: the tickets, results, busy seconds, replacements
+        and calibrations start over, and each GPU actor prepares the problem's inputs. False,
+        changing nothing, where the pool cannot: closed, work in flight, simulated GPUs or
+        replays standing for several GPUs, a replay pool given no landscape (or a GPU pool one),
+        a worker that cannot load another landscape. A landscape of another problem raises
+        WorkerError, the pool unchanged."""
+        busy = self.pending() or self._compiling or self._compile_queue or self._measure_queue or any(
+            slot.sent for slot in self._slots)
+        if (self._closed or busy or self._simulate or self._replay_gpus or (replay is not None) != self._replay
+                or (replay is not None and not hasattr(self._worker_cls, "load"))):
+            return False
+        if replay is not None:
+            recorded = self._recorded(replay, problem)
+            try:
+                infos = ray.get([slot.actor.load.remote(str(replay), self._shipment.ref) for slot in self._slots],
+                                timeout=_START_TIMEOUT_S)
+            except RayError as exc:
+                raise WorkerError(f"a worker failed to load {replay}: {summary_line(exc)}") from None
+            self.recorded, self._actor_args = recorded, (str(replay), self._shipment.ref)
+            self.device = infos[0] if infos else self.device
+        self.problem = problem
+        self._start_over()
+        for slot in self._slots:
+            self._prepare(slot)
+        return True
+
+    def _start_over(self) -> None:
+        """What one problem's study left in the pool, dropped (:meth:`retarget`)."""
+        self._hashes, self._results, self._replaced = _Hashes(), [], []
+        self._known, self._returned = set(), 0
+        self.gpu_busy_seconds = self.kernel_busy_seconds = self.flush_busy_seconds = 0.0
+        self._abort_above_ms = None
+        self._calibrations = []
+        self._depth = ActorDepth()
+        for slot in self._slots:
+            slot.calibrated = 0
+        if len(self._slots) > 1:
+            every, seconds = self._calibrate
+            self._schedule = CalibrationSchedule(len(self._slots), every=every, seconds=seconds)
+
     @property
     def limits(self) -> DeviceLimits:
         return self.device.limits

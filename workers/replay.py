@@ -190,14 +190,19 @@ class ReplayBench(TakesRequests):
 
     def __init__(self, landscape: Landscape | str | Path, family: Any = None) -> None:
         """``family``: the pool's reference to it (None: the family the landscape names)."""
+        self._gpu: dict[str, Any] = {}  # set by simulate(): the GPU this replay stands for
+        self._slowdown = 1.0
+        self.load(landscape, family)
+
+    def load(self, landscape: Landscape | str | Path, family: Any = None) -> DeviceInfo:
+        """Answer from ``landscape`` from now on (a pool's next problem); its device."""
         if not isinstance(landscape, Landscape):
             landscape = load_landscape(landscape, family)
         self._landscape = landscape
         self._lookup = self._landscape.lookup()
         # asked as the entries were loaded
         self._complete = _completion(self._landscape.family if family is None else family)
-        self._gpu: dict[str, Any] = {}  # set by simulate(): the GPU this replay stands for
-        self._slowdown = 1.0
+        return landscape.device
 
     def simulate(self, index: int, slowdown: float = 1.0) -> dict[str, Any]:
         """Answer as GPU ``index`` of a machine whose times are the recorded ones times

@@ -96,8 +96,9 @@ class GemmFamily(KernelFamily):
         return _space.check(params, problem, device)
 
     def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
-        """What ``check`` accepts, checked among ``space.candidates``."""
-        return [c for c in _space.candidates() if _space.check(c, problem, device) is None]
+        """What ``check`` accepts, checked among ``space.candidates`` (those that fit the
+        device, listed once: ``space.device_candidates``)."""
+        return [dict(c) for c in _space.device_candidates(device) if _space.check(c, problem, device) is None]
 
     def render(self, params: Params, problem: Problem) -> str:
         self.validate_params(params)

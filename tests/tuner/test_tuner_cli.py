@@ -60,12 +60,13 @@ def _run(argv: list[str]) -> int:
 LONG = ",".join(["1"] * 5000)
 
 
+ATTENTION_SHAPES = "expected four positive integers B,H,S,D (or five: B,H,S,D,HKV with HKV key/value heads)"
+
+
 @pytest.mark.parametrize("family, shape, line", [
-    ("attention", "-2,8,1024,64", "malformed shape '-2,8,1024,64': expected four positive integers B,H,S,D"
-     " (or five: B,H,S,D,HKV with HKV key/value heads)"),
+    ("attention", "-2,8,1024,64", f"malformed shape '-2,8,1024,64': {ATTENTION_SHAPES}"),
     ("gemm", "-64,64,64", "malformed shape '-64,64,64': expected three positive integers M,N,K"),
-    ("attention", LONG, f"malformed shape '{LONG[:55]}...': expected four positive integers B,H,S,D"
-     " (or five: B,H,S,D,HKV with HKV key/value heads)"),
+    ("attention", LONG, f"malformed shape '{LONG[:55]}...': {ATTENTION_SHAPES}"),
     ("gemm", "x" + LONG, f"malformed shape 'x{LONG[:54]}...': expected M,N,K such as 4096,4096,4096"),
 ])
 @pytest.mark.parametrize("command", ["best", "tune", "bench"])

@@ -14,6 +14,7 @@ module), fed on its stdin; it ends when its stdin does, so with the coordinator,
 
     copy = start(url, study_record, repo)   # opens the copy; adds what earlier runs left out
     copy.put(trial_record)                  # after each stored trial, returns at once
+    copy.finish()                           # optional: no more trials, returns at once
     copy.close()                            # waits for the queue to drain (bounded)
 
 A copy is marked as ours (:data:`tuner.study.optuna_export.COPY_MARK`); an Optuna study of the same
@@ -98,6 +99,7 @@ class DashboardCopy:
             for fd in passed:
                 os.close(fd)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._finished = False
         self._queue.put((url, study, list(missing)))
         self._feeder = threading.Thread(target=self._feed, name="optuna-copy-feeder", daemon=True)
         self._feeder.start()
@@ -106,11 +108,18 @@ class DashboardCopy:
         """Add a stored trial (``storage.TrialRecord``) to the copy, soon; never waits."""
         self._queue.put(trial)
 
+    def finish(self) -> None:
+        """No more trials: the copy writes those put so far (paced) and ends, without waiting
+        for it; :meth:`close` waits."""
+        if not self._finished:
+            self._finished = True
+            self._queue.put(None)
+
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Wait (up to ``timeout`` s) for the trials put so far to be written, without pauses:
         the study no longer writes."""
         self._end_pacing()
-        self._queue.put(None)
+        self.finish()
         self._feeder.join(timeout)
         try:
             self._process.wait(timeout)

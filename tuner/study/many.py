@@ -15,7 +15,8 @@ Each problem gets the whole budget (``trials`` measured trials of its study, or 
 seconds) and is tuned in the file's order, so that each warm-starts from the winners of those
 tuned before it (:mod:`tuner.study.warmstart`). Run again, the same call resumes: a problem whose study
 is at its budget (``trials`` measured; with a time budget, a study that finished) is skipped,
-the one that was interrupted goes on, the rest follow. One Ray serves every problem.
+the one that was interrupted goes on, the rest follow. One Ray serves every problem, and one
+worker pool every problem of a family in a row (:mod:`tuner.study.shared_run`).
 :func:`tune_list` runs such a list of problems of several families (``tuner tune-model``'s).
 """
 
@@ -32,6 +33,7 @@ from tuner import api, database, lookup
 from tuner.errors import UsageError, first_line
 from tuner.study.options import StudyOptions, split_keywords
 from tuner.study.progress import format_params
+from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
 
 logger = logging.getLogger("tuner")
@@ -182,13 +184,14 @@ def tune_list(
     done: list[Tuned] = []
     mixed = len({fam.name for fam, _ in problems}) > 1
     first_replay = next(iter(landscapes.values()), None)
-    with api.quiet_optuna(), api.ray_for(where.ray_address, first_replay, family=problems[0][0]):
+    with api.quiet_optuna(), api.ray_for(where.ray_address, first_replay, family=problems[0][0]), \
+            SharedRun() as shared:
         for number, (fam, problem) in enumerate(problems, start=1):
             head = f"problem {number}/{len(problems)} {fam.name + ' ' if mixed else ''}{problem.key}"
             logger.info("%s", head)
             landscape = landscapes.get(problem)
             result = api.tune_here(fam, problem, url, replace(study, replay=landscape),
-                                   replace(where, replay=landscape))
+                                   replace(where, replay=landscape), shared=shared)
             done.append(Tuned(problem.key, result, fam.name))
             logger.info("%s: %s (%s); best %s", head, result.status, result.reason, _best_text(result))
             if result.status == "interrupted":

@@ -65,6 +65,7 @@ class LoopOptions:
     meter: Any = None
     stored: Callable[[Any], None] | None = None
     stop_when: Callable[[], str | None] | None = None
+    copies: Any = None  # tuner.study.shared_run.SharedRun: starts the optuna-dashboard copy, takes it at the end
 
 
 DEFAULT_LOOP = LoopOptions()

@@ -216,7 +216,7 @@ class _ConstrainedTPESampler(optuna.samplers.TPESampler):
         self._space, self._valid = space, valid
         names = list(space.distributions)
         self._points: list[tuple[Any, ...]] | None = None if points is None else [
-            tuple(space.encode(c)[n] for n in names) for c in points]
+            tuple(encoded[n] for n in names) for encoded in map(space.encode, points)]
         self._given = points is not None
         self._start_rng = random.Random(options.get("seed"))
         self.batch_seed = options.get("seed")  # for tuner.study.batchtpe.BatchProposer
