@@ -404,27 +404,26 @@ class WorkerPool:
 
     # -- public surface -----------------------------------------------------------------------
     def retarget(self, problem: Problem, replay: str | Path | None = None) -> bool:
-        """Serve another problem of the family (``replay``: its landscape) with the same actors
-        and node agents, as a new pool would: the tickets, results, busy seconds, replacements
-        and calibrations start over, and each GPU actor prepares the problem's inputs. False,
+        """Serve another problem of the family (``replay``: its landscape) with the same replay
+        actors and node agents, as a new pool would: the tickets, results, busy seconds,
+        replacements and calibrations start over, and each actor loads the landscape. False,
         changing nothing, where the pool cannot: closed, work in flight, simulated GPUs or
-        replays standing for several GPUs, a replay pool given no landscape (or a GPU pool one),
-        a worker that cannot load another landscape. A landscape of another problem raises
-        WorkerError, the pool unchanged."""
+        replays standing for several GPUs, a worker that cannot load another landscape, and a
+        pool of GPUs (their actors keep a study's anchor and inputs: a new pool serves the next
+        problem). A landscape of another problem raises WorkerError, the pool unchanged."""
         busy = self.pending() or self._compiling or self._compile_queue or self._measure_queue or any(
             slot.sent for slot in self._slots)
-        if (self._closed or busy or self._simulate or self._replay_gpus or (replay is not None) != self._replay
-                or (replay is not None and not hasattr(self._worker_cls, "load"))):
+        if (self._closed or busy or self._simulate or self._replay_gpus or replay is None or not self._replay
+                or not hasattr(self._worker_cls, "load")):
             return False
-        if replay is not None:
-            recorded = self._recorded(replay, problem)
-            try:
-                infos = ray.get([slot.actor.load.remote(str(replay), self._shipment.ref) for slot in self._slots],
-                                timeout=_START_TIMEOUT_S)
-            except RayError as exc:
-                raise WorkerError(f"a worker failed to load {replay}: {summary_line(exc)}") from None
-            self.recorded, self._actor_args = recorded, (str(replay), self._shipment.ref)
-            self.device = infos[0] if infos else self.device
+        recorded = self._recorded(replay, problem)
+        try:
+            infos = ray.get([slot.actor.load.remote(str(replay), self._shipment.ref) for slot in self._slots],
+                            timeout=_START_TIMEOUT_S)
+        except RayError as exc:
+            raise WorkerError(f"a worker failed to load {replay}: {summary_line(exc)}") from None
+        self.recorded, self._actor_args = recorded, (str(replay), self._shipment.ref)
+        self.device = infos[0] if infos else self.device
         self.problem = problem
         self._start_over()
         for slot in self._slots:

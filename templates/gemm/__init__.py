@@ -32,6 +32,7 @@ from templates.family import (
     TemplateError,
     Validation,
 )
+from templates.gemm import candidates as _candidates
 from templates.gemm import problem as _problem
 from templates.gemm import render as _render
 from templates.gemm import space as _space
@@ -97,8 +98,8 @@ class GemmFamily(KernelFamily):
 
     def valid_configs(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """What ``check`` accepts, checked among ``space.candidates`` (those that fit the
-        device, listed once: ``space.device_candidates``)."""
-        return [dict(c) for c in _space.device_candidates(device) if _space.check(c, problem, device) is None]
+        device, listed once: ``candidates.device_candidates``)."""
+        return [dict(c) for c in _candidates.device_candidates(device) if _space.check(c, problem, device) is None]
 
     def render(self, params: Params, problem: Problem) -> str:
         self.validate_params(params)

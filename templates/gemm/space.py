@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any, Iterator, Mapping
 
@@ -353,38 +352,6 @@ def candidates() -> Iterator[dict[str, Any]]:
     for space in (sync, hopper):
         for values in itertools.product(*(space[n] for n in names)):
             yield dict(zip(names, values))
-
-
-@functools.lru_cache(maxsize=8)
-def device_candidates(device: DeviceLimits) -> tuple[dict[str, Any], ...]:
-    """The ``candidates`` that :func:`fits_device` passes: listed once for all the problems
-    tuned on ``device`` (of the 271,200 candidates, a problem's check then reads a fraction)."""
-    return tuple(c for c in candidates() if fits_device(c, device))
-
-
-def fits_device(params: Mapping[str, Any], device: DeviceLimits) -> bool:
-    """False where a rule of :func:`check` that reads neither the problem's shape nor its flags
-    refuses ``params`` (a candidate): then no problem accepts it on ``device``."""
-    if wgmma(params):
-        if device.compute_capability != (9, 0) or mma_tile(params)[0] // consumers(params) not in (64, 128):
-            return False
-        if params["SWAP_AB"] and (params["BLOCK_M"] not in SWAP_BLOCK_M or params["C_STORE"] == "tma"
-                                  or params["CLUSTER_M"] > 1):
-            return False
-        if not params["SWAP_AB"] and params["BLOCK_M"] < SMALLEST_TILE["BLOCK_M"]:
-            return False
-        if params["PRODUCER_REGS"] and params["PRODUCER_REGS"] < MIN_LOOPING_PRODUCER_REGS and (
-                params["PERSISTENT"] or params["CLUSTER_M"] > 1):
-            return False
-        if params["SPLIT_K"] > 1 and accumulators(params) > 64 and not params["PRODUCER_REGS"]:
-            return False
-        return accumulators(params) <= MAX_ACCUMULATORS
-    wm, wn = warp_tile(params)
-    return not (params["STAGES"] > MAX_SYNC_STAGES or params["BLOCK_M"] < SMALLEST_TILE["BLOCK_M"]
-                or params["BLOCK_N"] in NON_POW2_BLOCK_N or params["BLOCK_M"] % warps_m(params)
-                or params["BLOCK_N"] % warps_n(params) or wm % 16 or wn % 16
-                or threads(params) > device.max_threads_per_block
-                or fragment_registers(params) > FRAGMENT_REGISTER_BUDGET)
 
 
 def _first(name: str) -> Any:
