@@ -25,12 +25,18 @@ SQLITE_THEN_SOAK_POSTGRESQL = pytest.mark.parametrize(
     "url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.soak)], indirect=True)
 
 
+# PostgreSQL by default, SQLite in the soak tier (two coordinators on one study)
+POSTGRESQL_THEN_SOAK_SQLITE = pytest.mark.parametrize(
+    "url", [pytest.param("sqlite", marks=pytest.mark.soak), "postgresql"], indirect=True)
+
+
 def _measured(out: str) -> int:
     found = re.search(r"trials\s+(\d+) measured", out)
     assert found, out
     return int(found.group(1))
 
 
+@POSTGRESQL_THEN_SOAK_SQLITE
 def test_two_coordinators_share_one_study_and_stop_together_at_its_trial_count(url, tmp_path):
     """The same command twice at once: each config measured by one of them, once; 150 stored in
     all (not 300), and each says how many the other measured."""
@@ -46,6 +52,7 @@ def test_two_coordinators_share_one_study_and_stop_together_at_its_trial_count(u
     assert all(_measured(out) > 0 for _, out, _ in results)  # both did a share of the work
 
 
+@pytest.mark.soak  # the kill -9 below and the two coordinators above cover its parts by default
 @SQLITE_THEN_SOAK_POSTGRESQL
 def test_a_coordinator_killed_beside_another_leaves_it_the_study(url, tmp_path):
     """Two coordinators on one study, one killed with ``kill -9`` mid-study: the other takes over
@@ -69,6 +76,7 @@ def test_a_coordinator_killed_beside_another_leaves_it_the_study(url, tmp_path):
     assert killed.leftovers() == [] and survivor.leftovers() == []
 
 
+@pytest.mark.soak
 def test_two_studies_on_one_sqlite_file_at_once_lose_nothing(tmp_path):
     db = f"sqlite:///{tmp_path / 'shared.db'}"
     shape, landscape = OTHER
