@@ -30,6 +30,7 @@ from tuner.cli import check, export_dispatch, export_torch, guard, lint
 from tuner.cli import jobs as job_commands
 from tuner.cli import text as report
 from tuner.errors import TunerError, UsageError
+from tuner.logs import log_to_stderr
 from tuner.reports.bench import bench as run_bench
 from tuner.reports.bench import suite_of
 from tuner.reports.bench_search import DEFAULT_SAMPLERS as SEARCH_SAMPLERS
@@ -706,11 +707,5 @@ def _stdout_to_devnull() -> None:
 
 def _setup_logging(verbose: bool) -> None:
     """Our progress on stderr; the workers' and storage's warnings too (everything with -v)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    for name, level in (("tuner", logging.INFO), ("workers", logging.WARNING),
-                        ("storage", logging.WARNING)):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(logging.DEBUG if verbose else level)
-        logger.propagate = False
+    levels = {"tuner": logging.INFO, "workers": logging.WARNING, "storage": logging.WARNING}
+    log_to_stderr({name: logging.DEBUG if verbose else level for name, level in levels.items()})

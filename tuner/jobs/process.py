@@ -19,11 +19,11 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 from typing import Any, Mapping
 
-LOGGERS = ("tuner", "workers", "storage")
+from tuner.logs import LOGGERS, log_to_stderr
+
 PARENT_POLL_S = 1.0  # how often the child looks for its stop, and for its parent
 NICE = 10  # the child's (and so Ray's, which it starts) scheduling priority below the server's
 
@@ -53,7 +53,7 @@ def run(url: str, options: Any, family: str, stop: Any, levels: Mapping[str, int
     """The child: the scheduler until ``stop`` is set or the process ``parent`` is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(NICE)
-    _log_like_the_server(levels)
+    log_to_stderr(levels)  # the server's lines, at its levels
     from tuner import api, lookup
     from tuner.jobs.scheduler import Scheduler
 
@@ -69,14 +69,3 @@ def run(url: str, options: Any, family: str, stop: Any, levels: Mapping[str, int
     with api.quiet_optuna(), api.ray_for(options.pool.ray_address, first, family=lookup.family(family),
                                          simulate_gpus=options.pool.simulate_gpus):
         Scheduler(url, options).run(halt)
-
-
-def _log_like_the_server(levels: Mapping[str, int]) -> None:
-    """The server's log lines on the same stderr (``tuner.cli``'s format), at its levels."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    for name, level in levels.items():
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(level)
-        logger.propagate = False
