@@ -313,9 +313,7 @@ def _run_jobs(running: ExitStack, url: str, reader: Reader, options: Any) -> Non
     """The scheduler, with Ray, in a process of its own until ``running`` closes (after the
     server stops: the slices running then finish first)."""
     from tuner.jobs.process import SchedulerProcess
-    from tuner.jobs.scheduler import Scheduler
 
-    Scheduler(url, options)  # its options checked here: a bad one is the server's one line
     jobs = SchedulerProcess(url, options, reader.families[0])
     jobs.start()
     running.callback(jobs.close)

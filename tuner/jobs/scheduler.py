@@ -60,6 +60,10 @@ class SchedulerOptions:
     poll_s: float = 1.0
     pool: PoolOptions = field(default_factory=PoolOptions)
 
+    def __post_init__(self) -> None:
+        if self.slice_trials < 1:
+            raise UsageError(f"a slice takes 1 trial or more, not {self.slice_trials}")
+
 
 class Scheduler:
     """Runs the jobs queued in the database at ``url``."""
@@ -67,8 +71,6 @@ class Scheduler:
     def __init__(self, url: str, options: SchedulerOptions | None = None) -> None:
         self.url = url
         self.options = options or SchedulerOptions()
-        if self.options.slice_trials < 1:
-            raise UsageError(f"a slice takes 1 trial or more, not {self.options.slice_trials}")
         self.runner = search.owner_id()
 
     def run(self, stop: threading.Event) -> None:
