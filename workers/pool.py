@@ -404,18 +404,30 @@ class WorkerPool:
 
     # -- public surface -----------------------------------------------------------------------
     def retarget(self, problem: Problem, replay: str | Path | None = None) -> bool:
-        """Serve another problem of the family (``replay``: its landscape) with the same replay
-        actors and node agents, as a new pool would: the tickets, results, busy seconds,
-        replacements and calibrations start over, and each actor loads the landscape. False,
-        changing nothing, where the pool cannot: closed, work in flight, simulated GPUs or
-        replays standing for several GPUs, a worker that cannot load another landscape, and a
-        pool of GPUs (their actors keep a study's anchor and inputs: a new pool serves the next
-        problem). A landscape of another problem raises WorkerError, the pool unchanged."""
+        """Serve another problem of the family with the same actors and node agents, as a new
+        pool would: the tickets, results, busy seconds, replacements, calibrations and the
+        anchor start over, and each actor is told the problem (a GPU's draws and uploads its
+        inputs, freeing the last problem's; a replay's loads ``replay``, the problem's
+        landscape). False, changing nothing, where the pool cannot: closed, work in flight,
+        simulated GPUs or replays standing for several GPUs, a replay pool without a landscape
+        or whose worker cannot load another, a GPU pool given one. A landscape of another
+        problem raises WorkerError, the pool unchanged."""
         busy = self.pending() or self._compiling or self._compile_queue or self._measure_queue or any(
             slot.sent for slot in self._slots)
-        if (self._closed or busy or self._simulate or self._replay_gpus or replay is None or not self._replay
-                or not hasattr(self._worker_cls, "load")):
+        if self._closed or busy or self._simulate or self._replay_gpus or (replay is None) == self._replay:
             return False
+        if self._replay:
+            if not hasattr(self._worker_cls, "load"):
+                return False
+            self._load(problem, replay)
+        self.problem = problem
+        self._start_over()
+        for slot in self._slots:
+            self._prepare(slot)
+        return True
+
+    def _load(self, problem: Problem, replay: str | Path) -> None:
+        """Each replay actor answers from ``replay`` (``problem``'s landscape) from now on."""
         recorded = self._recorded(replay, problem)
         try:
             infos = ray.get([slot.actor.load.remote(str(replay), self._shipment.ref) for slot in self._slots],
@@ -424,11 +436,6 @@ class WorkerPool:
             raise WorkerError(f"a worker failed to load {replay}: {summary_line(exc)}") from None
         self.recorded, self._actor_args = recorded, (str(replay), self._shipment.ref)
         self.device = infos[0] if infos else self.device
-        self.problem = problem
-        self._start_over()
-        for slot in self._slots:
-            self._prepare(slot)
-        return True
 
     def _start_over(self) -> None:
         """What one problem's study left in the pool, dropped (:meth:`retarget`)."""

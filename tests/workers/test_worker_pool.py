@@ -9,7 +9,7 @@ import pytest
 import worker_family
 from workers.driver import gpu_count
 from templates.family import Problem
-from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches
+from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches, TwoPreparingBenches
 from workers import NoGPUError, WorkerPool
 from workers.replay import save_landscape
 from workers.results import Measurement, Timing
@@ -255,6 +255,36 @@ def test_once_the_anchor_is_compiled_every_trial_is_sent_with_it_to_be_timed_bes
     anchors = {m.detail.split("anchor=")[1].split()[0] for m in results.values()}
     assert len(results) == 4 and len(anchors) == 1 and anchors != {"None"}
     assert pool._schedule.anchor.binary.cubin_hash in anchors  # the anchor's own cubin
+
+
+def test_a_measuring_pool_takes_the_next_problem_with_its_actors_and_starts_over(pool_factory):
+    """The GPUs of one list's problems are started once (``retarget``): each actor is told the
+    next problem, and the anchor, the results and the busy seconds of the last start over."""
+    pool = pool_factory(worker_cls=TwoPreparingBenches, seed=3)
+    pool.set_incumbent({"behaviour": "ok", "tag": 99}, _source(99), LAUNCH, ())
+    for ticket in range(4):
+        _submit(pool, ticket)
+    _drain(pool)
+    end = time.monotonic() + 30
+    while pool._schedule.anchor is None and time.monotonic() < end:
+        pool.poll(timeout=0.2)
+    assert pool._schedule.anchor is not None and pool.gpu_busy_seconds > 0
+    _submit(pool, 10, "slow")
+    assert not pool.retarget(Problem((2048,), "fp32"))  # work in flight: refused, nothing changed
+    assert pool.problem == PROBLEM
+    _drain(pool)
+    actors = [slot.actor._actor_id for slot in pool._slots]
+    other = Problem((2048,), "fp32")
+    assert not pool.retarget(other, replay="landscape.json")  # GPUs do not replay
+    assert pool.retarget(other)
+    assert pool.problem == other and pool.gpu_busy_seconds == 0.0 and pool._schedule.anchor is None
+    for ticket in range(20, 24):
+        _submit(pool, ticket)
+    after = _drain(pool)
+    assert sorted(after) == [20, 21, 22, 23] and all(m.ok for m in after.values())
+    assert all(f"prepared={worker_family.NAME}|{other.key}|3" in m.detail for m in after.values())
+    assert [slot.actor._actor_id for slot in pool._slots] == actors  # the same processes
+    assert all("anchor=None" in m.detail for m in after.values())  # the last problem's anchor is gone
 
 
 def test_equal_cubins_are_measured_once(pool_factory):

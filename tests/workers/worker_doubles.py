@@ -94,6 +94,10 @@ class TwoFakeBenches(FakeBench):
     num_workers = 2
 
 
+class TwoPreparingBenches(PreparingBench):
+    num_workers = 2
+
+
 class FamilyBench(FakeBench):
     """A bench that, as GpuBench does, resolves the family it is sent in its own process
     (``templates.get_family``: a name, a path, module:ATTR or the family by value) and validates

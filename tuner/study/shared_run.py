@@ -10,9 +10,10 @@
 One worker pool serves the problems in turn while they are of one family and measured where the
 same options say: retargeted to each next problem (``WorkerPool.retarget``), its Ray actors and
 node agents are not started again. A new pool took 2 s a problem on the 2-core CPU machine
-(replayed), and a GPU worker also creates its CUDA context and loads the family. A pool that
-cannot be retargeted (another family, a test's double), or whose study raised, is closed and a
-new one opened.
+(replayed); a GPU worker also creates its CUDA context, loads the family and compiles its check
+kernels, and is now only told the next problem (it uploads that problem's inputs). A pool that
+cannot be retargeted (another family, simulated GPUs, a test's double), or whose study raised, is
+closed and a new one opened.
 
 A study's optuna-dashboard copy (:mod:`tuner.study.dashboard`) is handed over at the study's
 end: its process writes what is left (paced, as while the study ran) while the next study sets
