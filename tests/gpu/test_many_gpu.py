@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tuner
+from tuner import api
 
 pytestmark = pytest.mark.gpu
 
@@ -18,13 +19,13 @@ SHAPES = ("256,384,512", "1000,264,136", "64,4096,1024")
 
 def test_one_pool_of_gpus_measures_each_problem_of_a_list_on_its_own_inputs(tmp_path, monkeypatch):
     opened = []
-    original = tuner.api._open_pool
+    original = api._open_pool
 
     def counted(fam, problem, where):
         opened.append(problem.key)
         return original(fam, problem, where)
 
-    monkeypatch.setattr(tuner.api, "_open_pool", counted)
+    monkeypatch.setattr(api, "_open_pool", counted)
     flags = {"layout": "nt"}
     problems = [tuner.lookup.family("gemm").parse_problem(shape, "bf16", flags) for shape in SHAPES]
     db = f"sqlite:///{tmp_path}/many.db"
