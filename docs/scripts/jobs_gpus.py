@@ -3,6 +3,7 @@ as many jobs as GPUs at once, each on its own (docs/BENCHMARKS.md, "Serving and 
 copy": jobs sharing GPUs).
 
     .venv/bin/python docs/scripts/jobs_gpus.py --trials 160 --rounds 2
+    python3 docs/scripts/jobs_gpus.py --real --trials 160 --slice-trials 160 --rounds 1   # GPUs of this machine
 
 Each run is a fresh SQLite database in a temporary folder and a server of its own, replaying the
 attention landscapes on ``G`` simulated GPUs (``--simulate-gpus``: each trial takes its GPU time),
@@ -12,6 +13,8 @@ trials a minute: the trials its jobs measured over the time from the first job's
 last one's end (the slices' pools starting, the studies opening and the final re-timings
 included); ``all_cpu_ms_a_trial``: the CPU time of the server and every process it started (Ray,
 its workers, the Optuna copies), from start to stop, a trial. The runs alternate (1 GPU, then 2), so that the machine's other load falls on both.
+``--real``: the machine's own GPUs measure instead (the server sees the first ``G`` through
+``CUDA_VISIBLE_DEVICES``; alone, the first).
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(gpus: int, problems: tuple[dict, ...], trials: int, slice_trials: int, folder: Path) -> dict:
-    """One server on ``gpus`` simulated GPUs running a job of each of ``problems``; their trials a minute."""
+def run_once(gpus: int, problems: tuple[dict, ...], trials: int, slice_trials: int, folder: Path,
+             real: bool = False) -> dict:
+    """One server on ``gpus`` GPUs (simulated unless ``real``) running a job of each of ``problems``;
+    their trials a minute."""
     python = sys.executable
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     url = f"sqlite:///{folder / f'jobs-{gpus}.db'}"
@@ -69,15 +74,21 @@ def run_once(gpus: int, problems: tuple[dict, ...], trials: int, slice_trials: i
     port = _port()
     base = f"http://127.0.0.1:{port}"
     log = open(folder / f"serve-{gpus}.log", "w")
+    measure = ["--simulate-gpus", str(gpus), "--replay", *map(str, LANDSCAPES)] if not real else []
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))} if real else None
     server = subprocess.Popen([python, "-m", "tuner", "serve", "--db", url, "--port", str(port), "--run-jobs",
-                               "--simulate-gpus", str(gpus), "--slice-trials", str(slice_trials),
-                               "--replay", *map(str, LANDSCAPES)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+                               "--slice-trials", str(slice_trials), *measure],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
         for _ in range(240):
             try:
                 _call(base, "/jobs")
                 break
             except OSError:
+                if server.poll() is not None:
+                    log.flush()
+                    tail = (folder / f"serve-{gpus}.log").read_text().splitlines()[-5:]
+                    raise SystemExit(f"the server exited ({server.returncode}):\n" + "\n".join(tail))
                 time.sleep(0.5)
         load, cpu = os.getloadavg()[0], _cpu_seconds(server.pid)
         ids = [_call(base, "/jobs", {"family": "attention", "trials": trials, "seed": 0, "problems": [problem]},
@@ -110,6 +121,8 @@ def main() -> int:
     parser.add_argument("--slice-trials", type=int, default=8, help="the server's slice (default 8)")
     parser.add_argument("--gpus", type=int, default=2, help="the GPUs of the shared runs (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each kind, alternating (default 2)")
+    parser.add_argument("--real", action="store_true", help="this machine's GPUs measure, not simulated ones")
+    parser.add_argument("--logs", help="keep the servers' logs in this folder")
     args = parser.parse_args()
     if not 1 < args.gpus <= len(PROBLEMS):
         parser.error(f"--gpus takes 2 to {len(PROBLEMS)}")
@@ -118,15 +131,19 @@ def main() -> int:
         for round_ in range(1, args.rounds + 1):
             # alone: each round another of the shared run's problems, so that the rounds average over them
             first = PROBLEMS[(round_ - 1) % args.gpus]
-            alone = run_once(1, (first,), args.trials, args.slice_trials, Path(folder))
-            shared = run_once(args.gpus, PROBLEMS[:args.gpus], args.trials, args.slice_trials, Path(folder))
+            alone = run_once(1, (first,), args.trials, args.slice_trials, Path(folder), args.real)
+            shared = run_once(args.gpus, PROBLEMS[:args.gpus], args.trials, args.slice_trials, Path(folder), args.real)
             for found in (alone, shared):
                 rates[found["gpus"]].append(found["trials_per_min"])
                 print(json.dumps({"round": round_, **found}), flush=True)
             print(f"round {round_}: {args.gpus} jobs on {args.gpus} GPUs: "
                   f"{shared['trials_per_min'] / alone['trials_per_min']:.2f}x one job on one GPU", flush=True)
             for name in os.listdir(folder):
-                os.remove(Path(folder) / name)
+                if args.logs and name.endswith(".log"):
+                    os.makedirs(args.logs, exist_ok=True)
+                    os.replace(Path(folder) / name, Path(args.logs) / f"{round_}-{name}")
+                else:
+                    os.remove(Path(folder) / name)
     mean = {gpus: sum(found) / len(found) for gpus, found in rates.items()}
     print(f"mean trials/min: {mean[1]:.0f} one job on one GPU, {mean[args.gpus]:.0f} {args.gpus} jobs on "
           f"{args.gpus} GPUs: {mean[args.gpus] / mean[1]:.2f}x")
