@@ -255,7 +255,10 @@ def _run_study(
     # a study begun before the family named its starting points still gets them
     first += [p.params for p in starting if p.params not in [pick.params for pick in picks]]
     for pick in picks:
-        logger.info("warm start from %s: %s", pick.source, pick.params)
+        logger.debug("warm start from %s: %s", pick.source, pick.params)
+    if picks:
+        sources = dict.fromkeys(pick.source for pick in picks)
+        logger.info("warm start: %d configs, from %s", len(picks), ", ".join(sources))
     logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
     meter = loop.meter or Meter()
 
