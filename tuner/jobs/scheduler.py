@@ -15,7 +15,10 @@ its own: its first unfinished problem tuned to at most ``slice_trials`` more tri
 problem's study (``tuner.api.tune_here``: its own coordinator on the study, under its leases),
 on a pool of its share of the GPUs (``PoolOptions.gpus``: Ray holds each GPU for one pool's
 actors, so two studies never time on one GPU at once); then the job is given back and its GPUs
-are free again. A problem is done at its budget, or when its study can measure nothing more
+are free again. The pool is kept for the job's next slice (``SharedRun``: its actors are told
+the next problem, not started again; a new pool took 4-7 s a slice on the GPU machine) while
+the job takes the same number of GPUs; a kept pool is closed, freeing its GPUs, before a slice
+of another job or of another share starts, when no job waits, and when its job ends. A problem is done at its budget, or when its study can measure nothing more
 (every valid config measured); the job, when all its problems are. Nothing of a job's progress
 lives here: a study resumes by name and its stored trials are never measured again, so a
 scheduler killed and started again goes on where the database left it. A job cancelled
@@ -31,7 +34,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from templates.family import KernelFamily, Problem
 from tuner import api, database, lookup
@@ -40,6 +43,7 @@ from tuner.study import search
 from tuner.study.final_best import DEFAULT_TOP
 from tuner.study.many import landscapes_for
 from tuner.study.options import StudyOptions
+from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
 
 logger = logging.getLogger("tuner")
@@ -72,6 +76,8 @@ class Scheduler:
         self.url = url
         self.options = options or SchedulerOptions()
         self.runner = search.owner_id()
+        self._kept: dict[int, tuple[SharedRun, int]] = {}  # job id -> its pool kept, its GPUs
+        self._kept_lock = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
         """Run slices until ``stop`` is set (the slices running then finish first)."""
@@ -95,6 +101,7 @@ class Scheduler:
             finally:
                 for thread, _ in running.values():
                     thread.join()
+                self._close_kept(lambda job_id, share: True)
 
     def _start(self, repo: Any, free: int, gpus: int, running: dict[int, tuple[threading.Thread, int]],
                ended: queue.Queue[int]) -> bool:
@@ -108,27 +115,47 @@ class Scheduler:
         except Exception:
             logger.exception("jobs: cannot take jobs")
             return False
-        for job, share in zip(taken, split(free, len(taken))):
+        shares = dict(zip((job.id for job in taken), split(free, len(taken))))
+        # the GPUs of pools kept for jobs not running now, or for another share, freed first
+        self._close_kept(lambda job_id, share: job_id not in running and shares.get(job_id) != share)
+        for job in taken:
+            share = shares[job.id]
             thread = threading.Thread(target=self._turn, args=(repo, job, GpuShare(share, gpus), ended),
                                       name=f"job-{job.id}", daemon=True)
             running[job.id] = (thread, share)
             thread.start()
         return bool(taken)
 
+    def _close_kept(self, which: Callable[[int, int], bool]) -> None:
+        """Close the pools kept for the jobs that ``which(job id, its GPUs)`` names."""
+        with self._kept_lock:
+            closing = [self._kept.pop(job_id)[0] for job_id, (_, share) in list(self._kept.items())
+                       if which(job_id, share)]
+        for shared in closing:
+            _close(shared)
+
     def _turn(self, repo: Any, job: Any, share: GpuShare, ended: queue.Queue[int]) -> None:
         """One slice of ``job`` on ``share``, then the job given back (and said over, if it is)."""
         state: str | None = None
         reason: str | None = None
+        with self._kept_lock:
+            shared, _ = self._kept.pop(job.id, (None, 0))
+        shared = shared or SharedRun()
         try:
             with _renewing(repo, job.id, self.runner) as cancelled:
-                self._slice(repo, job, share, cancelled)
+                self._slice(repo, job, share, cancelled, shared)
             state, reason = _concluded(database.call(lambda: repo.job(job.id)))
+            if state is None:  # its next slice, on as many GPUs, starts on this pool
+                with self._kept_lock:
+                    self._kept[job.id], shared = (shared, share.gpus), None
         except TunerError as error:  # no GPU, the workers could not start: said on the job
             state, reason = "failed", first_line(error)
             logger.warning("job %d failed: %s", job.id, reason)
         except Exception:
             logger.exception("jobs: a slice of job %d failed", job.id)
         finally:
+            if shared is not None:
+                _close(shared)
             try:
                 database.call(lambda: repo.release_job(job.id, self.runner, state=state, reason=reason))
             except TunerError as error:  # still held by this runner: taken again at the next look
@@ -137,7 +164,7 @@ class Scheduler:
         if state is not None:
             logger.info("job %d %s: %s", job.id, state, reason)
 
-    def _slice(self, repo: Any, job: Any, share: GpuShare, cancelled: threading.Event) -> None:
+    def _slice(self, repo: Any, job: Any, share: GpuShare, cancelled: threading.Event, shared: SharedRun) -> None:
         entry = next((p for p in job.problems if p.state == "waiting"), None)
         if entry is None:
             return
@@ -156,7 +183,8 @@ class Scheduler:
                     share.gpus, share.of)
         where = replace(self.options.pool, replay=landscape, gpus=share.gpus)
         result = api.tune_here(fam, problem, self.url, options, where,
-                               stop_when=lambda: "its job was cancelled" if cancelled.is_set() else None)
+                               stop_when=lambda: "its job was cancelled" if cancelled.is_set() else None,
+                               shared=shared)
         stored = result.previous + result.measured + result.shared
         database.call(lambda: repo.set_job_problem(job.id, entry.position, study=result.study))
         if stored >= job.trials or (result.status == "finished" and stored < target):
@@ -180,6 +208,14 @@ class GpuShare:
 
     gpus: int
     of: int
+
+
+def _close(shared: SharedRun) -> None:
+    """A kept pool closed; what fails there is logged (the job's trials are stored already)."""
+    try:
+        shared.close()
+    except Exception:  # noqa: BLE001 - a pool that fails to close must not stop the scheduler
+        logger.exception("jobs: closing a kept pool failed")
 
 
 def split(free: int, jobs: int) -> list[int]:
