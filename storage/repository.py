@@ -35,7 +35,7 @@ from storage import queries, rows
 from storage.batches import BatchedTrials
 from storage.jobs import JobQueue
 from storage.errors import ClaimRefused, StorageError, driver_message
-from storage.models import BestRow, Retime, RunningTrial, Study, TrialRow, utcnow
+from storage.models import BestRow, ProblemRow, Retime, RunningTrial, Study, TrialRow, utcnow
 from storage.records import (
     LEASE_TTL_S,
     STUDY_STATUSES,
@@ -440,9 +440,17 @@ class Repository(BatchedTrials, JobQueue):
         except SQLAlchemyError as error:
             raise StorageError(f"cannot read the stored trials: {driver_message(error)}") from error
 
+    def problem_specs(self, ids: Collection[int]) -> list[tuple[tuple[int, ...], str, dict[str, Any]]]:
+        """The (shape, dtype, flags) of the problems of ``ids``."""
+        if not ids:
+            return []
+        stmt = select(ProblemRow.shape, ProblemRow.dtype, ProblemRow.flags).where(ProblemRow.id.in_(list(ids)))
+        with self._session("cannot read the problems") as session:
+            return [(tuple(shape), dtype, dict(flags)) for shape, dtype, flags in session.execute(stmt)]
+
     def bests_version(self) -> tuple[tuple[Any, ...], ...]:
-        """What each stored best points at, by id: ``(best id, trial id, re-timing id)``. A new
-        best, or one that moves to another trial or re-timing, changes it; the trials and
+        """What each stored best points at, by id: ``(best id, problem id, trial id, re-timing
+        id)``. A new best, or one that moves to another trial or re-timing, changes it; the trials and
         re-timings it points at never change, so an answer read from the bests holds while it is
         equal (``tuner.answers.reader`` caches by it)."""
         # It is read before every cached answer. On SQLite, first PRAGMA data_version on a
@@ -477,4 +485,4 @@ class Repository(BatchedTrials, JobQueue):
                 cursor.close()
 
 
-_BESTS_VERSION = select(BestRow.id, BestRow.trial_id, BestRow.retime_id).order_by(BestRow.id)
+_BESTS_VERSION = select(BestRow.id, BestRow.problem_id, BestRow.trial_id, BestRow.retime_id).order_by(BestRow.id)

@@ -133,6 +133,34 @@ def test_a_cached_answer_never_outlives_a_new_best(db_copy):
         assert client.get("/export", params=query(TUNED[0])).json()["launch"]["measured"]["median_ms"] == faster * 3
 
 
+def test_a_new_best_drops_its_problems_answers_and_the_rules_and_keeps_the_others(db_copy):
+    """A study running stores new bests of its own problem: the stored winners of the other
+    problems stay cached; the rule's answers (which read every best) are read again."""
+    from fastapi.testclient import TestClient
+
+    from storage import TrialOutcome, open_repository
+    from tuner.answers.reader import open_reader
+    from tuner.answers.serve import create_app
+
+    with open_reader(db_copy) as reader:
+        client = TestClient(create_app(reader))
+        specs = (*TUNED, UNTUNED)
+        answers = [client.get("/best", params=query(spec)).json() for spec in specs]
+        held = [reader.cached("best", "attention", *spec) for spec in specs]
+        assert held == answers
+        moved = TUNED[0]
+        with open_repository(db_copy) as writer:
+            study = next(s for s in writer.studies() if s.name == answers[0]["study"])
+            faster = answers[0]["median_ms"] / 2
+            writer.record_trial(study.id, 1000, answers[0]["params"], TrialOutcome("ok", median_ms=faster, tflops=1.0))
+        assert reader.cached("best", "attention", *moved) is None
+        assert reader.cached("best", "attention", *UNTUNED) is None
+        for index, spec in enumerate(TUNED[1:], start=1):  # the same answer, not read again
+            assert reader.cached("best", "attention", *spec) is held[index]
+        assert client.get("/best", params=query(moved)).json()["median_ms"] == faster
+        assert client.get("/best", params=query(UNTUNED)).json()["measured"] is False
+
+
 def test_coverage_reads_the_rule_score_once_a_version_of_the_bests(db_copy, monkeypatch):
     """/coverage's rule score (every tuned problem's trials read) is kept while the bests stay;
     a new best reads it again, and its rows always show the study's trials now."""

@@ -14,16 +14,18 @@ or ``module:ATTR`` would load code named by whoever sends the query.
 
 ``best`` and ``export`` answers are kept, keyed by what was asked (and the rule's inputs, the
 family's bests and their GPUs' limits, for the shapes never tuned), beside the version of the
-stored bests they were read at (``Repository.bests_version``: each best row's id, trial and
-re-timing). Every call reads that version first (on SQLite a ``PRAGMA data_version``, and the
-``tuner_best`` rows only when another connection has committed since; elsewhere the rows) and
-answers from the cache only when it is unchanged; a new best, or a best that moves, changes it
-and the cache is dropped. An answer depends on nothing else that the database can change: the
-trials and re-timings a best points at are never rewritten, and so an answer is never older than
-the bests it is served beside. (A family's template edited on disk while the server runs is a
-new template version: restart it.) Studies change with every trial and are read each time;
-coverage's rows are kept while no trial is added, its rule score (the costly part) with the
-bests' version.
+stored bests they were read at (``Repository.bests_version``: each best row's id, problem,
+trial and re-timing). Every call reads that version first (on SQLite a ``PRAGMA data_version``,
+and the ``tuner_best`` rows only when another connection has committed since; elsewhere the
+rows). Where it changed, what it changed is dropped: a stored winner's answer where a best of
+its problem is new, moved or gone; every answer of the rule (a shape never tuned, an export, the
+rule's inputs and score), which reads all of a family's bests. A study running stores a new best
+of its own problem now and then; the stored winners of every other problem stay kept. An answer
+depends on nothing else that the database can change: the trials and re-timings a best points at
+are never rewritten, and so an answer is never older than the bests it is served beside. (A
+family's template edited on disk while the server runs is a new template version: restart it.)
+Studies change with every trial and are read each time; coverage's rows are kept while no trial
+is added, its rule score (the costly part) with the bests' version.
 """
 
 from __future__ import annotations
@@ -104,10 +106,8 @@ class Reader:
         """The answer of ``best`` or ``export`` (``what``) where the cache holds it at the current
         version of the bests; None where it must be read (a bad query raises as those do)."""
         fam, problem = self.problem(family, shape, dtype, flags)
-        version = database.call(self.repo.bests_version)
+        self._follow(database.call(self.repo.bests_version))
         with self._lock:
-            if version != self._version:
-                return None
             return self._answers.get((what, fam.name, problem.key, device))
 
     def export(self, family: str, shape: str, dtype: str, flags: Mapping[str, Any],
@@ -159,11 +159,9 @@ class Reader:
     # -- the cache ----------------------------------------------------------------------------------
     def _cached(self, key: tuple[Any, ...], answer: Callable[[], Any]) -> Any:
         version = database.call(self.repo.bests_version)  # read before the answer: never newer
+        self._follow(version)
         with self._lock:
-            if version != self._version:
-                self._answers.clear()
-                self._version = version
-            elif key in self._answers:
+            if key in self._answers:
                 return self._answers[key]
         value = answer()
         with self._lock:
@@ -172,3 +170,35 @@ class Reader:
                     self._answers.pop(next(iter(self._answers)))
                 self._answers[key] = value
         return value
+
+    def _follow(self, version: Any) -> None:
+        """The cache brought to ``version`` of the bests: the answers it changes dropped."""
+        with self._lock:
+            if version == self._version:
+                return
+            before, empty = self._version, not self._answers
+        problems = set() if empty else _moved(before, version)
+        keys = {Problem(shape, dtype, tuple(sorted(flags.items()))).key
+                for shape, dtype, flags in database.call(lambda: self.repo.problem_specs(problems))}
+        with self._lock:
+            if self._version == version:  # another call followed it meanwhile
+                return
+            if self._version != before:  # followed elsewhere to another: what changed is unknown
+                self._answers.clear()
+            else:
+                self._answers = {key: value for key, value in self._answers.items()
+                                 if _stored(key, value) and key[2] not in keys}
+            self._version = version
+
+
+def _moved(before: Any, after: Any) -> set[int]:
+    """The problem ids whose bests differ between two versions (rows of ``(best id, problem id,
+    trial id, re-timing id)``)."""
+    old, new = set(before or ()), set(after or ())
+    return {row[1] for row in old ^ new}
+
+
+def _stored(key: tuple[Any, ...], value: Any) -> bool:
+    """Whether a cached answer is a stored winner's (``best``, measured), which reads no other
+    problem's best; the rule's answers, exports and inputs read all of a family's."""
+    return key[0] == "best" and isinstance(value, dict) and value.get("measured") is True
