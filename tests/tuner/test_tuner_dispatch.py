@@ -62,6 +62,9 @@ GEMM_QUERIES = [
     ((500, 501, 500), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),  # B unaligned, N odd
     ((33, 17, 9), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),  # no winner is valid for it
     ((512, 512, 512), "fp16", {"layout": "tt", "epilogue": "bias_relu"}),  # no tuned problem of this kind
+    ((256, 1024, 1024), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}),  # tuned
+    ((300, 1024, 1000), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}),  # its winner, by the rule
+    ((300, 1024, 1000), "bf16", {"layout": "nt", "epilogue": "bias_gelu"}),  # the erf form: no tuned problem
 ]
 
 
