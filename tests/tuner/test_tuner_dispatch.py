@@ -159,6 +159,15 @@ def test_a_nearer_winner_the_shape_refuses_is_passed_over_with_the_familys_reaso
 
 
 @needs_nvcc
+def test_gelu_tanh_is_a_flag_of_the_header_and_takes_its_own_winner(built):
+    flags = {"layout": "nt", "epilogue": "bias_gelu_tanh"}
+    got = built["gemm"].ask("pick", (300, 1024, 1000), "bf16", flags)
+    assert got["source"] == "256x1024x1024-bf16-epilogue=bias_gelu_tanh-layout=nt" and got["measured"] is False
+    assert built["gemm"].ask("pick", (256, 1024, 1024), "bf16", flags)["measured"] is True
+    assert "bias_gelu_tanh" in built["gemm"].ask("pick", (300, 1024, 1000), "bf16", {"epilogue": "gelu"})["error"]
+
+
+@needs_nvcc
 def test_bad_problems_get_one_line(built):
     attention = built["attention"]
     assert attention.ask("pick", (2, 8, 512, 96), "fp16", {})["error"] == \
