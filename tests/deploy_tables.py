@@ -100,7 +100,8 @@ def gemm_db(db: str) -> dict[str, dict[str, Any]]:
     parts and C stored by TMA (tensor maps, C's too, and split-K's workspace in its launch; refused where A's or B's rows are
     unaligned, or where M and N make more work units than the workspace holds), 16x4096x4096 by the wgmma
     path with A's 16 rows as the MMA's N (SWAP_AB: refused past M = 256), 1024x1024x1024 by a 128x64 tile
-    with 4 stages; and one fp16 "nn" + bias_relu problem.
+    with 4 stages; one fp16 "nn" + bias_relu problem; and one bf16 "nt" + bias_gelu_tanh problem won by
+    the wgmma path's 128x256 tile, C stored by TMA.
     Returns each key's winner."""
     family = get_family("gemm")
     wins = [
@@ -110,6 +111,8 @@ def gemm_db(db: str) -> dict[str, dict[str, Any]]:
                                                           STAGES=12, MMA="wgmma", SWAP_AB=1)),
         ((1024, 1024, 1024), "bf16", {"layout": "nt"}, dict(GEMM, BLOCK_N=64, STAGES=4, GROUP_M=4)),
         ((512, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"}, dict(GEMM, BLOCK_K=64, STAGES=2)),
+        ((256, 1024, 1024), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"},
+         dict(GEMM, BLOCK_N=256, BLOCK_K=64, STAGES=4, MMA="wgmma", PRODUCER_REGS=40, C_STORE="tma")),
     ]
     found = {}
     for shape, dtype, flags, params in wins:

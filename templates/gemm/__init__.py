@@ -56,7 +56,7 @@ class GemmFamily(KernelFamily):
     dtypes = _problem.DTYPES
     flags = (
         Flag("epilogue", _problem.EPILOGUES, "after A B: + bias (a length-N vector of the input type), then "
-             "optionally ReLU or GELU (erf)"),
+             "optionally ReLU, GELU (erf) or GELU (tanh approximation)"),
         Flag("layout", _problem.LAYOUTS, "A then B: n row-major (A as M x K, B as K x N), t transposed "
              "(A stored K x M, B stored N x K)"),
     )

@@ -1,4 +1,5 @@
-"""The GEMM family's peers: cuBLAS through ``torch.matmul`` (the epilogue in torch after it) and
+"""The GEMM family's peers: cuBLAS through ``torch.matmul`` or ``torch.addmm`` (the activation in
+torch after it; GELU's tanh form in cuBLASLt's own epilogue, ``torch._addmm_activation``) and
 our Triton matmul tuned by Triton's autotuner (``triton_peer``), each a call on torch tensors of
 the family's own inputs, in their stored layouts. ``workers.peers`` checks each against the
 family's reference and times it as ours is timed."""
@@ -43,6 +44,8 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     def cublas() -> Any:
         if bias is None:
             return torch.matmul(a, b)
+        if epilogue == "bias_gelu_tanh":  # cuBLASLt's GELU epilogue is the tanh form (on CUDA tensors)
+            return torch._addmm_activation(bias, a, b, use_gelu=True)
         c = torch.addmm(bias, a, b)  # cuBLAS adds the bias in its own epilogue
         if epilogue == "bias_relu":
             return F.relu(c)
@@ -50,7 +53,7 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
             return F.gelu(c)
         return c
 
-    calls = {"cublas": PeerCall(cublas, "torch.matmul" if bias is None else f"torch.addmm, then {epilogue[5:] or 'nothing'}")}
+    calls = {"cublas": PeerCall(cublas, cublas_description(epilogue))}
     if not triton_peer.available():
         calls["triton"] = PeerCall(None, "Triton is not installed")
         return calls
@@ -58,6 +61,15 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
                                tuned.seconds)
     return calls
+
+
+def cublas_description(epilogue: str) -> str:
+    """What the cuBLAS peer calls for ``epilogue``."""
+    if epilogue == "none":
+        return "torch.matmul"
+    if epilogue == "bias_gelu_tanh":
+        return "torch._addmm_activation(use_gelu=True): cuBLASLt's bias + GELU (tanh) epilogue"
+    return f"torch.addmm, then {epilogue[5:] or 'nothing'}"
 
 
 def prepare(problems: Sequence[Problem]) -> None:

@@ -15,7 +15,9 @@ DTYPES = ("fp16", "bf16")
 # "nn": A row-major M x K, B row-major K x N; a "t" stores that operand transposed (A as K x M,
 # B as N x K), as BLAS's and cuBLAS's op(A), op(B) name them.
 LAYOUTS = ("nn", "nt", "tn", "tt")
-EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu")
+# "bias_gelu": GELU in its erf form (torch's default); "bias_gelu_tanh": in its tanh approximation
+# (cuBLASLt's fused GELU epilogue, F.gelu(approximate="tanh")).
+EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
 # ||out - ref|| / ||ref|| on the checked rows. A kernel that accumulates in fp32 is off by C's
 # rounding to the element type (0.3 of an ulp in the norm: 2.8e-4 in fp16, 2.3e-3 in bf16); the
 # bound leaves room for a peer that reduces in lower precision, and grows as sqrt(K) past
@@ -111,7 +113,8 @@ def checked_rows(m: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def epilogue(values: np.ndarray, bias: np.ndarray | None, kind: str) -> np.ndarray:
-    """The epilogue in float64: + bias, then ReLU or GELU (the erf form, torch's default)."""
+    """The epilogue in float64: + bias, then ReLU or GELU (the erf form, torch's default, or the
+    tanh form)."""
     if kind == "none":
         return values
     values = values + bias
@@ -121,7 +124,15 @@ def epilogue(values: np.ndarray, bias: np.ndarray | None, kind: str) -> np.ndarr
         from math import erf
 
         return 0.5 * values * (1.0 + np.vectorize(erf)(values / math.sqrt(2.0)))
+    if kind == "bias_gelu_tanh":
+        return gelu_tanh(values)
     return values
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation in float64: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def reference_rows(problem: Problem, ins: Mapping[str, np.ndarray], rows: np.ndarray) -> np.ndarray:

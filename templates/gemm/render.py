@@ -13,7 +13,7 @@ from templates.gemm import space as _space
 
 KERNEL_NAME = "gemm"
 COMPILE_OPTIONS = ("-O3", "-std=c++17")
-ACTIVATIONS = {"none": 0, "bias": 0, "bias_relu": 1, "bias_gelu": 2}
+ACTIVATIONS = {"none": 0, "bias": 0, "bias_relu": 1, "bias_gelu": 2, "bias_gelu_tanh": 3}
 
 _ENVIRONMENT = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),

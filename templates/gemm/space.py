@@ -74,7 +74,7 @@ REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
 HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
-# ptxas' reports (thirteenth session): with PERSISTENT or CLUSTER_M the producer warpgroup's loop
+# ptxas' reports: with PERSISTENT or CLUSTER_M the producer warpgroup's loop
 # holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
 MIN_LOOPING_PRODUCER_REGS = 40
 SMEM_PER_SM = 233472  # sm_90: 228 KiB a multiprocessor, 1 KiB of it reserved for each block

@@ -14,7 +14,8 @@
 ``a`` (M x K) and ``b`` (K x N) are CUDA tensors, fp16 or bf16, each contiguous or the transpose
 of a contiguous tensor (any strides work; the autotuner keys on which dimension is contiguous);
 ``bias`` a length-N vector of their type or None; the epilogue one of the family's ("none",
-"bias", "bias_relu", "bias_gelu", GELU in its erf form). C is M x N row-major, of a's type.
+"bias", "bias_relu", "bias_gelu", GELU in its erf form, "bias_gelu_tanh", in its tanh form). C is
+M x N row-major, of a's type.
 
 The kernel: the Triton tutorial's matmul. One program per BLOCK_M x BLOCK_N tile of C, tiles in
 groups of GROUP_M tile rows (for L2), K in BLOCK_K steps with the tails masked to zero, fp32
@@ -33,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu")
+EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
 CONFIG_SPACE = (
     (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
@@ -96,8 +97,9 @@ def _build():
     def _matmul(A, B, Bias, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                 A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EPILOGUE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        """C = epilogue(A B + Bias); EPILOGUE 0 none, 1 bias, 2 bias + ReLU, 3 bias + GELU. The
-        *_ROW_MAJOR flags only key the autotuner (the strides say the layout)."""
+        """C = epilogue(A B + Bias); EPILOGUE 0 none, 1 bias, 2 bias + ReLU, 3 bias + GELU (erf),
+        4 bias + GELU (tanh, as x / (1 + e^(-2u)), the same function). The *_ROW_MAJOR flags only
+        key the autotuner (the strides say the layout)."""
         pid = tl.program_id(0)
         tiles_m = tl.cdiv(M, BLOCK_M)
         tiles_n = tl.cdiv(N, BLOCK_N)
@@ -125,6 +127,8 @@ def _build():
             acc = tl.maximum(acc, 0.0)
         if EPILOGUE == 3:
             acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        if EPILOGUE == 4:
+            acc = acc / (1.0 + tl.exp(-acc * (1.5957691216057308 + 0.0713548162726003 * acc * acc)))
         c_ptrs = C + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 

@@ -251,6 +251,8 @@ static Outcome run_family(const tk::Problem& p) {
             if (epilogue != "none") ref += from_bits(bias[col], bf16);
             if (epilogue == "bias_relu") ref = std::max(ref, 0.0);
             if (epilogue == "bias_gelu") ref = 0.5 * ref * (1.0 + std::erf(ref / std::sqrt(2.0)));
+            if (epilogue == "bias_gelu_tanh")
+                ref = 0.5 * ref * (1.0 + std::tanh(0.7978845608028654 * (ref + 0.044715 * ref * ref * ref)));
             double got = from_bits(c[r * N + col], bf16);
             diff_sq += (got - ref) * (got - ref);
             ref_sq += ref * ref;

@@ -116,7 +116,9 @@ RUNS = {
     "gemm": [((128, 4096, 4096), "bf16", {"layout": "nt"}, True),
              ((48, 1024, 4096), "bf16", {"layout": "nt"}, False),  # the nearer winner passed over
              ((100, 1024, 4095), "bf16", {"layout": "nt"}, False),  # operands unaligned
-             ((500, 501, 500), "fp16", {"layout": "nn", "epilogue": "bias_relu"}, False)],
+             ((500, 501, 500), "fp16", {"layout": "nn", "epilogue": "bias_relu"}, False),
+             ((256, 1024, 1024), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}, True),
+             ((300, 1024, 1000), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}, False)],
 }
 
 

@@ -36,6 +36,8 @@ CASES = (
     ("333,255,129", "fp16", "tt", "bias_relu"),
     ("129,333,255", "bf16", "nn", "bias_gelu"),
     ("255,129,333", "fp16", "nt", "none"),
+    ("1000,4097,1000", "bf16", "tn", "bias_gelu_tanh"),
+    ("333,129,255", "fp16", "nn", "bias_gelu_tanh"),
 )
 
 
@@ -154,6 +156,8 @@ WGMMA_CASES = (
     ("1000,1000,1000", "bf16", "tt", "bias_gelu"),
     ("4104,1000,520", "fp16", "tt", "none"),
     ("1000,4104,520", "bf16", "nn", "bias"),
+    ("129,255,64", "fp16", "nt", "bias_gelu_tanh"),
+    ("1000,1000,1000", "bf16", "nn", "bias_gelu_tanh"),
 )
 # (BLOCK_M, BLOCK_N, NUM_WARPS: 4 a consumer warpgroup, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K,
 # CLUSTER_M): plain tiles, then K in parts (two blocks an SM, and persistent), persistent blocks,
@@ -190,6 +194,7 @@ SWAP_CASES = (
     ("129,255,64", "fp16", "nt", "none"),
     ("250,136,3000", "bf16", "nn", "none"),
     ("16,4096,14336", "bf16", "nt", "none"),
+    ("17,1000,1000", "bf16", "nt", "bias_gelu_tanh"),
 )
 SWAP_TILES = ((16, 64, 4, 12, 0, 0, 1), (16, 128, 4, 8, 0, 0, 4), (32, 64, 4, 16, 0, 0, 1), (64, 128, 8, 6, 40, 0, 2),
               (128, 64, 4, 8, 0, 0, 1), (16, 64, 4, 8, 40, 1, 8), (32, 256, 8, 4, 40, 1, 1))
@@ -206,3 +211,24 @@ def test_swapped_operands_match_the_reference_on_small_m(bench, tmp_path_factory
     failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("swap_cubins")), seed=5,
                              target_ms=5)
     assert not failures, "\n".join(failures)
+
+
+def test_the_peers_of_gelu_tanh_pass_the_familys_check(monkeypatch):
+    """cuBLASLt's fused bias + GELU (torch._addmm_activation) and the Triton peer's tanh form each
+    pass the family's check against the float64 tanh reference, as bias_gelu's peers do against
+    the erf reference (one tolerance for both)."""
+    pytest.importorskip("torch")
+    from templates.gemm import triton_peer
+    from templates.gemm.problem import tolerance
+    from workers.peers import time_peers
+
+    monkeypatch.setattr(triton_peer, "CONFIG_SPACE", ((128, 128, 32, 4, 4),))  # one config: no long tuning
+    names = ("cublas", "triton") if triton_peer.available() else ("cublas",)
+    for epilogue in ("bias_gelu_tanh", "bias_gelu"):
+        problem = FAMILY.parse_problem("1000,1000,1000", "bf16", {"layout": "nt", "epilogue": epilogue})
+        found = time_peers("gemm", problem, reps=5, cross_check=False)
+        for name in names:
+            result = found[name]
+            assert result.median_ms is not None and not result.note.startswith("wrong"), (epilogue, result)
+            assert result.error is not None and result.error <= tolerance(problem), (epilogue, result)
+        assert ("_addmm_activation" in found["cublas"].note) == (epilogue == "bias_gelu_tanh")

@@ -27,7 +27,8 @@ F = pytest.importorskip("torch.nn.functional")
 
 GEMM_TUNED = [((512, 1024, 1024), "bf16", {"layout": "nt"}),
               ((256, 512, 512), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),
-              ((128, 1024, 1024), "bf16", {"layout": "nt"})]  # with the first: a sample at M=256 for the guard
+              ((128, 1024, 1024), "bf16", {"layout": "nt"}),  # with the first: a sample at M=256 for the guard
+              ((256, 512, 512), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"})]
 ATTENTION_TUNED = [((1, 4, 512, 64), "fp16", {"causal": True}), ((1, 8, 512, 64, 2), "fp16", {"causal": True})]
 GEMM_NAME, ATTENTION_NAME = "tuned_gemm_gpu_test", "tuned_attention_gpu_test"
 
@@ -60,6 +61,8 @@ def _relative(got, ref) -> float:
     (256, 512, 512, torch.float16, True, "relu", True),
     (300, 1024, 1000, torch.bfloat16, False, "none", False),  # the rule's pick
     (200, 500, 512, torch.float16, True, "gelu", False),
+    (256, 512, 512, torch.bfloat16, True, "gelu_tanh", True),
+    (300, 512, 500, torch.bfloat16, True, "gelu_tanh", False),
 ])
 def test_gemm_runs_ours_on_the_gpu_as_torch_does(packages, m, n, k, dtype, bias, epilogue, tuned):
     gemm = packages["gemm"]
@@ -72,7 +75,8 @@ def test_gemm_runs_ours_on_the_gpu_as_torch_does(packages, m, n, k, dtype, bias,
     assert choice.use == "ours" and (choice.reason == "tuned") == tuned
     got = gemm.gemm(a, b, vector, epilogue=epilogue)
     reference = a.double() @ b.double() + (vector.double() if bias else 0)
-    reference = {"none": reference, "relu": torch.relu(reference), "gelu": F.gelu(reference)}[epilogue]
+    reference = {"none": reference, "relu": torch.relu(reference), "gelu": F.gelu(reference),
+                 "gelu_tanh": F.gelu(reference, approximate="tanh")}[epilogue]
     name = "fp16" if dtype == torch.float16 else "bf16"
     assert got.shape == (m, n) and got.dtype == dtype and _relative(got, reference) <= GEMM_TOLERANCE[name]
 
@@ -92,6 +96,32 @@ def test_attention_runs_ours_on_the_gpu_as_sdpa_does(packages, shape, kv_heads, 
     reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
                                                enable_gqa=kv_heads != shape[1])
     assert _relative(got, reference) <= ATTENTION_TOLERANCE["fp16"]
+
+
+def test_gelu_tanh_is_like_for_like_with_cublaslts_fused_epilogue(packages):
+    """The tuned kernel's bias + GELU (tanh) and the vendor's path (torch._addmm_activation:
+    cuBLASLt's fused epilogue) agree within the family's tolerance, and both with F.gelu's tanh
+    form in float64. In fp32 (no TF32) the fused epilogue is the tanh form to 1e-4, and 1e-4 or
+    more from the erf form."""
+    gemm = packages["gemm"]
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(256, 512, dtype=torch.bfloat16, device="cuda", generator=generator)
+    w = torch.randn(512, 512, dtype=torch.bfloat16, device="cuda", generator=generator)
+    bias = torch.randn(512, dtype=torch.bfloat16, device="cuda", generator=generator)
+    assert gemm.gemm_choice(a, w.t(), bias, "gelu_tanh").reason == "tuned"
+    ours = gemm.gemm(a, w.t(), bias, epilogue="gelu_tanh")
+    vendor = torch._addmm_activation(bias, a, w.t(), use_gelu=True)
+    exact = a.double() @ w.t().double() + bias.double()
+    assert _relative(ours, vendor) <= GEMM_TOLERANCE["bf16"]
+    assert _relative(vendor, F.gelu(exact, approximate="tanh")) <= GEMM_TOLERANCE["bf16"]
+    assert _relative(ours, F.gelu(exact, approximate="tanh")) <= GEMM_TOLERANCE["bf16"]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        fused = torch._addmm_activation(bias.float(), a.float(), w.float().t(), use_gelu=True).double()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert (fused - F.gelu(exact, approximate="tanh")).abs().max() < 1e-4 <= (fused - F.gelu(exact)).abs().max()
 
 
 def test_fp32_on_the_gpu_takes_the_vendors_path(packages):

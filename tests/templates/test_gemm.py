@@ -38,6 +38,9 @@ def test_the_family_is_registered_and_its_problems_carry_their_flags():
     assert problem.spec == {"shape": [4096, 4096, 4096], "dtype": "bf16",
                             "flags": {"epilogue": "bias_gelu", "layout": "nt"}}
     assert FAMILY.problem_from_spec(problem.spec) == problem
+    tanh = _problem("4096,4096,4096", "bf16", "nt", "bias_gelu_tanh")
+    assert tanh.key == "4096x4096x4096-bf16-epilogue=bias_gelu_tanh-layout=nt"
+    assert FAMILY.problem_from_spec(tanh.spec) == tanh and FAMILY.distance(problem, tanh) == math.inf
     assert FAMILY.parse_problem("64x32x16", "fp16") == Problem((64, 32, 16), "fp16", (("epilogue", "none"),
                                                                                         ("layout", "nn")))
     assert FAMILY.flops(problem) == 2 * 4096**3
@@ -229,6 +232,8 @@ def test_the_source_follows_layout_epilogue_and_alignment():
                  "#define C_EVEN 0", "#define ACTIVATION 2"):
         assert line + "\n" in odd or line + " " in odd, line
     assert "const elem_t* __restrict__ bias" in odd
+    tanh = FAMILY.render(params, _problem("1001,999,4097", "bf16", "nt", "bias_gelu_tanh"))
+    assert "#define ACTIVATION 3 " in tanh and "x0 = gelu_tanh(x0);" in tanh
     assert "bias" not in FAMILY.render(params, _problem("64,64,64")).split("gemm(", 1)[1].split(")")[0]
     # M, N and K are arguments: problems alike in dtype, flags and alignment share the source
     assert FAMILY.render(params, _problem("1024,1024,1024")) == FAMILY.render(params, _problem("8,4096,40"))
@@ -260,7 +265,7 @@ def _exact_output(problem, inputs):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("layout, epilogue", [("nn", "none"), ("nt", "bias"), ("tn", "bias_relu"),
-                                              ("tt", "bias_gelu")])
+                                              ("tt", "bias_gelu"), ("nt", "bias_gelu_tanh")])
 def test_validate_accepts_a_correct_output_and_rejects_broken_ones(dtype, layout, epilogue):
     problem = _problem("77,45,301", dtype, layout, epilogue)
     inputs = FAMILY.inputs(problem, seed=3)
@@ -330,6 +335,47 @@ def test_gelu_is_the_erf_form():
     assert gemm.epilogue(x, np.ones(5), "bias_relu").tolist() == [0.0, 0.0, 1.0, 1.5, 3.0]
 
 
+def test_gelu_tanh_is_the_tanh_approximation_after_the_bias():
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
+    u = [math.sqrt(2 / math.pi) * (v + 0.044715 * v**3) for v in x + 1]
+    expected = [0.5 * v * (1 + math.tanh(w)) for v, w in zip(x + 1, u)]
+    assert gemm.epilogue(x, np.ones(5), "bias_gelu_tanh") == pytest.approx(expected, rel=1e-15)
+    erf = gemm.epilogue(x, np.zeros(5), "bias_gelu")
+    assert gemm.epilogue(x, np.zeros(5), "bias_gelu_tanh") != pytest.approx(erf, rel=1e-6)
+
+
+def test_gelu_tanh_is_torchs_in_float64():
+    """The reference is F.gelu(approximate="tanh") (what cuBLASLt's fused GELU computes) to
+    float64's rounding, over the range a biased C spans and past it (absolutely where both round
+    1 + tanh(u) near -1: apart by 4e-16 there)."""
+    torch = pytest.importorskip("torch")
+    F = pytest.importorskip("torch.nn.functional")
+    x = np.concatenate([np.linspace(-20.0, 20.0, 4001), [-1e3, -60.0, -1e-8, 0.0, 1e-8, 60.0, 1e3],
+                        np.random.default_rng(0).normal(0.0, 64.0, 2000)])
+    bias = np.random.default_rng(1).normal(0.0, 1.0, x.size)
+    ours = gemm.epilogue(x, bias, "bias_gelu_tanh")
+    theirs = F.gelu(torch.from_numpy(x + bias), approximate="tanh").numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-13, atol=1e-14)
+    erf = F.gelu(torch.from_numpy(x + bias)).numpy()
+    assert np.abs(ours - erf).max() > 1e-4  # the other form: apart by more than float64's rounding
+
+
+def test_the_kernels_gelu_tanh_in_float32_is_within_fp16s_rounding():
+    """kernel.cu.j2's and hopper.cu.j2's gelu_tanh, x / (1 + e^(-2u)) in float32, emulated: within
+    1e-5 of the float64 tanh form relative where the result is above 1e-6, and 1e-6 apart below
+    (fp16 rounds C to 5e-4 relative; float64's 1 + tanh(u) itself cancels past u = -8), and finite
+    where e^(-2u) overflows."""
+    x = np.concatenate([np.linspace(-30.0, 30.0, 6001), [-1e4, -100.0, 100.0, 1e4]]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        e = np.exp(-x * (np.float32(1.5957691216057308) + np.float32(0.0713548162726003) * x * x))
+        got = (x / (np.float32(1.0) + e)).astype(np.float64)
+    expected = gemm.gelu_tanh(x)
+    assert np.isfinite(got).all()
+    large = np.abs(expected) > 1e-6
+    assert np.max(np.abs(got - expected)[large] / np.abs(expected[large])) < 1e-5
+    assert np.max(np.abs(got - expected)[~large]) < 1e-6
+
+
 # -- the peers without a GPU ----------------------------------------------------------------------
 def test_importing_the_triton_peer_imports_neither_torch_nor_triton():
     code = ("import sys; import templates.gemm.triton_peer as p; import templates.gemm.peers; "
@@ -346,6 +392,11 @@ def test_the_triton_peer_space_is_the_tutorials():
 
 
 # -- compiling for sm_90a (CPU only) -------------------------------------------------------------
+# The wgmma path's heaviest epilogue: 128 x 256, two consumer warpgroups, persistent, C by TMA.
+HEAVY_WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_WARPS=8, STAGES=4,
+                   PRODUCER_REGS=40, PERSISTENT=1, C_STORE="tma")
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
     """Every layout and epilogue, aligned and not, and the configs nearest the register budget."""
@@ -356,13 +407,15 @@ def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
     jobs = []
     for layout, epilogue, dtype, shape in (("nn", "none", "fp16", "4096,4096,4096"), ("nt", "bias", "bf16", "1000,17,4097"),
                                            ("tn", "bias_relu", "fp16", "4097,1001,1000"),
-                                           ("tt", "bias_gelu", "bf16", "4096,4096,4096")):
+                                           ("tt", "bias_gelu", "bf16", "4096,4096,4096"),
+                                           ("nn", "bias_gelu_tanh", "fp16", "1000,1001,999")):
         problem = _problem(shape, dtype, layout, epilogue)
         valid = FAMILY.valid_configs(problem, H100_LIMITS)
         heaviest = max(valid, key=lambda c: (space.fragment_registers(c), c["BLOCK_K"], c["STAGES"]))
         jobs += [(problem, params) for params in rng.sample(valid, 3) + [heaviest]]
     jobs.append((_problem("4096,4096,4096", "bf16", "nn", "bias_gelu"),
                  dict(FAMILY.default_params(), BLOCK_M=256, BLOCK_K=64, STAGES=4, SMEM_LAYOUT="pad8")))
+    jobs.append((_problem("4096,4096,4096", "bf16", "nt", "bias_gelu_tanh"), HEAVY_WGMMA))
     for problem, params in jobs:
         assert FAMILY.check(params, problem, H100_LIMITS) is None
         request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
@@ -394,6 +447,10 @@ def test_the_command_line_reads_gemms_flags_and_refuses_bad_ones(tmp_path, capsy
                  "bias_gelu", "--db", db])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "4096x4096x4096-bf16-epilogue=bias_gelu-layout=nt" in err[0], err
+    code = main(["best", "gemm", "--shape", "64,64,64", "--dtype", "fp16", "--epilogue", "bias_gelu_tanh",
+                 "--db", db])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "64x64x64-fp16-epilogue=bias_gelu_tanh-layout=nn" in err[0], err
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be visible here")

@@ -31,7 +31,8 @@ def test_the_mma_sync_path_copies_by_cp_async_into_hmma(tmp_path):
 
 
 @pytest.mark.parametrize("layout,dtype,epilogue", [("nn", "fp16", "none"), ("tt", "bf16", "bias_gelu"),
-                                                   ("tn", "fp16", "bias_relu"), ("nt", "bf16", "none")])
+                                                   ("tn", "fp16", "bias_relu"), ("nt", "bf16", "none"),
+                                                   ("nt", "bf16", "bias_gelu_tanh")])
 def test_the_wgmma_path_loads_by_tma_and_multiplies_from_shared_memory(layout, dtype, epilogue, tmp_path):
     problem = FAMILY.parse_problem("4096,4096,4096", dtype, {"layout": layout, "epilogue": epilogue})
     ops = opcodes(WGMMA, problem, tmp_path)
@@ -73,3 +74,18 @@ def test_a_cluster_multicasts_b_and_plain_tiles_do_not(tmp_path):
     assert ops["LDL"] == ops["STL"] == 0
     plain = opcodes(WGMMA, problem, tmp_path)
     assert plain["UTMALDG.2D.MULTICAST"] == 0 and plain["ATOMG.E.ADD.STRONG.GPU"] == 0
+
+
+@pytest.mark.parametrize("params", [FAMILY.default_params(), WGMMA], ids=["sync", "wgmma"])
+def test_gelu_tanh_is_one_exponential_and_one_reciprocal_an_element(params, tmp_path):
+    """GELU's tanh form as x / (1 + e^(-2u)) by __expf and __fdividef: MUFU.EX2 and MUFU.RCP, no
+    tanh or erf polynomial and no call to a division routine; without the epilogue, no MUFU.EX2."""
+    def problem(epilogue):
+        return FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt", "epilogue": epilogue})
+
+    tanh = opcodes(params, problem("bias_gelu_tanh"), tmp_path)
+    (tmp_path / "plain").mkdir()
+    plain = opcodes(params, problem("bias"), tmp_path / "plain")
+    assert plain["MUFU.EX2"] == 0 and tanh["MUFU.EX2"] > 0
+    assert tanh["MUFU.RCP"] - plain["MUFU.RCP"] == tanh["MUFU.EX2"]  # the kernel's own (index arithmetic) aside
+    assert tanh["MUFU.TANH"] == 0 and tanh["CALL"] == 0 and tanh["LDL"] == tanh["STL"] == 0

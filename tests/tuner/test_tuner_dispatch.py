@@ -62,6 +62,9 @@ GEMM_QUERIES = [
     ((500, 501, 500), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),  # B unaligned, N odd
     ((33, 17, 9), "fp16", {"layout": "nn", "epilogue": "bias_relu"}),  # no winner is valid for it
     ((512, 512, 512), "fp16", {"layout": "tt", "epilogue": "bias_relu"}),  # no tuned problem of this kind
+    ((256, 1024, 1024), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}),  # tuned
+    ((300, 1024, 1000), "bf16", {"layout": "nt", "epilogue": "bias_gelu_tanh"}),  # its winner, by the rule
+    ((300, 1024, 1000), "bf16", {"layout": "nt", "epilogue": "bias_gelu"}),  # the erf form: no tuned problem
 ]
 
 
@@ -153,6 +156,15 @@ def test_a_nearer_winner_the_shape_refuses_is_passed_over_with_the_familys_reaso
     assert got["source"] == "16x4096x4096-bf16-epilogue=none-layout=nt"
     assert got["passed_over"] == ["128x4096x4096-bf16-epilogue=none-layout=nt: tile: BLOCK_M=128 is wider "
                                   "than the problem needs (64)"]
+
+
+@needs_nvcc
+def test_gelu_tanh_is_a_flag_of_the_header_and_takes_its_own_winner(built):
+    flags = {"layout": "nt", "epilogue": "bias_gelu_tanh"}
+    got = built["gemm"].ask("pick", (300, 1024, 1000), "bf16", flags)
+    assert got["source"] == "256x1024x1024-bf16-epilogue=bias_gelu_tanh-layout=nt" and got["measured"] is False
+    assert built["gemm"].ask("pick", (256, 1024, 1024), "bf16", flags)["measured"] is True
+    assert "bias_gelu_tanh" in built["gemm"].ask("pick", (300, 1024, 1000), "bf16", {"epilogue": "gelu"})["error"]
 
 
 @needs_nvcc

@@ -82,6 +82,7 @@ def test_importing_registers_the_ops_with_their_fake_implementations(exported):
     gemm, attention = exported["gemm"], exported["attention"]
     a, b, bias = torch.randn(24, 40), torch.randn(40, 16), torch.randn(16)
     torch.library.opcheck(getattr(torch.ops, GEMM_NAME).gemm.default, (a, b, bias, "gelu"))
+    torch.library.opcheck(getattr(torch.ops, GEMM_NAME).gemm.default, (a, b, bias, "gelu_tanh"))
     q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
     torch.library.opcheck(getattr(torch.ops, ATTENTION_NAME).attention.default, (q, k, v, True))
     meta = gemm.gemm(torch.empty(300, 4096, dtype=torch.bfloat16, device="meta"),
@@ -100,6 +101,9 @@ def test_on_cpu_tensors_the_vendors_path_gives_torchs_result(exported):
     torch.testing.assert_close(gemm.gemm(a, w.t(), bias, epilogue="relu"), torch.relu(a @ w.t() + bias))
     torch.testing.assert_close(gemm.gemm(a.t().contiguous().t(), w.t(), bias, epilogue="gelu"),
                                F.gelu(a @ w.t() + bias))
+    torch.testing.assert_close(gemm.gemm(a, w.t(), bias, epilogue="gelu_tanh"),
+                               F.gelu(a @ w.t() + bias, approximate="tanh"))
+    torch.testing.assert_close(gemm.gemm(a, w.t(), epilogue="gelu_tanh"), F.gelu(a @ w.t(), approximate="tanh"))
     torch.testing.assert_close(gemm.gemm(a, w.t(), epilogue="relu"), torch.relu(a @ w.t()))
     half = gemm.gemm(a.bfloat16(), w.t().bfloat16())
     assert half.dtype == torch.bfloat16
@@ -172,6 +176,22 @@ def test_what_the_family_does_not_take_goes_to_the_vendors_path(exported):
     assert attention.attention_choice(transposed, transposed, transposed).use == "vendor"
 
 
+def test_the_ops_epilogue_names_the_familys_flag(exported):
+    """"gelu_tanh" after a bias is the family's bias_gelu_tanh: the rule's pick for it, as for
+    bias_gelu, is the tuned winner of the same shape without an epilogue; without a bias, the
+    vendor's path."""
+    gemm = exported["gemm"]
+    meta = {"dtype": torch.bfloat16, "device": "meta"}
+    a, w, bias = torch.empty(64, 14336, **meta), torch.empty(4096, 14336, **meta), torch.empty(4096, **meta)
+    for epilogue, flag in (("gelu_tanh", "bias_gelu_tanh"), ("gelu", "bias_gelu"), ("none", "bias")):
+        choice = gemm.gemm_choice(a, w.t(), bias, epilogue)
+        assert choice == gemm.choose((64, 4096, 14336), "bf16", {"layout": "nt", "epilogue": flag}), epilogue
+        assert choice.key == f"64x4096x14336-bf16-epilogue={flag}-layout=nt", choice
+        assert choice.use == "ours" and choice.source == "64x4096x14336-bf16-epilogue=none-layout=nt", choice
+    unbiased = gemm.gemm_choice(a, w.t(), None, "gelu_tanh")
+    assert unbiased.use == "vendor" and unbiased.reason == "the kernels apply gelu_tanh after a bias only"
+
+
 def test_a_row_marked_vendor_takes_the_vendors_path(exported):
     gemm = exported["gemm"]
     path = exported["out"] / GEMM_NAME / "table.json"
@@ -221,7 +241,7 @@ def test_bad_input_is_one_line(exported):
         (lambda: gemm.gemm(a[None], b), "2-D"),
         (lambda: gemm.gemm(a, b.half()), "share a dtype"),
         (lambda: gemm.gemm(a, b, torch.randn(5)), "bias must be a vector"),
-        (lambda: gemm.gemm(a, b, epilogue="tanh"), "not one of none, relu, gelu"),
+        (lambda: gemm.gemm(a, b, epilogue="tanh"), "not one of none, relu, gelu, gelu_tanh"),
         (lambda: gemm.gemm(a, torch.empty(8, 6, device="meta")), "is on meta"),
         (lambda: attention.attention(*(torch.randn(2, 3, 4) for _ in range(3))), "4-D"),
         (lambda: attention.attention(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16)),
