@@ -18,8 +18,9 @@ actors, so two studies never time on one GPU at once); then the job is given bac
 are free again. The pool is kept for the job's next slice (``SharedRun``: its actors are told
 the next problem, not started again; a new pool took 4-7 s a slice on the GPU machine) while
 the job takes the same number of GPUs; a kept pool is closed, freeing its GPUs, before a slice
-of another job or of another share starts, when no job waits, and when its job ends. A problem is done at its budget, or when its study can measure nothing more
-(every valid config measured); the job, when all its problems are. Nothing of a job's progress
+of another job or of another share starts, when no job waits, and when its job ends. A problem
+is done at its budget, or when its study can measure nothing more (every valid config
+measured); the job, when all its problems are. Nothing of a job's progress
 lives here: a study resumes by name and its stored trials are never measured again, so a
 scheduler killed and started again goes on where the database left it. A job cancelled
 meanwhile is not taken again; its slice running asks no more trials once its hold's renewal
