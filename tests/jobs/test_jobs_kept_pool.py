@@ -67,7 +67,7 @@ def _run(url: str, *specs: JobSpec) -> list:
         repo.close()
 
 
-def test_a_jobs_slices_run_on_one_pool_and_it_is_closed_when_the_job_ends(tmp_path, counted):
+def test_a_jobs_slices_run_on_one_pool_and_it_is_closed_when_the_job_ends(tmp_path, counted, module_ray):
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     (job,) = _run(url, JobSpec("attention", [FIRST, SECOND], trials=6))
     assert job.state == "done", job
@@ -76,7 +76,7 @@ def test_a_jobs_slices_run_on_one_pool_and_it_is_closed_when_the_job_ends(tmp_pa
     assert counted == {"opened": 1, "closed": 1}
 
 
-def test_slices_of_jobs_in_turn_close_the_pool_kept_for_the_other(tmp_path, counted):
+def test_slices_of_jobs_in_turn_close_the_pool_kept_for_the_other(tmp_path, counted, module_ray):
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     jobs = _run(url, JobSpec("attention", [FIRST], trials=6), JobSpec("attention", [SECOND], trials=6))
     assert [job.state for job in jobs] == ["done", "done"]
