@@ -157,3 +157,23 @@ def test_a_ratio_within_the_noise_of_both_timings_is_called_a_tie():
     assert row.tie("cudnn") and not row.tie("flash")
     cells = bench_table([row])[2]
     assert "1.010x tie" in cells and "1.300x |" in cells
+
+
+def test_cli_bench_takes_a_yaml_list_of_problems(tmp_path, monkeypatch, capsys):
+    from tuner.cli import commands
+
+    asked = []
+    monkeypatch.setattr(commands, "run_bench", lambda family, problems, **kw: asked.append(problems) or [])
+    shapes = tmp_path / "fa3.yaml"
+    shapes.write_text("- {shape: [32, 32, 512, 64], dtype: bf16, flags: {causal: true}}\n"
+                      "- {shape: '1,16,16384,128', dtype: fp16}\n")
+    assert commands.main(["bench", "attention", "--shapes", str(shapes)]) == 0
+    assert asked == [[((32, 32, 512, 64), "bf16", {"causal": True}), ((1, 16, 16384, 128), "fp16", {"causal": False})]]
+    assert commands.main(["bench", "attention", "--shapes", str(shapes), "--dtype", "fp16"]) == 0
+    assert asked[-1] == [((1, 16, 16384, 128), "fp16", {"causal": False})]
+    capsys.readouterr()
+    assert commands.main(["bench", "attention", "--shapes", str(shapes), "--shape", "1,8,512,64", "--dtype", "fp16"]) == 2
+    assert capsys.readouterr().err.strip() == "tuner: error: --shape and --shapes: give one"
+    shapes.write_text("- {shape: [1, 8, 512, 65], dtype: fp16}\n")
+    assert commands.main(["bench", "attention", "--shapes", str(shapes)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"tuner: error: {shapes}: entry 1: ")

@@ -212,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="time stored winners beside their peers (torch SDPA) on this GPU")
     bench.add_argument("family", help="kernel family, e.g. attention")
     bench.add_argument("--shape", help="one problem instead of the family's suite, e.g. 4,16,4096,128")
+    bench.add_argument("--shapes", metavar="FILE",
+                       help="the problems of a YAML list (as tune-many takes) instead of the suite")
     bench.add_argument("--dtype", help="element type of --shape, or only the suite's problems of it")
     bench.add_argument("--tune", type=_positive_int, metavar="N",
                        help="first tune each problem to N trials (resumes what is stored)")
@@ -599,7 +601,15 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("--shape needs --dtype")
     if args.shape is None and args.flags:
         raise UsageError("problem flags need --shape")
-    if args.shape is not None:
+    if args.shapes is not None and args.shape is not None:
+        raise UsageError("--shape and --shapes: give one")
+    if args.shapes is not None:
+        from tuner.lookup import family
+        from tuner.study.many import read_problems
+
+        listed = read_problems(family(args.family), args.shapes)
+        problems = [(p.shape, p.dtype, dict(p.flags)) for p in listed if args.dtype in (None, p.dtype)] or None
+    elif args.shape is not None:
         problems = [(args.shape, args.dtype, args.flags)]
     else:  # the family's suite, or its problems of one dtype
         problems = [p for p in suite_of(args.family) if args.dtype in (None, p[1])] or None
