@@ -187,6 +187,8 @@ class Scheduler:
                                stop_when=lambda: "its job was cancelled" if cancelled.is_set() else None,
                                shared=shared)
         stored = result.previous + result.measured + result.shared
+        logger.info("job %d: %s %s at %d of %d trials (%s)", job.id, fam.name, problem.key, stored, job.trials,
+                    result.status)
         database.call(lambda: repo.set_job_problem(job.id, entry.position, study=result.study))
         if stored >= job.trials or (result.status == "finished" and stored < target):
             database.call(lambda: repo.set_job_problem(job.id, entry.position, state="done", reason=result.reason))
