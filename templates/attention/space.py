@@ -74,9 +74,25 @@ def m_tiles(params: Mapping[str, Any]) -> float:
     return params["BLOCK_M"] / (16 * params["NUM_WARPS"])
 
 
+def padded_dim(head_dim: int) -> int:
+    """D rounded up to whole 64-column swizzle atoms (128 bytes of 16-bit elements): the width of
+    a swizzled tile in shared memory and of wgmma's O accumulator (its N for P V). D=96 is kept
+    as 128 columns whose last 32 are never read for S nor stored from O (the TMA fills them with
+    zeros, the columns past D of the tensor); 64, 128 and 256 are their own."""
+    return -(-head_dim // 64) * 64
+
+
 def row_stride(params: Mapping[str, Any], head_dim: int) -> int:
     layout = params["SMEM_LAYOUT"]
+    if layout == "swizzle":
+        return padded_dim(head_dim)
     return head_dim + (int(layout[3:]) if layout.startswith("pad") else 0)
+
+
+def acc_dim(params: Mapping[str, Any], head_dim: int) -> int:
+    """Columns of O's accumulator a 16-row tile holds: D with mma.sync (8 columns an mma),
+    the padded D with wgmma (P V's N covers whole swizzle atoms)."""
+    return padded_dim(head_dim) if params["MMA"] == "wgmma" else head_dim
 
 
 def tma(params: Mapping[str, Any]) -> bool:
@@ -127,7 +143,7 @@ def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
     if tma(params):  # Q (and O apart when persistent), K/V stages, 1024 bytes to align the base, the
         # mbarriers (8 bytes each) and the tile's slot
         q_tiles = 2 if persistent(params) else 1
-        return 2 * head_dim * (q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
+        return 2 * padded_dim(head_dim) * (q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
             8 * (3 + 4 * params["STAGES"])
     rows = params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
     # wgmma's swizzle atoms must start on 1024-byte boundaries: room to align the base.
@@ -140,7 +156,7 @@ def fragment_registers(params: Mapping[str, Any], head_dim: int) -> int:
     (optionally) Q's fragments. With mma.sync P is packed from S one 16-key step at a time, so it
     adds little; wgmma takes all of P's fragments at once."""
     tiles = int(m_tiles(params))
-    per_tile = params["BLOCK_N"] // 2 + head_dim // 2
+    per_tile = params["BLOCK_N"] // 2 + acc_dim(params, head_dim) // 2
     if params["Q_IN_REGS"]:
         per_tile += head_dim // 4
     if params["MMA"] == "wgmma":
@@ -170,8 +186,6 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
         reason = _wgmma_check(params, device)
         if reason:
             return reason
-    if params["SMEM_LAYOUT"] == "swizzle" and head_dim % 64:
-        return "layout: the XOR swizzle needs D to be a multiple of 64"
     if threads(params) > device.max_threads_per_block:
         return f"threads: {threads(params)} > {device.max_threads_per_block}"
     smem = smem_bytes(params, head_dim)
@@ -257,8 +271,6 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
         return "irrelevant: without the causal mask every tile is as long (TILE_ORDER=head)"
     if params["PINGPONG"] and consumers(params) != 2:
         return "irrelevant: ping-pong takes turns between two consumer warpgroups (BLOCK_M=128)"
-    if params["EPILOGUE"] == "tma" and head_dim % 64:
-        return "layout: the TMA store moves 64-column boxes"
     smem = smem_bytes(params, head_dim)
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
