@@ -160,7 +160,7 @@ def test_space_summary_counts_valid_and_rejected(problem):
         ("4,16,4096", "fp16", "malformed shape"),
         ("4,16,x,128", "fp16", "malformed shape"),
         ("4,16,0,128", "fp16", "malformed shape"),
-        ("4,16,4096,96", "fp16", "unsupported head dimension"),
+        ("4,16,4096,80", "fp16", "unsupported head dimension"),
         ("4,16,4096,128", "fp32", "unsupported dtype"),
     ],
 )
