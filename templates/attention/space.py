@@ -69,6 +69,12 @@ TWO_BLOCK_LOW_RESERVE = 48
 WIDE_ACC = 256
 WIDE_OVERLAP_RESERVE = 40
 WIDE_PERSISTENT_STORE_RESERVE = 64
+# The cp.async paths at D=256, from ptxas' reports of every config (same two problems): mma.sync
+# on the XOR-swizzled tiles spilled in 52 of 64 (its addresses beside the accumulators); the
+# others kept out of local memory with 48 registers free under the launch bound, which ptxas
+# takes for whole groups of four warps (nine warps: 168 registers, not 224).
+WIDE_RESERVE = 48
+ALLOCATION_WARPS = 4
 
 REGISTER_LIMIT = 255
 # Fragment registers a compute thread may hold before the compiler must spill; the rest of the
@@ -129,6 +135,13 @@ def persistent(params: Mapping[str, Any]) -> bool:
 def launch_registers(params: Mapping[str, Any]) -> int:
     """The register cap a thread gets from __launch_bounds__(threads, blocks_per_sm)."""
     return min(255, REGISTER_FILE // (threads(params) * blocks_per_sm(params)) // 8 * 8)
+
+
+def allocated_registers(params: Mapping[str, Any]) -> int:
+    """The cap ptxas gives a thread under the launch bound, the block's warps counted in whole
+    groups of ALLOCATION_WARPS (nine warps take twelve warps' share)."""
+    warps = -(-threads(params) // 32 // ALLOCATION_WARPS) * ALLOCATION_WARPS
+    return min(255, REGISTER_FILE // (32 * warps * blocks_per_sm(params)) // 8 * 8)
 
 
 def consumer_registers(params: Mapping[str, Any]) -> int:
@@ -201,6 +214,14 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
     regs = fragment_registers(params, head_dim)
     if regs > FRAGMENT_REGISTER_BUDGET:
         return f"registers: {regs} fragment registers per thread > {FRAGMENT_REGISTER_BUDGET}"
+    if acc_dim(params, head_dim) >= WIDE_ACC:
+        if params["MMA"] == "sync" and params["SMEM_LAYOUT"] == "swizzle":
+            return "registers: mma.sync on XOR-swizzled tiles spills beside a 256-column O accumulator " \
+                   "(D=256: a padded layout, or wgmma)"
+        cap = allocated_registers(params)
+        if regs + WIDE_RESERVE > cap:
+            return f"registers: {regs} fragment registers (+{WIDE_RESERVE} kept free) per thread > {cap}, " \
+                   f"what {threads(params)} threads leave each (D=256)"
     if threads(params) * min(REGISTER_LIMIT, regs + 48) > device.regs_per_sm:
         return "registers: the block cannot fit one SM's register file without spilling"
     return None
