@@ -163,8 +163,8 @@ def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
     if tma(params):  # Q (and O apart when persistent), K/V stages, 1024 bytes to align the base, the
         # mbarriers (8 bytes each) and the tile's slot
         q_tiles = 2 if persistent(params) else 1
-        return 2 * padded_dim(head_dim) * (q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
-            8 * (3 + 4 * params["STAGES"])
+        rows = q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
+        return 2 * padded_dim(head_dim) * rows + 1024 + 8 * (3 + 4 * params["STAGES"])
     rows = params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
     # wgmma's swizzle atoms must start on 1024-byte boundaries: room to align the base.
     slack = 1024 if params["MMA"] == "wgmma" else 0

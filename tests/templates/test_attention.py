@@ -45,8 +45,8 @@ REASONS = {"divisibility", "shared memory", "registers", "layout", "threads", "a
 WHOLE = [
     pytest.param(p, id=p.key, marks=pytest.mark.soak)
     for p in (PROBLEMS[7], PROBLEMS[1], PROBLEMS[0], PROBLEMS[3], PROBLEMS[6],
-              FAMILY.parse_problem("4,16,4096,128", "fp16"), FAMILY.parse_problem("2,3,1000,96", "bf16", {"causal": True}),
-              FAMILY.parse_problem("1,2,4097,256", "fp16"))
+              FAMILY.parse_problem("4,16,4096,128", "fp16"),
+              FAMILY.parse_problem("2,3,1000,96", "bf16", {"causal": True}), FAMILY.parse_problem("1,2,4097,256", "fp16"))
 ]
 # D=96 (swizzled tiles and wgmma's O accumulator padded to 128 columns) and D=256.
 WIDE = [FAMILY.parse_problem(f"2,3,1000,{d}", dtype, {"causal": causal})
