@@ -40,7 +40,7 @@ REASONS = {"divisibility", "shared memory", "registers", "layout", "threads", "a
 # The problems whose whole product is checked config by config (whole_space.py: one pass a problem,
 # about 40 s, shared by the tests below), in the soak tier (``pytest -m soak``): D=128 (the tighter
 # registers and shared memory), a sequence no tile divides, causal, bf16; D=64 with and without the
-# mask, fp16 and bf16; 4x16x4096x128 fp16. Every problem's enumerated configs render in the
+# mask, fp16 and bf16; 4x16x4096x128 fp16; D=96 (causal bf16) and D=256. Every problem's enumerated configs render in the
 # default run (test_every_valid_config_of_every_problem_renders).
 WHOLE = [
     pytest.param(p, id=p.key, marks=pytest.mark.soak)
