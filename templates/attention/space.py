@@ -69,10 +69,12 @@ TWO_BLOCK_LOW_RESERVE = 48
 WIDE_ACC = 256
 WIDE_OVERLAP_RESERVE = 40
 WIDE_PERSISTENT_STORE_RESERVE = 64
-# The cp.async paths at D=256, from ptxas' reports of every config (same two problems): mma.sync
-# on the XOR-swizzled tiles spilled in 52 of 64 (its addresses beside the accumulators); the
-# others kept out of local memory with 48 registers free under the launch bound, which ptxas
-# takes for whole groups of four warps (nine warps: 168 registers, not 224).
+# The cp.async paths at D=256 and D=96, from ptxas' reports of every config (same two problems):
+# mma.sync on the XOR-swizzled tiles spilled in 52 of 64 at D=256 (its addresses beside the
+# accumulators) and 55 of 144 at D=96 (rows padded to 128 elements); the others kept out of local
+# memory with 48 registers free under the launch bound, which ptxas takes for whole groups of four
+# warps (nine warps: 168 registers, not 224), except at D=96 mma.sync with two 16-row tiles a
+# warp, Q from shared memory and 64 keys in two stages or three (12 of 24, fp16).
 WIDE_RESERVE = 48
 ALLOCATION_WARPS = 4
 # D=96 on the TMA path (tiles and accumulator of D=128's width), from ptxas' reports of every
@@ -224,14 +226,19 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
     regs = fragment_registers(params, head_dim)
     if regs > FRAGMENT_REGISTER_BUDGET:
         return f"registers: {regs} fragment registers per thread > {FRAGMENT_REGISTER_BUDGET}"
-    if acc_dim(params, head_dim) >= WIDE_ACC:
+    padded = padded_dim(head_dim) != head_dim
+    if acc_dim(params, head_dim) >= WIDE_ACC or padded:
         if params["MMA"] == "sync" and params["SMEM_LAYOUT"] == "swizzle":
-            return "registers: mma.sync on XOR-swizzled tiles spills beside a 256-column O accumulator " \
-                   "(D=256: a padded layout, or wgmma)"
+            return f"registers: mma.sync on XOR-swizzled tiles spills at D={head_dim} (ptxas): a padded layout, " \
+                   "or wgmma"
         cap = allocated_registers(params)
         if regs + WIDE_RESERVE > cap:
             return f"registers: {regs} fragment registers (+{WIDE_RESERVE} kept free) per thread > {cap}, " \
-                   f"what {threads(params)} threads leave each (D=256)"
+                   f"what {threads(params)} threads leave each (D={head_dim})"
+    if padded and params["MMA"] == "sync" and tiles == 2 and not params["Q_IN_REGS"] and params["BLOCK_N"] >= 64 \
+            and params["STAGES"] >= 2 and not params["WARP_SPECIALIZED"]:
+        return f"registers: two 16-row tiles a warp, Q from shared memory and {params['BLOCK_N']} keys a stage " \
+               f"spill at D={head_dim} (ptxas)"
     if threads(params) * min(REGISTER_LIMIT, regs + 48) > device.regs_per_sm:
         return "registers: the block cannot fit one SM's register file without spilling"
     return None

@@ -54,8 +54,8 @@ TMA_POINTS[256] = (dict(TMA, BLOCK_N=64), dict(TMA, BLOCK_N=64, PINGPONG=0), dic
                    dict(WIDE_ONE_CONSUMER, BLOCK_N=64), dict(WIDE_ONE_CONSUMER, BLOCK_N=96, INTRA_OVERLAP=0),
                    dict(WIDE_ONE_CONSUMER, BLOCK_N=64, STAGES=3, INTRA_OVERLAP=0))
 # At D=256 FA2's 128 x 64 tile does not fit mma.sync's registers (two 16-row tiles a warp beside
-# O's 128 columns): 64 x 64 on four warps instead.
-SYNC_AT_D256 = dict(BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4, STAGES=2, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=0,
+# O's 128 columns), and at D=96 ptxas spills it: 64 x 64 on four warps instead.
+SYNC_ONE_TILE = dict(BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4, STAGES=2, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=0,
                     Q_IN_REGS=0, MMA="sync")
 
 
@@ -72,4 +72,4 @@ def starting_points(head_dim: int, few_tiles: bool = False) -> list[dict[str, An
     ``few_tiles``: the problem has fewer 128-row tiles than the GPU has SMs."""
     return ([dict(p) for p in FEW_TILES_POINTS if few_tiles] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
             + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON]
-            + ([dict(SYNC_AT_D256)] if head_dim == 256 else []))
+            + ([dict(SYNC_ONE_TILE)] if head_dim in (96, 256) else []))

@@ -595,3 +595,20 @@ def test_validate_checks_d96_and_d256_outputs():
         wrong = good.copy()
         wrong[..., -1] = attn.to_bits(np.ones(wrong.shape[:-1], np.float32), problem.dtype)  # O's last column
         assert not FAMILY.validate(problem, inputs, {"o": wrong}).ok
+
+
+def test_d96_tma_configs_keep_registers_free_where_ptxas_spilled():
+    """D=96 holds D=128's fragments, and is refused, with the registers named, where ptxas spilled
+    at D=96 (PADDED_* in space.py)."""
+    d96, d128 = (FAMILY.parse_problem(f"2,3,1000,{d}", "bf16", {"causal": True}) for d in (96, 128))
+    tma = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=160, STAGES=2, SMEM_LAYOUT="swizzle",
+               WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1, PINGPONG=1)
+    three = dict(tma, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, PINGPONG=0)
+    store = dict(tma, PRODUCER_REGS=56, EPILOGUE="tma")
+    for config in (tma, dict(tma, BLOCK_N=176), three, store):
+        assert FAMILY.check(config, d128, H100_LIMITS) is None, config
+    assert FAMILY.check(tma, d96, H100_LIMITS) is None and FAMILY.check(dict(tma, BLOCK_N=176), d96, H100_LIMITS) is None
+    assert FAMILY.check(three, d96, H100_LIMITS) == \
+        "registers: 128 fragment registers (+40 kept free) per consumer thread > 160"
+    assert FAMILY.check(store, d96, H100_LIMITS) == "registers: 224 fragment registers (+24 kept free) per consumer thread > 224"
+    assert FAMILY.check(dict(three, INTRA_OVERLAP=0), d96, H100_LIMITS) is None
