@@ -69,7 +69,8 @@ def test_every_config_renders_or_is_rejected_with_a_reason(problem):
     assert set(checked.summary.reasons) <= REASONS, checked.summary.reasons
     for config in checked.valid:
         _assert_renders(config, problem)
-    assert len(checked.valid) > 100 and sum(c["LOADS"] == "tma" for c in checked.valid) > 100
+    least = 50 if problem.shape[3] == 256 else 100  # D=256: 72 TMA configs without the mask
+    assert len(checked.valid) > least and sum(c["LOADS"] == "tma" for c in checked.valid) > least
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
