@@ -44,8 +44,8 @@ TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
 # unused), so it starts from D=128's points; FA3 takes 128 x 128 at D=96, here among them.
 TMA_POINTS[96] = TMA_POINTS[128]
 # D=256 (not yet measured on the H200): FA3's tile of 128 rows on two consumer warpgroups with
-# setmaxnreg 24/240 and the overlap, its 80 keys as 64 here (more do not fit shared memory
-# beside Q's 64 KB in two stages, nor the registers beside O's 128 a thread); then without
+# setmaxnreg 24/240 and the overlap, its 80 keys as 64 here (the space has no 80, and two stages
+# of 96 beside Q's 64 KB exceed shared memory); then without
 # ping-pong or without the overlap, the TMA store, the longest tiles first, and one consumer
 # warpgroup of 64 rows (96 keys, 176 fragment registers without the overlap).
 WIDE_ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PINGPONG=0)
