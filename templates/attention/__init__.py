@@ -5,7 +5,7 @@
     problem = family.parse_problem("4,16,4096,128", "fp16", {"causal": True})
     source = family.render(family.default_params(), problem)
 
-Layout (B, H, S, D) contiguous, fp16 or bf16, D in {64, 128}, any S, B and H; grouped-query
+Layout (B, H, S, D) contiguous, fp16 or bf16, D in {64, 96, 128, 256}, any S, B and H; grouped-query
 attention as the shape B,H,S,D,HKV (K and V of (B, HKV, S, D), HKV dividing H).
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 from templates.elements import from_bits, normal_inputs, to_bits  # noqa: F401 - to_bits: for the tests
 from templates.family import BufferSpec, Problem, TemplateError, Validation, shown
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = ("fp16", "bf16")
 # ||out - ref|| / ||ref|| on the checked rows. P is rounded to the element type before P.V, so
 # the bound follows the type's precision: fp16 has 11 significant bits, bf16 8.

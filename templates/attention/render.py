@@ -47,6 +47,8 @@ def source(params: Params, problem: Problem) -> str:
         config_comment=f"{for_problems}; {comment}",
         kernel_name=KERNEL_NAME,
         head_dim=head_dim,
+        padded_dim=_space.padded_dim(head_dim),
+        acc_dim=_space.acc_dim(params, head_dim),
         causal=problem.flag("causal"),
         m_tiles=int(tiles),
         row_stride=_space.row_stride(params, head_dim),
@@ -58,7 +60,7 @@ def source(params: Params, problem: Problem) -> str:
         wgmma=params["MMA"] == "wgmma",
         # name, N, A from registers, B N-major (transposed)
         wgmma_ops=(("wgmma_s_ss", params["BLOCK_N"], False, 0), ("wgmma_s_rs", params["BLOCK_N"], True, 0),
-                   ("wgmma_pv", head_dim, True, 1)),
+                   ("wgmma_pv", _space.padded_dim(head_dim), True, 1)),
         ptx_regs=_ptx_regs,
         acc_operands=_acc_operands,
     )
@@ -92,7 +94,8 @@ def launch(params: Params, problem: Problem) -> Launch:
 @functools.lru_cache(maxsize=256)  # a study asks for the same few for each config it screens
 def tensor_map(buffer: str, rows: int, problem: Problem) -> TensorMap:
     """A (B, H, S, D) tensor as the 3-D map {D, S, B*H} (K and V: {D, S, B*HKV}): a box is 64
-    columns of ``rows`` rows of one head, 128-byte swizzled; rows past S read as zeros and are
+    columns of ``rows`` rows of one head, 128-byte swizzled (D/64 boxes a tile, rounded up: the
+    second box of D=96 is half past D); rows and columns past the tensor read as zeros and are
     never written."""
     b, h, s, d = problem.shape[:4]
     heads = _problem.kv_heads(problem.shape) if buffer in ("k", "v") else h

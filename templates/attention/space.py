@@ -62,6 +62,31 @@ PINGPONG_RESERVE = 32
 # and 128 registers they spilled with 24 and 32 to spare, not with 48; at 200-232 none spilled.
 TWO_BLOCK_LOW_BUDGET = 128
 TWO_BLOCK_LOW_RESERVE = 48
+# An O accumulator of 256 columns (D=256: 128 registers a thread), from ptxas' reports of every
+# TMA config of D=256 (bf16 causal and fp16 without the mask, sm_90a, nvcc 13.0): with the
+# overlap, configs spilled with up to 32 registers to spare, none with 40 or more; with the
+# overlap, the persistent schedule and the TMA store, with up to 63 to spare.
+WIDE_ACC = 256
+WIDE_OVERLAP_RESERVE = 40
+WIDE_PERSISTENT_STORE_RESERVE = 64
+# The cp.async paths at D=256 and D=96, from ptxas' reports of every config (same two problems):
+# mma.sync on the XOR-swizzled tiles spilled in 52 of 64 at D=256 (its addresses beside the
+# accumulators) and 55 of 144 at D=96 (rows padded to 128 elements); the others kept out of local
+# memory with 48 registers free under the launch bound, which ptxas takes for whole groups of four
+# warps (nine warps: 168 registers, not 224), except at D=96 mma.sync with two 16-row tiles a
+# warp, Q from shared memory and 64 keys in two stages or three (12 of 24, fp16).
+WIDE_RESERVE = 48
+ALLOCATION_WARPS = 4
+# D=96 on the TMA path (tiles and accumulator of D=128's width), from ptxas' reports of every
+# config (fp16 without the mask, bf16 causal, sm_90a, nvcc 13.0): 59 of 1,824 spilled, all
+# within these reserves: the overlap with the TMA store with up to 15 registers to spare (and
+# persistent, under 224 registers, 40); three consumer warpgroups with the overlap, 32;
+# ping-pong without the overlap, 32. (D=128's configs of the same tiles spilled alike under
+# nvcc 13.0; its reserves above stay those measured with the toolchain of its landscapes.)
+PADDED_OVERLAP_STORE_RESERVE = 24
+PADDED_OVERLAP_PERSISTENT_STORE_RESERVE = 48
+PADDED_THREE_CONSUMERS_OVERLAP_RESERVE = 40
+PADDED_PINGPONG_RESERVE = 40
 
 REGISTER_LIMIT = 255
 # Fragment registers a compute thread may hold before the compiler must spill; the rest of the
@@ -74,9 +99,25 @@ def m_tiles(params: Mapping[str, Any]) -> float:
     return params["BLOCK_M"] / (16 * params["NUM_WARPS"])
 
 
+def padded_dim(head_dim: int) -> int:
+    """D rounded up to whole 64-column swizzle atoms (128 bytes of 16-bit elements): the width of
+    a swizzled tile in shared memory and of wgmma's O accumulator (its N for P V). D=96 is kept
+    as 128 columns whose last 32 are never read for S nor stored from O (the TMA fills them with
+    zeros, the columns past D of the tensor); 64, 128 and 256 are their own."""
+    return -(-head_dim // 64) * 64
+
+
 def row_stride(params: Mapping[str, Any], head_dim: int) -> int:
     layout = params["SMEM_LAYOUT"]
+    if layout == "swizzle":
+        return padded_dim(head_dim)
     return head_dim + (int(layout[3:]) if layout.startswith("pad") else 0)
+
+
+def acc_dim(params: Mapping[str, Any], head_dim: int) -> int:
+    """Columns of O's accumulator a 16-row tile holds: D with mma.sync (8 columns an mma),
+    the padded D with wgmma (P V's N covers whole swizzle atoms)."""
+    return padded_dim(head_dim) if params["MMA"] == "wgmma" else head_dim
 
 
 def tma(params: Mapping[str, Any]) -> bool:
@@ -108,6 +149,13 @@ def launch_registers(params: Mapping[str, Any]) -> int:
     return min(255, REGISTER_FILE // (threads(params) * blocks_per_sm(params)) // 8 * 8)
 
 
+def allocated_registers(params: Mapping[str, Any]) -> int:
+    """The cap ptxas gives a thread under the launch bound, the block's warps counted in whole
+    groups of ALLOCATION_WARPS (nine warps take twelve warps' share)."""
+    warps = -(-threads(params) // 32 // ALLOCATION_WARPS) * ALLOCATION_WARPS
+    return min(255, REGISTER_FILE // (32 * warps * blocks_per_sm(params)) // 8 * 8)
+
+
 def consumer_registers(params: Mapping[str, Any]) -> int:
     """TMA path: the registers a consumer thread may use (after setmaxnreg, when it is on): what
     the producer gives up, shared among the consumer warpgroups, at most MAX_CONSUMER_REGS."""
@@ -127,8 +175,8 @@ def smem_bytes(params: Mapping[str, Any], head_dim: int) -> int:
     if tma(params):  # Q (and O apart when persistent), K/V stages, 1024 bytes to align the base, the
         # mbarriers (8 bytes each) and the tile's slot
         q_tiles = 2 if persistent(params) else 1
-        return 2 * head_dim * (q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]) + 1024 + \
-            8 * (3 + 4 * params["STAGES"])
+        rows = q_tiles * params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
+        return 2 * padded_dim(head_dim) * rows + 1024 + 8 * (3 + 4 * params["STAGES"])
     rows = params["BLOCK_M"] + 2 * params["STAGES"] * params["BLOCK_N"]
     # wgmma's swizzle atoms must start on 1024-byte boundaries: room to align the base.
     slack = 1024 if params["MMA"] == "wgmma" else 0
@@ -140,7 +188,7 @@ def fragment_registers(params: Mapping[str, Any], head_dim: int) -> int:
     (optionally) Q's fragments. With mma.sync P is packed from S one 16-key step at a time, so it
     adds little; wgmma takes all of P's fragments at once."""
     tiles = int(m_tiles(params))
-    per_tile = params["BLOCK_N"] // 2 + head_dim // 2
+    per_tile = params["BLOCK_N"] // 2 + acc_dim(params, head_dim) // 2
     if params["Q_IN_REGS"]:
         per_tile += head_dim // 4
     if params["MMA"] == "wgmma":
@@ -170,8 +218,6 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
         reason = _wgmma_check(params, device)
         if reason:
             return reason
-    if params["SMEM_LAYOUT"] == "swizzle" and head_dim % 64:
-        return "layout: the XOR swizzle needs D to be a multiple of 64"
     if threads(params) > device.max_threads_per_block:
         return f"threads: {threads(params)} > {device.max_threads_per_block}"
     smem = smem_bytes(params, head_dim)
@@ -180,6 +226,19 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
     regs = fragment_registers(params, head_dim)
     if regs > FRAGMENT_REGISTER_BUDGET:
         return f"registers: {regs} fragment registers per thread > {FRAGMENT_REGISTER_BUDGET}"
+    padded = padded_dim(head_dim) != head_dim
+    if acc_dim(params, head_dim) >= WIDE_ACC or padded:
+        if params["MMA"] == "sync" and params["SMEM_LAYOUT"] == "swizzle":
+            return f"registers: mma.sync on XOR-swizzled tiles spills at D={head_dim} (ptxas): a padded layout, " \
+                   "or wgmma"
+        cap = allocated_registers(params)
+        if regs + WIDE_RESERVE > cap:
+            return f"registers: {regs} fragment registers (+{WIDE_RESERVE} kept free) per thread > {cap}, " \
+                   f"what {threads(params)} threads leave each (D={head_dim})"
+    if padded and params["MMA"] == "sync" and tiles == 2 and not params["Q_IN_REGS"] and params["BLOCK_N"] >= 64 \
+            and params["STAGES"] >= 2 and not params["WARP_SPECIALIZED"]:
+        return f"registers: two 16-row tiles a warp, Q from shared memory and {params['BLOCK_N']} keys a stage " \
+               f"spill at D={head_dim} (ptxas)"
     if threads(params) * min(REGISTER_LIMIT, regs + 48) > device.regs_per_sm:
         return "registers: the block cannot fit one SM's register file without spilling"
     return None
@@ -257,8 +316,6 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
         return "irrelevant: without the causal mask every tile is as long (TILE_ORDER=head)"
     if params["PINGPONG"] and consumers(params) != 2:
         return "irrelevant: ping-pong takes turns between two consumer warpgroups (BLOCK_M=128)"
-    if params["EPILOGUE"] == "tma" and head_dim % 64:
-        return "layout: the TMA store moves 64-column boxes"
     smem = smem_bytes(params, head_dim)
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
@@ -272,6 +329,27 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
         reserve = PINGPONG_RESERVE
     if blocks > 1 and budget <= TWO_BLOCK_LOW_BUDGET:
         reserve = TWO_BLOCK_LOW_RESERVE
+    if acc_dim(params, head_dim) >= WIDE_ACC and params["INTRA_OVERLAP"]:
+        wide = WIDE_PERSISTENT_STORE_RESERVE if persistent(params) and params["EPILOGUE"] == "tma" \
+            else WIDE_OVERLAP_RESERVE
+        reserve = max(reserve, wide)
+    if padded_dim(head_dim) != head_dim:
+        reserve = max(reserve, _padded_reserve(params, budget))
     if regs + reserve > budget:
         return f"registers: {regs} fragment registers (+{reserve} kept free) per consumer thread > {budget}"
     return None
+
+
+def _padded_reserve(params: Mapping[str, Any], budget: int) -> int:
+    """TMA path, D below its padded width (96): the registers kept free beside the fragments
+    where ptxas spilled with fewer (PADDED_* above)."""
+    overlap, store = params["INTRA_OVERLAP"], params["EPILOGUE"] == "tma"
+    reserve = 0
+    if overlap and store:
+        reserve = PADDED_OVERLAP_PERSISTENT_STORE_RESERVE if persistent(params) and budget < TIGHT_BUDGET \
+            else PADDED_OVERLAP_STORE_RESERVE
+    if overlap and consumers(params) == 3:
+        reserve = max(reserve, PADDED_THREE_CONSUMERS_OVERLAP_RESERVE)
+    if params["PINGPONG"] and not overlap:
+        reserve = max(reserve, PADDED_PINGPONG_RESERVE)
+    return reserve

@@ -40,6 +40,23 @@ TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
          dict(TMA), dict(TMA, SCHEDULE="persistent"), dict(TMA, BLOCK_M=192, NUM_WARPS=12, INTRA_OVERLAP=0, PINGPONG=0),
          dict(TMA, BLOCK_N=192), dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=96, PINGPONG=0)),
 }
+# D=96 holds D=128's tiles (its swizzled tiles and O accumulator are 128 columns wide, the last 32
+# unused), so it starts from D=128's points; FA3 takes 128 x 128 at D=96, here among them.
+TMA_POINTS[96] = TMA_POINTS[128]
+# D=256 (not yet measured on the H200): FA3's tile of 128 rows on two consumer warpgroups with
+# setmaxnreg 24/240 and the overlap, its 80 keys as 64 here (the space has no 80, and two stages
+# of 96 beside Q's 64 KB exceed shared memory); then without
+# ping-pong or without the overlap, the TMA store, the longest tiles first, and one consumer
+# warpgroup of 64 rows (96 keys, 176 fragment registers without the overlap).
+WIDE_ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PINGPONG=0)
+TMA_POINTS[256] = (dict(TMA, BLOCK_N=64), dict(TMA, BLOCK_N=64, PINGPONG=0), dict(LPT, BLOCK_N=64),
+                   dict(TMA, BLOCK_N=64, INTRA_OVERLAP=0), dict(TMA, BLOCK_N=64, EPILOGUE="tma"),
+                   dict(WIDE_ONE_CONSUMER, BLOCK_N=64), dict(WIDE_ONE_CONSUMER, BLOCK_N=96, INTRA_OVERLAP=0),
+                   dict(WIDE_ONE_CONSUMER, BLOCK_N=64, STAGES=3, INTRA_OVERLAP=0))
+# At D=256 FA2's 128 x 64 tile does not fit mma.sync's registers (two 16-row tiles a warp beside
+# O's 128 columns), and at D=96 ptxas spills it: 64 x 64 on four warps instead.
+SYNC_ONE_TILE = dict(BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4, STAGES=2, SMEM_LAYOUT="pad8", WARP_SPECIALIZED=0,
+                    Q_IN_REGS=0, MMA="sync")
 
 
 # Problems of fewer 128-row tiles than the GPU has SMs (e.g. 1x8x512: 32 tiles on 132 SMs): first
@@ -54,4 +71,5 @@ def starting_points(head_dim: int, few_tiles: bool = False) -> list[dict[str, An
     """In the order they are measured (the family keeps those its constraints accept).
     ``few_tiles``: the problem has fewer 128-row tiles than the GPU has SMs."""
     return ([dict(p) for p in FEW_TILES_POINTS if few_tiles] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
-            + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON])
+            + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON]
+            + ([dict(SYNC_ONE_TILE)] if head_dim in (96, 256) else []))

@@ -10,9 +10,9 @@
         o = triton_peer.attention(q, k, v, causal=True)  # the tuned kernel, (B, H, S, D) like q
 
 Inputs q (B, H, S, D) and k, v (B, HKV, S, D) contiguous CUDA tensors, HKV dividing H (query head
-h reads KV head h // (H // HKV): grouped-query attention where HKV < H), fp16 or bf16, D 64 or
-128, any S >= 1; causal is top-left aligned (query i sees keys j <= i, as SDPA's ``is_causal``
-with equal lengths).
+h reads KV head h // (H // HKV): grouped-query attention where HKV < H), fp16 or bf16, D 64, 96,
+128 or 256 (96 held as a 128-column tile, the columns past D masked), any S >= 1; causal is
+top-left aligned (query i sees keys j <= i, as SDPA's ``is_causal`` with equal lengths).
 
 The kernel: one program per (BLOCK_M query rows, b*h), online softmax in the exp2 domain
 (log2(e) folded into the 1/sqrt(D) scale), fp32 accumulators, P rounded to the input type before
@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)
 # (BLOCK_M, BLOCK_N, num_stages, num_warps): the usual space of FA2 forwards in Triton.
 CONFIG_SPACE = tuple(
     (block_m, block_n, stages, warps)
@@ -93,9 +93,17 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def block_d(head_dim: int) -> int:
+    """The kernel's tile width over D: Triton's blocks are powers of two, so D=96 is held as 128
+    columns, those past D masked (loaded as zeros, never stored)."""
+    return next_power_of_two(head_dim)
+
+
 def shared_memory_bytes(block_m: int, block_n: int, stages: int, head_dim: int) -> int:
-    """An estimate of one program's shared memory: K and V tiles for each pipeline stage, and Q."""
-    return (2 * block_n * head_dim * stages + block_m * head_dim) * ELEMENT_BYTES
+    """An estimate of one program's shared memory: K and V tiles for each pipeline stage, and Q
+    (D padded to a power of two)."""
+    width = block_d(head_dim)
+    return (2 * block_n * width * stages + block_m * width) * ELEMENT_BYTES
 
 
 def fits(block_m: int, block_n: int, stages: int, head_dim: int, seq_len: int) -> bool:
@@ -168,18 +176,26 @@ def _build():
     def _attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, offs_m, offs_n, offs_d, S, qk_scale,
                         lo, hi,
                         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                        MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr):
         """Keys [lo, hi) in steps of BLOCK_N (lo a multiple of BLOCK_N). MASKED: keys >= S get
-        -inf (their loads are masked), and with CAUSAL keys past each row's own index too."""
+        -inf (their loads are masked), and with CAUSAL keys past each row's own index too.
+        PAD_D: the tile's columns past HEAD_DIM load as zeros."""
+        d_ok = offs_d < HEAD_DIM
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             cols = start_n + offs_n  # [BLOCK_N] key indices
             in_range = cols < S
-            kv_offsets = cols[:, None] * HEAD_DIM + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+            kv_offsets = cols[:, None] * HEAD_DIM + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
             if MASKED:
-                k = tl.load(K_head + kv_offsets, mask=in_range[:, None], other=0.0)
+                if PAD_D:
+                    k = tl.load(K_head + kv_offsets, mask=in_range[:, None] & d_ok[None, :], other=0.0)
+                else:
+                    k = tl.load(K_head + kv_offsets, mask=in_range[:, None], other=0.0)
             else:
-                k = tl.load(K_head + kv_offsets)
+                if PAD_D:
+                    k = tl.load(K_head + kv_offsets, mask=d_ok[None, :], other=0.0)
+                else:
+                    k = tl.load(K_head + kv_offsets)
             qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32, input-type operands
             if MASKED:
                 keep = in_range[None, :]
@@ -199,19 +215,27 @@ def _build():
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
             if MASKED:
-                v = tl.load(V_head + kv_offsets, mask=in_range[:, None], other=0.0)
+                if PAD_D:
+                    v = tl.load(V_head + kv_offsets, mask=in_range[:, None] & d_ok[None, :], other=0.0)
+                else:
+                    v = tl.load(V_head + kv_offsets, mask=in_range[:, None], other=0.0)
             else:
-                v = tl.load(V_head + kv_offsets)
+                if PAD_D:
+                    v = tl.load(V_head + kv_offsets, mask=d_ok[None, :], other=0.0)
+                else:
+                    v = tl.load(V_head + kv_offsets)
             acc = tl.dot(p.to(v.dtype), v, acc)  # P rounded to the input type, as FA2 does
             m_i = m_new
         return acc, l_i, m_i
 
     @triton.jit
     def _attn_fwd(Q, K, V, O, BH, S, GROUP, qk_scale,
-                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """Grid (cdiv(S, BLOCK_M), B*H); Q, O contiguous (B, H, S, D), K, V (B, H / GROUP, S, D).
-        qk_scale is log2(e)/sqrt(D). BH is unused in the body: it is part of the autotuner's key."""
+        qk_scale is log2(e)/sqrt(D). BH is unused in the body: it is part of the autotuner's key.
+        BLOCK_D: D rounded up to a power of two (tl.arange's); PAD_D: BLOCK_D > D, the columns
+        past D masked."""
         start_m = tl.program_id(0)
         head = tl.program_id(1).to(tl.int64) * S * HEAD_DIM
         kv_head = (tl.program_id(1) // GROUP).to(tl.int64) * S * HEAD_DIM
@@ -221,14 +245,18 @@ def _build():
         O_head = O + head
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, HEAD_DIM)
+        offs_d = tl.arange(0, BLOCK_D)
         row_ok = offs_m < S
         q_offsets = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q_head + q_offsets, mask=row_ok[:, None], other=0.0)  # rows past S: 0
+        if PAD_D:
+            io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        else:
+            io_mask = row_ok[:, None]
+        q = tl.load(Q_head + q_offsets, mask=io_mask, other=0.0)  # rows past S (and columns past D): 0
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         if CAUSAL:
             # keys below this block's first row are seen by all its rows (and are < S); blocks
             # from the one holding that first row up to its last row (or S) cross the diagonal
@@ -240,13 +268,13 @@ def _build():
             hi = S
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, offs_m, offs_n, offs_d,
                                         S, qk_scale, 0, mid,
-                                        HEAD_DIM, BLOCK_N, False, CAUSAL)
+                                        HEAD_DIM, BLOCK_N, False, CAUSAL, PAD_D)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, offs_m, offs_n, offs_d,
                                         S, qk_scale, mid, hi,
-                                        HEAD_DIM, BLOCK_N, True, CAUSAL)
+                                        HEAD_DIM, BLOCK_N, True, CAUSAL, PAD_D)
         l_i = tl.where(l_i == 0.0, 1.0, l_i)  # no key at all: acc is 0, and so is the row
         out = acc / l_i[:, None]
-        tl.store(O_head + q_offsets, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(O_head + q_offsets, out.to(O.dtype.element_ty), mask=io_mask)
 
 
 def _require():
@@ -335,7 +363,7 @@ def _check(torch, q, k, v, out):
 def _arguments(q, k, v, out, causal):
     b, h, s, d = q.shape
     scale = math.log2(math.e) / math.sqrt(d)
-    return (q, k, v, out, b * h, s, h // k.shape[1], scale, d, bool(causal))
+    return (q, k, v, out, b * h, s, h // k.shape[1], scale, d, bool(causal), block_d(d), block_d(d) != d)
 
 
 def _run(q, k, v, causal, out):
@@ -416,7 +444,7 @@ def _compile_one(job) -> int:
     bh, s, d, causal, dtype, group, (block_m, block_n, stages, warps) = job
     element = torch.float16 if dtype == "fp16" else torch.bfloat16
     _attn_fwd.warmup(element, element, element, element, bh, s, group, math.log2(math.e) / math.sqrt(d), d, causal,
-                     BLOCK_M=block_m, BLOCK_N=block_n, num_stages=stages, num_warps=warps, grid=(1,))
+                     block_d(d), block_d(d) != d, BLOCK_M=block_m, BLOCK_N=block_n, num_stages=stages, num_warps=warps, grid=(1,))
     return 1
 
 

@@ -186,3 +186,48 @@ def test_kernel_time_is_measured_and_within_the_workers_time(bench, sample):
     spare = len(bench._spare_events)  # the trials' events are kept and reused, not made anew
     again = bench.measure(binary, launch, "attention", problem, seed=3, timing=TimingOptions(warmup_ms=5.0, rep=50))
     assert again.ok and again.flush_seconds > 0 and len(bench._spare_events) == spare > 100
+
+
+# D=96 (tiles and wgmma's O accumulator padded to 128 columns, the TMA's second box half past D)
+# and D=256 (four TMA boxes a row, P V's N of 256): odd sizes, both dtypes, with and without the
+# mask, and grouped K and V.
+WIDE_PROBLEMS = [
+    FAMILY.parse_problem(f"{'1,3' if seq > 2048 else '2,3'},{seq},{d}", dtype, {"causal": causal})
+    for seq in (65, 1000, 4097)
+    for d in (96, 256)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
+WIDE_GQA = [
+    FAMILY.parse_problem(shape.format(d=d), dtype, {"causal": causal})
+    for shape in ("2,6,1000,{d},2", "1,8,4097,{d},1", "3,12,65,{d},4")
+    for d in (96, 256)
+    for dtype in ("fp16", "bf16")
+    for causal in (False, True)
+]
+PATHS = (("cp.async", "sync"), ("cp.async", "wgmma"), ("tma", "wgmma"))
+
+
+@pytest.fixture(scope="module")
+def wide_sample(bench, tmp_path_factory):
+    """Per problem of D 96 or 256: a random config of each path (mma.sync and wgmma on cp.async
+    loads, the TMA pipeline), and the starting points of the TMA path and of the others."""
+    rng = random.Random(256)
+    limits = _limits(bench)
+    jobs = []
+    for problem in WIDE_PROBLEMS + WIDE_GQA:
+        valid = FAMILY.valid_configs(problem, limits)
+        for loads, mma in PATHS:
+            jobs.append((problem, rng.choice([c for c in valid if (c["LOADS"], c["MMA"]) == (loads, mma)])))
+        if problem in WIDE_PROBLEMS:
+            jobs += [(problem, c) for c in FAMILY.starting_points(problem, limits)]
+    return _compiled(jobs, tmp_path_factory.mktemp("wide_cubins"))
+
+
+def test_head_dims_96_and_256_match_the_reference_on_every_path(bench, wide_sample):
+    """S = 65, 1000 and 4097 at D 96 and 256 on each path, grouped K and V among them (spills
+    are checked on the CPU, test_attention.py: here only the outputs)."""
+    assert {(p.shape[3], c["LOADS"], c["MMA"]) for p, c, _ in wide_sample} == {
+        (d, loads, mma) for d in (96, 256) for loads, mma in PATHS}
+    failures = failed_checks(bench, FAMILY, wide_sample, seed=19, target_ms=10, no_spills=False)
+    assert not failures, "\n".join(failures)

@@ -58,7 +58,7 @@ def _check(out, q, k, v, causal, dtype):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("s", [1, 65, 1000, 4097])
 def test_autotuned_matches_the_reference(s, d, dtype, causal):
     q, k, v = _inputs(2, 3, s, d, dtype, seed=s * 7 + d)
@@ -74,7 +74,7 @@ def test_autotuned_matches_the_reference(s, d, dtype, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(("d", "dtype"), [(64, "bf16"), (128, "fp16")])
+@pytest.mark.parametrize(("d", "dtype"), [(64, "bf16"), (96, "bf16"), (128, "fp16")])  # 96: a masked 128-column tile
 @pytest.mark.parametrize("block_m,block_n", [(64, 32), (64, 64), (64, 128), (128, 32), (128, 64), (128, 128)])
 def test_every_tile_shape_matches_the_reference(block_m, block_n, d, dtype, causal):
     """S=65 and 1000 divide by neither tile; S=256 by both (no tail block)."""

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 def _check(case: schemathesis.Case) -> None:
     # Every check but positive_data_acceptance: the schema cannot say which shapes a family
-    # takes (attention: four dims, D of 64 or 128), so a query it allows may get a 400.
+    # takes (attention: four dims, D of 64, 96, 128 or 256), so a query it allows may get a 400.
     answer = case.call_and_validate(excluded_checks=[positive_data_acceptance])
     assert answer.status_code < 500
     if answer.status_code >= 400:

@@ -40,13 +40,18 @@ REASONS = {"divisibility", "shared memory", "registers", "layout", "threads", "a
 # The problems whose whole product is checked config by config (whole_space.py: one pass a problem,
 # about 40 s, shared by the tests below), in the soak tier (``pytest -m soak``): D=128 (the tighter
 # registers and shared memory), a sequence no tile divides, causal, bf16; D=64 with and without the
-# mask, fp16 and bf16; 4x16x4096x128 fp16. Every problem's enumerated configs render in the
+# mask, fp16 and bf16; 4x16x4096x128 fp16; D=96 (causal bf16) and D=256. Every problem's enumerated configs render in the
 # default run (test_every_valid_config_of_every_problem_renders).
 WHOLE = [
     pytest.param(p, id=p.key, marks=pytest.mark.soak)
     for p in (PROBLEMS[7], PROBLEMS[1], PROBLEMS[0], PROBLEMS[3], PROBLEMS[6],
-              FAMILY.parse_problem("4,16,4096,128", "fp16"))
+              FAMILY.parse_problem("4,16,4096,128", "fp16"),
+              FAMILY.parse_problem("2,3,1000,96", "bf16", {"causal": True}), FAMILY.parse_problem("1,2,4097,256", "fp16"))
 ]
+# D=96 (swizzled tiles and wgmma's O accumulator padded to 128 columns) and D=256.
+WIDE = [FAMILY.parse_problem(f"2,3,1000,{d}", dtype, {"causal": causal})
+        for d in (96, 256) for dtype, causal in (("fp16", False), ("bf16", True))]
+PATHS = (("cp.async", "sync"), ("cp.async", "wgmma"), ("tma", "wgmma"))
 
 
 def _assert_renders(config, problem) -> None:
@@ -64,7 +69,8 @@ def test_every_config_renders_or_is_rejected_with_a_reason(problem):
     assert set(checked.summary.reasons) <= REASONS, checked.summary.reasons
     for config in checked.valid:
         _assert_renders(config, problem)
-    assert len(checked.valid) > 100 and sum(c["LOADS"] == "tma" for c in checked.valid) > 100
+    least = 50 if problem.shape[3] == 256 else 100  # D=256: 72 TMA configs without the mask
+    assert len(checked.valid) > least and sum(c["LOADS"] == "tma" for c in checked.valid) > least
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
@@ -160,7 +166,7 @@ def test_space_summary_counts_valid_and_rejected(problem):
         ("4,16,4096", "fp16", "malformed shape"),
         ("4,16,x,128", "fp16", "malformed shape"),
         ("4,16,0,128", "fp16", "malformed shape"),
-        ("4,16,4096,96", "fp16", "unsupported head dimension"),
+        ("4,16,4096,80", "fp16", "unsupported head dimension"),
         ("4,16,4096,128", "fp32", "unsupported dtype"),
     ],
 )
@@ -483,3 +489,127 @@ def test_distance_counts_the_group_and_the_source_is_shared():
     assert FAMILY.distance(gqa, FAMILY.parse_problem("1,32,4096,64,8", "bf16", {"causal": True})) == math.inf
     params = FAMILY.default_params()
     assert FAMILY.render(params, mha) == FAMILY.render(params, gqa)
+
+
+@pytest.mark.parametrize("shape", ["2,3,1000,96", "1,2,4097,256", "2,8,65,96,2", "1,4,4097,256,1"])
+def test_head_dims_96_and_256_parse(shape):
+    problem = FAMILY.parse_problem(shape, "bf16", {"causal": True})
+    assert problem.shape[3] in (96, 256) and attn.HEAD_DIMS == (64, 96, 128, 256)
+    with pytest.raises(TemplateError, match=r"D=80: attention supports \[64, 96, 128, 256\]"):
+        FAMILY.parse_problem(shape.replace(f",{problem.shape[3]}", ",80", 1), "bf16")
+
+
+def test_d96_is_held_in_whole_swizzle_atoms_and_d256_in_four():
+    tma = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=128, STAGES=2, SMEM_LAYOUT="swizzle",
+               WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24)
+    sync = dict(FAMILY.default_params(), SMEM_LAYOUT="pad8")
+    assert [space.padded_dim(d) for d in attn.HEAD_DIMS] == [64, 128, 128, 256]
+    # wgmma's P V takes N = 128 at D=96: its tiles and registers are D=128's; mma.sync keeps 96
+    assert space.smem_bytes(tma, 96) == space.smem_bytes(tma, 128)
+    assert space.fragment_registers(tma, 96) == space.fragment_registers(tma, 128)
+    assert space.acc_dim(sync, 96) == 96 and space.row_stride(sync, 96) == 104
+    assert space.row_stride(dict(sync, SMEM_LAYOUT="swizzle"), 96) == 128
+    d96 = FAMILY.render(tma, WIDE[0])
+    assert "#define D 96\n" in d96 and "#define D_PAD 128 " in d96 and "m64n128k16" in d96
+    d256 = FAMILY.render(dict(tma, BLOCK_N=64), WIDE[2])
+    assert "#define D_PAD 256 " in d256 and "m64n256k16" in d256
+    # the maps: {D, S, B*H}, 64-column boxes (D=96: the second half past D, zero-filled, clipped)
+    maps = [a.value for a in FAMILY.launch(tma, WIDE[0]).args if a.kind == "tensormap"]
+    assert [(m.dims, m.strides, m.box) for m in maps][0] == ((96, 1000, 6), (192, 192 * 1000), (64, 128, 1))
+    maps = [a.value for a in FAMILY.launch(dict(tma, BLOCK_N=64), WIDE[2]).args if a.kind == "tensormap"]
+    assert [m.box for m in maps] == [(64, 128, 1), (64, 64, 1), (64, 64, 1), (64, 64, 1)]
+
+
+@pytest.mark.parametrize("problem", WIDE, ids=lambda p: p.key)
+def test_every_path_holds_configs_at_d96_and_d256_and_a_sample_renders(problem):
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    by_path = {path: [c for c in valid if (c["LOADS"], c["MMA"]) == path] for path in PATHS}
+    assert all(by_path.values()), {path: len(configs) for path, configs in by_path.items()}
+    rng = random.Random(problem.shape[3])
+    for config in rng.sample(valid, 150):
+        _assert_renders(config, problem)
+
+
+def test_d256_refusals_name_their_reason():
+    problem = WIDE[3]  # 2x3x1000x256 bf16 causal
+    tma = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=64, STAGES=2, SMEM_LAYOUT="swizzle",
+               WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1)
+    assert FAMILY.check(tma, problem, H100_LIMITS) is None
+    # Q's 64 KB and two stages of 96 keys: 256 KB
+    assert FAMILY.check(dict(tma, BLOCK_N=96), problem, H100_LIMITS).startswith("shared memory")
+    # the overlap at 56 registers for the producer: 192 + 40 kept free > 224 (ptxas spilled)
+    assert FAMILY.check(dict(tma, PRODUCER_REGS=56), problem, H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(tma, PRODUCER_REGS=56, INTRA_OVERLAP=0), problem, H100_LIMITS) is None
+    one = dict(tma, BLOCK_M=64, NUM_WARPS=4)
+    assert FAMILY.check(dict(one, BLOCK_N=96), problem, H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(one, SCHEDULE="persistent", EPILOGUE="tma"), problem, H100_LIMITS).startswith("registers")
+    assert FAMILY.check(dict(one, SCHEDULE="persistent"), problem, H100_LIMITS) is None
+    # the cp.async paths: mma.sync on swizzled tiles, and nine warps' register share (168)
+    sync = dict(FAMILY.default_params(), BLOCK_N=64, SMEM_LAYOUT="pad8", Q_IN_REGS=0)
+    assert FAMILY.check(sync, problem, H100_LIMITS) is None
+    assert FAMILY.check(dict(sync, Q_IN_REGS=1), problem, H100_LIMITS).startswith("registers")  # 160 + 64
+    assert "swizzled" in FAMILY.check(dict(sync, SMEM_LAYOUT="swizzle"), problem, H100_LIMITS)
+    wide = dict(sync, BLOCK_M=128, NUM_WARPS=8, BLOCK_N=64, STAGES=2, SMEM_LAYOUT="swizzle",
+                MMA="wgmma")
+    assert FAMILY.check(wide, problem, H100_LIMITS) is None
+    assert space.allocated_registers(dict(wide, WARP_SPECIALIZED=1)) == 168
+    assert "288 threads" in FAMILY.check(dict(wide, WARP_SPECIALIZED=1), problem, H100_LIMITS)
+    assert FAMILY.check(dict(wide, BLOCK_N=128, STAGES=1), problem, H100_LIMITS).startswith("registers")  # 64 + 128 + 32
+    rejected = [FAMILY.check(c, problem, H100_LIMITS) for c in space.candidates()]
+    assert all(r is None or r.split(":")[0] in REASONS for r in rejected)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("problem", WIDE, ids=lambda p: p.key)
+def test_d96_and_d256_compile_for_sm90a_on_every_path_without_spills(problem, tmp_path):
+    """Two random configs of each path and the starting points: ptxas keeps them out of local
+    memory (the space's D=256 and D=96 rules came from its reports of every config)."""
+    from workers.compile import compile_cubin
+    from workers.results import CompileRequest
+
+    rng = random.Random(problem.shape[3] * 2 + problem.flag("causal"))
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    sample = [c for path in PATHS for c in rng.sample([c for c in valid if (c["LOADS"], c["MMA"]) == path], 2)]
+    sample += FAMILY.starting_points(problem, H100_LIMITS)
+    for params in sample:
+        request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
+        resources = compile_cubin(request, cache_dir=tmp_path).resources
+        assert resources.spill_stores == resources.spill_loads == resources.stack_bytes == 0, params
+
+
+@pytest.mark.parametrize("problem", WIDE, ids=lambda p: p.key)
+def test_starting_points_at_d96_and_d256_are_valid_and_lead_with_the_tma_path(problem):
+    points = FAMILY.starting_points(problem, H100_LIMITS)
+    assert points and all(FAMILY.check(p, problem, H100_LIMITS) is None for p in points)
+    assert {(p["LOADS"], p["MMA"]) for p in points} == set(PATHS)
+    lead = points[0]
+    assert lead["LOADS"] == "tma" and (lead["BLOCK_M"], lead["BLOCK_N"], lead["INTRA_OVERLAP"], lead["PINGPONG"]) == (
+        (128, 160, 1, 1) if problem.shape[3] == 96 else (128, 64, 1, 1))
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+
+
+def test_validate_checks_d96_and_d256_outputs():
+    for problem in (WIDE[1], FAMILY.parse_problem("1,2,300,256", "fp16")):
+        inputs = FAMILY.inputs(problem, seed=3)
+        good = _exact_output(problem, inputs)
+        assert FAMILY.validate(problem, inputs, {"o": good}).ok
+        wrong = good.copy()
+        wrong[..., -1] = attn.to_bits(np.ones(wrong.shape[:-1], np.float32), problem.dtype)  # O's last column
+        assert not FAMILY.validate(problem, inputs, {"o": wrong}).ok
+
+
+def test_d96_tma_configs_keep_registers_free_where_ptxas_spilled():
+    """D=96 holds D=128's fragments, and is refused, with the registers named, where ptxas spilled
+    at D=96 (PADDED_* in space.py)."""
+    d96, d128 = (FAMILY.parse_problem(f"2,3,1000,{d}", "bf16", {"causal": True}) for d in (96, 128))
+    tma = dict(FAMILY.default_params(), BLOCK_M=128, NUM_WARPS=8, BLOCK_N=160, STAGES=2, SMEM_LAYOUT="swizzle",
+               WARP_SPECIALIZED=1, Q_IN_REGS=0, MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1, PINGPONG=1)
+    three = dict(tma, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, PINGPONG=0)
+    store = dict(tma, PRODUCER_REGS=56, EPILOGUE="tma")
+    for config in (tma, dict(tma, BLOCK_N=176), three, store):
+        assert FAMILY.check(config, d128, H100_LIMITS) is None, config
+    assert FAMILY.check(tma, d96, H100_LIMITS) is None and FAMILY.check(dict(tma, BLOCK_N=176), d96, H100_LIMITS) is None
+    assert FAMILY.check(three, d96, H100_LIMITS) == \
+        "registers: 128 fragment registers (+40 kept free) per consumer thread > 160"
+    assert FAMILY.check(store, d96, H100_LIMITS) == "registers: 224 fragment registers (+24 kept free) per consumer thread > 224"
+    assert FAMILY.check(dict(three, INTRA_OVERLAP=0), d96, H100_LIMITS) is None

@@ -142,3 +142,34 @@ def test_the_mask_runs_only_on_the_key_blocks_that_need_it(params, problem, tmp_
     selects, unskippable = masking_outside_branches(sass)
     assert selects >= 64  # the mask is there (one select per score of a block)
     assert unskippable == 0
+
+
+@pytest.mark.parametrize(("d", "block_n", "pv_n"), [(64, 128, 64), (96, 128, 128), (128, 128, 128), (256, 64, 256)])
+def test_tma_path_moves_64_column_boxes_and_multiplies_by_whole_swizzle_atoms(d, block_n, pv_n, tmp_path):
+    """Per D: Q K^T in D/16 steps of k (D=96: 6, its columns past D never read), P V as one
+    m64nNk16 with N = D rounded up to 64 columns (96: 128, its last 32 unused), and the copies a
+    tile in D/64 boxes of 64 columns rounded up (96: 2, the second half past D)."""
+    problem = FAMILY.parse_problem(f"4,16,4096,{d}", "fp16", {"causal": True})
+    params = dict(TMA, BLOCK_N=block_n)
+    sass = disassemble(params, tmp_path, problem)
+    ops = opcode_counts(sass)
+    # the loop body once, its first S and its last P V outside it
+    assert ops["HGMMA"] == 2 * (d // 16 + block_n // 16)
+    assert f"HGMMA.64x{pv_n}x16" in sass and f"HGMMA.64x{block_n}x16" in sass
+    assert not {int(n) for n in re.findall(r"HGMMA\.64x(\d+)x16", sass)} - {pv_n, block_n}
+    assert ops["UTMALDG"] == 7 * (-(-d // 64))  # Q, K and V (the producer's two K/V copy sites), a box each
+    assert ops["LDL"] == ops["STL"] == 0
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_cp_async_paths_at_d96_and_d256(d, tmp_path):
+    """wgmma: D/16 + BLOCK_N/16 per 64-key step, P V of N = D in whole atoms; mma.sync: (D/16) *
+    (64/8) for S and (64/16) * (D/8) for P V per warp's 16 rows, D itself (96: no padding)."""
+    problem = FAMILY.parse_problem(f"4,16,4096,{d}", "fp16", {"causal": True})
+    sass = disassemble(dict(BASE, MMA="wgmma"), tmp_path, problem)
+    assert opcode_counts(sass)["HGMMA"] == d // 16 + 64 // 16
+    assert f"HGMMA.64x{-(-d // 64) * 64}x16" in sass
+    sync = dict(BASE, MMA="sync", BLOCK_M=64, NUM_WARPS=4, SMEM_LAYOUT="pad8")
+    ops = opcodes(sync, tmp_path, problem)
+    assert ops["HMMA.16816.F32"] == 2 * (d // 16) * 8
+    assert ops["LDL"] == ops["STL"] == 0

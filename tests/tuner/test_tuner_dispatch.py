@@ -170,8 +170,8 @@ def test_gelu_tanh_is_a_flag_of_the_header_and_takes_its_own_winner(built):
 @needs_nvcc
 def test_bad_problems_get_one_line(built):
     attention = built["attention"]
-    assert attention.ask("pick", (2, 8, 512, 96), "fp16", {})["error"] == \
-        "attention: unsupported head dimension D: attention supports [64, 128]"
+    assert attention.ask("pick", (2, 8, 512, 80), "fp16", {})["error"] == \
+        "attention: unsupported head dimension D: attention supports [64, 96, 128, 256]"
     assert attention.ask("pick", (2, 8, 512, 64), "fp64", {})["error"].startswith("attention: unsupported dtype 'fp64'")
     assert attention.ask("pick", (2, 8, 512, 64), "fp16", {"masked": "true"})["error"] == \
         "attention: unknown problem flag 'masked'"

@@ -78,10 +78,10 @@ def test_a_config_without_gqa_gets_its_attention_prefill_and_the_options_shape_t
         ("lm_head",): ("gemm", "512x32000x2048-fp16-epilogue=none-layout=nt"),
         ("attention",): ("attention", "1x16x512x128-fp16-causal")}
     # a head dimension the attention family does not take: skipped with its reason
-    odd = model.plan_model(ModelShape(1536, 4096, 16, 16, 96, "bf16"), (8,))
+    odd = model.plan_model(ModelShape(1280, 4096, 16, 16, 80, "bf16"), (8,))
     assert [s.line for s in odd.skipped] == [
-        "skipped attention 1x16x8x96-bf16-causal (attention, 8 tokens): unsupported head dimension D=96: "
-        "attention supports [64, 128]"]
+        "skipped attention 1x16x8x80-bf16-causal (attention, 8 tokens): unsupported head dimension D=80: "
+        "attention supports [64, 96, 128, 256]"]
 
 
 def test_the_dry_run_prints_tune_many_yaml_and_stores_nothing(tmp_path):

@@ -138,8 +138,8 @@ def _gemm_params(data):
     (_gemm_params, "entry 4 is not in attention's space: unknown parameter 'BLOCK_K'"),
     (lambda d: d["entries"][0]["params"].update(BLOCK_M=100),
      "entry 1 is not in attention's space: BLOCK_M=100 is not one of [64, 128, 32, 192]"),
-    (lambda d: d.update(problem={"shape": [2, 8, 1024, 96], "dtype": "fp16", "flags": {"causal": True}}),
-     "records a problem attention refuses: unsupported head dimension D=96: attention supports [64, 128]"),
+    (lambda d: d.update(problem={"shape": [2, 8, 1024, 80], "dtype": "fp16", "flags": {"causal": True}}),
+     "records a problem attention refuses: unsupported head dimension D=80: attention supports [64, 96, 128, 256]"),
     (lambda d: d.update(problem={"shape": [2, 8, 1024, 64], "dtype": "fp16", "flags": {"masked": True}}),
      "records a problem attention refuses: unknown problem flag 'masked' (flags: causal)"),
 ])
