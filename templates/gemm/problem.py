@@ -14,7 +14,8 @@ from templates.elements import from_bits, normal_inputs, to_bits
 from templates.family import BufferSpec, Problem, TemplateError, Validation, shown
 from templates.gemm import fp8
 
-DTYPES = ("fp16", "bf16", "e4m3")
+HALF_DTYPES = ("fp16", "bf16")
+DTYPES = HALF_DTYPES + ("e4m3",)
 # e4m3's own flags (absent from 16-bit problems, whose keys they would change): C's element type,
 # and its scales: one fp32 a tensor, or A's per 1 x 128 and B's per 128 x 128 blocks (DeepSeek-V3's
 # and vLLM's block FP8: A's M x ceil(K/128), B's ceil(N/128) x ceil(K/128)).
