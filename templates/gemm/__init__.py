@@ -8,7 +8,7 @@
 fp16 or bf16 in and out, fp32 accumulation, any M, N and K. A is M x K and B is K x N, each
 stored row-major or transposed (``layout``: "nn", "nt", "tn", "tt"); C is M x N row-major.
 
-e4m3 (FP8) in, bf16 or fp16 out (``out``), on the wgmma path, layout "nt" and K a multiple of 16:
+e4m3 (FP8) in, bf16 or fp16 out (``out_dtype``), on the wgmma path, layout "nt" and K a multiple of 16:
 C = epilogue((A scale_a) (B scale_b)^T + bias) with fp32 scales per tensor or, ``scale="block"``,
 A's per 1 x 128 and B's per 128 x 128 (promoted into a second fp32 accumulator every 128 of K):
 
@@ -65,7 +65,7 @@ class GemmFamily(KernelFamily):
              "optionally ReLU, GELU (erf) or GELU (tanh approximation)"),
         Flag("layout", _problem.LAYOUTS, "A then B: n row-major (A as M x K, B as K x N), t transposed "
              "(A stored K x M, B stored N x K); e4m3: nt only"),
-        Flag("out", _problem.OUT_TYPES, "e4m3 only: C's (and the bias's) element type"),
+        Flag("out_dtype", _problem.OUT_TYPES, "e4m3 only: C's (and the bias's) element type"),
         Flag("scale", _problem.SCALES, "e4m3 only: fp32 scales of A and B, one a tensor, or A's per 1 x 128 "
              "and B's per 128 x 128 (block FP8, as DeepSeek-V3's and vLLM's layers)"),
     )
@@ -93,7 +93,7 @@ class GemmFamily(KernelFamily):
         return problem
 
     def _own_flags(self, dtype: str, flags: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
-        """The flags a problem of ``dtype`` carries: e4m3's own (out, scale) on e4m3 problems only,
+        """The flags a problem of ``dtype`` carries: e4m3's own (out_dtype, scale) on e4m3 problems only,
         so that 16-bit problems keep their keys; given a value other than its default on a 16-bit
         problem, one of them is refused."""
         if dtype == "e4m3":

@@ -75,7 +75,7 @@ def fp8_operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str
     def tensor(name: str) -> Any:
         return torch.from_numpy(np.ascontiguousarray(inputs[name])).cuda()
 
-    out = torch.float16 if problem.flag("out") == "fp16" else torch.bfloat16
+    out = torch.float16 if problem.flag("out_dtype") == "fp16" else torch.bfloat16
     bias = tensor("bias").view(torch.int16).view(out) if problem.flag("epilogue") != "none" else None
     return {"a": tensor("a").view(torch.float8_e4m3fn), "b": tensor("b").view(torch.float8_e4m3fn),
             "scale_a": tensor("scale_a"), "scale_b": tensor("scale_b"), "bias": bias, "out": out}

@@ -1,6 +1,6 @@
 """Inputs, reference and tolerances for C = epilogue(A B + bias), fp32 accumulation: fp16 or bf16
-in and out, or e4m3 in (with fp32 scales, per tensor or per block) and bf16 or fp16 out (``out``).
-A is M x K and B is K x N; each is stored row-major or transposed (``layout``); e4m3's only as
+in and out, or e4m3 in (with fp32 scales, per tensor or per block) and bf16 or fp16 out
+(``out_dtype``). A is M x K and B is K x N; each is stored row-major or transposed (``layout``); e4m3's only as
 "nt" (A M x K, B N x K, both K-major, as wgmma reads FP8 operands)."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from templates.gemm import fp8
 
 HALF_DTYPES = ("fp16", "bf16")
 DTYPES = HALF_DTYPES + ("e4m3",)
-# e4m3's own flags (absent from 16-bit problems, whose keys they would change): C's element type,
-# and its scales: one fp32 a tensor, or A's per 1 x 128 and B's per 128 x 128 blocks (DeepSeek-V3's
-# and vLLM's block FP8: A's M x ceil(K/128), B's ceil(N/128) x ceil(K/128)).
+# e4m3's own flags (absent from 16-bit problems, whose keys they would change): out_dtype, C's
+# element type, and scale: one fp32 a tensor, or A's per 1 x 128 and B's per 128 x 128 blocks
+# (DeepSeek-V3's and vLLM's block FP8: A's M x ceil(K/128), B's ceil(N/128) x ceil(K/128)).
 OUT_TYPES = ("bf16", "fp16")
 SCALES = ("tensor", "block")
-FP8_FLAGS = ("out", "scale")
+FP8_FLAGS = ("out_dtype", "scale")
 FP8_LAYOUT = "nt"
 SCALE_BLOCK = 128
 A_SCALE_BLOCK = (1, SCALE_BLOCK)
@@ -72,8 +72,8 @@ def is_fp8(problem: Problem) -> bool:
 
 
 def out_dtype(problem: Problem) -> str:
-    """C's (and the bias's) element type: the input type, or e4m3's ``out`` flag."""
-    return problem.flag("out") if is_fp8(problem) else problem.dtype
+    """C's (and the bias's) element type: the input type, or e4m3's ``out_dtype`` flag."""
+    return problem.flag("out_dtype") if is_fp8(problem) else problem.dtype
 
 
 def block_scaled(problem: Problem) -> bool:

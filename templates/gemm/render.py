@@ -40,7 +40,7 @@ def source(params: Params, problem: Problem) -> str:
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
     # What the source depends on, and no more: M, N and K are arguments.
     fp8 = _problem.is_fp8(problem)
-    types = f"e4m3 out={_problem.out_dtype(problem)} scale={problem.flag('scale')}" if fp8 else problem.dtype
+    types = f"e4m3 out_dtype={_problem.out_dtype(problem)} scale={problem.flag('scale')}" if fp8 else problem.dtype
     for_problems = (f"{types} layout={layout} epilogue={epilogue}, "
                     + ", ".join(f"{name}={int(value)}" for name, value in aligned.items()))
     return _TEMPLATES[params["MMA"]].render(

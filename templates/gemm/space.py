@@ -350,7 +350,8 @@ def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
                 f"K block), not {params['BLOCK_N']}")
     if params["SWAP_AB"]:
         return "e4m3: block scales with SWAP_AB=0 only (A's row scales on the accumulators' rows)"
-    limit = MAX_PROMOTED_ACCUMULATORS if blocks_per_sm(params, problem.flag("layout")) == 1 else FP8_LIGHT_ACCUMULATORS
+    light = blocks_per_sm(params, problem.flag("layout")) > 1
+    limit = FP8_LIGHT_ACCUMULATORS if light else MAX_PROMOTED_ACCUMULATORS
     if accumulators(params) > limit:
         return (f"registers: block scales keep two sets of {accumulators(params)} accumulators a consumer thread "
                 f"(at most {limit} a set)")

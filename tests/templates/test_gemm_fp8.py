@@ -26,7 +26,7 @@ EDGES = np.array([0.0, -0.0, 448.0, -448.0, 449.0, 463.9, 464.0, 465.0, 480.0, 1
 
 
 def _problem(shape="1000,264,1008", scale="tensor", out="bf16", epilogue="none"):
-    return FAMILY.parse_problem(shape, "e4m3", {"layout": "nt", "scale": scale, "out": out, "epilogue": epilogue})
+    return FAMILY.parse_problem(shape, "e4m3", {"layout": "nt", "scale": scale, "out_dtype": out, "epilogue": epilogue})
 
 
 # -- E4M3 ---------------------------------------------------------------------------------------
@@ -77,12 +77,12 @@ def test_quantize_brings_each_block_to_448_with_its_scale():
 # -- problems -----------------------------------------------------------------------------------
 def test_e4m3_problems_carry_out_and_scale_and_16_bit_problems_keep_their_keys():
     problem = _problem("4096,4096,4096", "block", "fp16", "bias")
-    assert problem.key == "4096x4096x4096-e4m3-epilogue=bias-layout=nt-out=fp16-scale=block"
+    assert problem.key == "4096x4096x4096-e4m3-epilogue=bias-layout=nt-out_dtype=fp16-scale=block"
     assert FAMILY.problem_from_spec(problem.spec) == problem
-    assert _problem("4096,4096,4096").key == "4096x4096x4096-e4m3-epilogue=none-layout=nt-out=bf16-scale=tensor"
+    assert _problem("4096,4096,4096").key == "4096x4096x4096-e4m3-epilogue=none-layout=nt-out_dtype=bf16-scale=tensor"
     plain = FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt"})
     assert plain.key == "4096x4096x4096-bf16-epilogue=none-layout=nt"
-    assert FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt", "out": "bf16"}) == plain
+    assert FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt", "out_dtype": "bf16"}) == plain
     assert FAMILY.distance(problem, _problem("4096,4096,4096", "tensor", "fp16", "bias")) == math.inf
     assert FAMILY.flops(problem) == 2 * 4096**3
     assert FAMILY.min_bytes(_problem("256,128,256")) == 256 * 256 + 128 * 256 + 2 * 256 * 128 + 8
@@ -92,9 +92,9 @@ def test_e4m3_problems_carry_out_and_scale_and_16_bit_problems_keep_their_keys()
     ("1000,264,1000", {"layout": "nt"}, "e4m3", "K=1000 is not a multiple of 16"),
     ("1024,1024,1024", {"layout": "nn"}, "e4m3", "layout nt only"),
     ("1024,1024,1024", {"layout": "tt"}, "e4m3", "layout nt only"),
-    ("1024,1024,1024", {"layout": "nt", "out": "fp32"}, "e4m3", "flag out='fp32' is not one of"),
+    ("1024,1024,1024", {"layout": "nt", "out_dtype": "fp32"}, "e4m3", "flag out_dtype='fp32' is not one of"),
     ("1024,1024,1024", {"layout": "nt", "scale": "row"}, "e4m3", "flag scale='row' is not one of"),
-    ("1024,1024,1024", {"layout": "nt", "out": "fp16"}, "bf16", "applies to dtype e4m3 only"),
+    ("1024,1024,1024", {"layout": "nt", "out_dtype": "fp16"}, "bf16", "applies to dtype e4m3 only"),
     ("1024,1024,1024", {"layout": "nt", "scale": "block"}, "fp16", "applies to dtype e4m3 only"),
 ])
 def test_bad_e4m3_problems_fail_with_one_line(shape, flags, dtype, message):
@@ -143,7 +143,8 @@ def test_a_sample_of_every_accepted_config_renders(scale):
     assert any(c["SPLIT_K"] > 1 for c in small_valid)
     assert any(c["SWAP_AB"] for c in small_valid) == (scale == "tensor")
     rng = random.Random(3)
-    for problem, config in [(problem, c) for c in rng.sample(valid, 120)] + [(small, c) for c in rng.sample(small_valid, 60)]:
+    sample = [(problem, c) for c in rng.sample(valid, 120)] + [(small, c) for c in rng.sample(small_valid, 60)]
+    for problem, config in sample:
         source = FAMILY.render(config, problem)
         assert "k32.f32.e4m3.e4m3" in source and "{{" not in source and "/*%" not in source
         assert f"#define SCALE {render.SCALES[scale]}" in source and "#define ELEM_BYTES 1" in source
@@ -160,7 +161,7 @@ def test_the_launch_passes_one_byte_maps_and_the_scales():
     assert launch.grid == (8 * 3, 1, 1)
     source = FAMILY.render(WGMMA, problem)
     assert "const float* __restrict__ scale_a, const float* __restrict__ scale_b" in source
-    assert "cvt.rn.f16x2.f32" in source and "e4m3 out=fp16 scale=block" in source
+    assert "cvt.rn.f16x2.f32" in source and "e4m3 out_dtype=fp16 scale=block" in source
 
 
 def test_exports_refuse_e4m3_problems_in_one_line():
@@ -206,7 +207,7 @@ def _torch_reference(problem, inputs):
     epilogue = problem.flag("epilogue")
     if epilogue != "none":
         bits = torch.from_numpy(inputs["bias"].view(np.int16))
-        bias = bits.view(torch.float16 if problem.flag("out") == "fp16" else torch.bfloat16).double()
+        bias = bits.view(torch.float16 if problem.flag("out_dtype") == "fp16" else torch.bfloat16).double()
         c = c + bias
     if epilogue == "bias_relu":
         c = F.relu(c)
