@@ -15,8 +15,11 @@ from templates import get_family
 from templates.family import H100_LIMITS, TemplateError, check_outputs
 from templates.gemm import fp8, render, space
 from templates.gemm import problem as gemm
+from whole_space import whole_product
 
 FAMILY = get_family("gemm")
+REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma", "split-K",
+           "persistent", "cluster", "swap", "e4m3"}
 WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, NUM_WARPS=8, STAGES=4,
              PRODUCER_REGS=40)
 EDGES = np.array([0.0, -0.0, 448.0, -448.0, 449.0, 463.9, 464.0, 465.0, 480.0, 1e9, np.inf, -np.inf, np.nan,
@@ -133,6 +136,16 @@ def test_block_scales_take_tiles_of_one_b_scale_and_room_for_two_accumulator_set
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block"])
+def test_the_whole_product_is_refused_with_reasons_or_among_the_valid_configs(scale):
+    problem = _problem("1000,264,1008", scale, "fp16", "bias_gelu")
+    checked = whole_product("gemm", problem)
+    assert set(checked.summary.reasons) <= REASONS, checked.summary.reasons
+    key = lambda c: tuple(sorted(c.items()))  # noqa: E731
+    fast = FAMILY.valid_configs(problem, H100_LIMITS)
+    assert {key(c) for c in fast} == {key(c) for c in checked.valid} and len(fast) > 500
+
+
+@pytest.mark.parametrize("scale", ["tensor", "block"])
 def test_a_sample_of_every_accepted_config_renders(scale):
     problem = _problem("4097,4096,4096", scale, "bf16", "bias_gelu")
     valid = FAMILY.valid_configs(problem, H100_LIMITS)
@@ -165,9 +178,16 @@ def test_the_launch_passes_one_byte_maps_and_the_scales():
 
 
 def test_exports_refuse_e4m3_problems_in_one_line():
+    from tuner.answers.dispatch import refuse_unexported
+    from tuner.errors import UsageError
+
     reason = FAMILY.export_refusal(_problem())
     assert reason and "e4m3" in reason and "\n" not in reason
-    assert FAMILY.export_refusal(FAMILY.parse_problem("64,64,64", "bf16", {"layout": "nt"})) is None
+    plain = FAMILY.parse_problem("64,64,64", "bf16", {"layout": "nt"})
+    assert FAMILY.export_refusal(plain) is None
+    refuse_unexported(FAMILY, [plain])
+    with pytest.raises(UsageError, match="take fp16 and bf16 problems only, not e4m3"):
+        refuse_unexported(FAMILY, [plain, _problem()])
 
 
 # -- inputs and the reference -------------------------------------------------------------------
