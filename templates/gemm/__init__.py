@@ -134,7 +134,7 @@ class GemmFamily(KernelFamily):
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
-        points = [dict(self.default_params(), **point) for point in _starts.starting_points()]
+        points = [dict(self.default_params(), **point) for point in _starts.starting_points(problem.dtype)]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:

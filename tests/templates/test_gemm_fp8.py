@@ -163,6 +163,15 @@ def test_a_sample_of_every_accepted_config_renders(scale):
         assert f"#define SCALE {render.SCALES[scale]}" in source and "#define ELEM_BYTES 1" in source
 
 
+@pytest.mark.parametrize("shape", ["4096,4096,4096", "16,4096,4096", "1000,264,1008"])
+@pytest.mark.parametrize("scale", ["tensor", "block"])
+def test_starting_points_are_valid_128_deep_wgmma_configs(shape, scale):
+    problem = _problem(shape, scale)
+    points = FAMILY.starting_points(problem, H100_LIMITS)
+    assert len(points) >= 5 and len({tuple(sorted(p.items())) for p in points}) == len(points)
+    assert all(FAMILY.check(p, problem, H100_LIMITS) is None and p["BLOCK_K"] == 128 for p in points)
+
+
 def test_the_launch_passes_one_byte_maps_and_the_scales():
     problem = _problem("1000,264,1008", "block", "fp16", "bias")
     launch = FAMILY.launch(WGMMA, problem)
