@@ -92,7 +92,10 @@ def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callabl
                 seen.add((_kind(problem), config, variant))
                 kernels.append(_kernel(family, configs[config], _kind(problem), config, variant, representative,
                                        sources))
-    flags = family.flags
+    # the flags the table's problems carry (a family's problems may carry fewer than it declares:
+    # gemm's fp16 and bf16 ones carry neither of e4m3's out_dtype and scale)
+    carried = {name for problem in problems for name, _ in problem.flags}
+    flags = [f for f in family.flags if f.name in carried]
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)
     # one kernel name and one set of compiler options for the whole table (both are the header's)
