@@ -17,6 +17,7 @@ E4M3_BIAS = 7
 MIN_NORMAL_EXPONENT = -6  # 2^-6: the smallest normal; below it steps of 2^-9
 NAN_BITS = 0x7F
 MAX_BITS = 0x7E  # 448
+CHUNK = 1 << 22
 
 
 def _decode_table() -> np.ndarray:
@@ -41,7 +42,17 @@ def from_e4m3(bits: np.ndarray) -> np.ndarray:
 def to_e4m3(values: np.ndarray) -> np.ndarray:
     """Values -> raw E4M3 bytes, rounded to nearest even as torch's ``.to(torch.float8_e4m3fn)``
     rounds a float32 (torch 2.x on the CPU): subnormals in steps of 2^-9; magnitudes past 448 and
-    +-Inf saturate to +-448; NaN to NaN (0x7F, 0xFF with the sign bit)."""
+    +-Inf saturate to +-448; NaN to NaN (0x7F, 0xFF with the sign bit). In runs of CHUNK
+    elements (its float64 temporaries stay small)."""
+    values = np.asarray(values)
+    flat = values.reshape(-1)
+    out = np.empty(flat.size, dtype=np.uint8)
+    for start in range(0, flat.size, CHUNK):
+        out[start:start + CHUNK] = _encode(flat[start:start + CHUNK])
+    return out.reshape(values.shape)
+
+
+def _encode(values: np.ndarray) -> np.ndarray:
     x = np.asarray(values, dtype=np.float64)
     sign = np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
     a = np.abs(x)
