@@ -71,9 +71,10 @@ NON_POW2_BLOCK_N = (192, 224)
 # warpgroup), the consumers' registers after setmaxnreg at most MAX_CONSUMER_REGS.
 WGMMA_BLOCK_K = 64
 FP8_BLOCK_K = 128
-# e4m3 with block scales: B's scale is one a tile per 128-deep K block (BLOCK_N 64 or 128), and a
-# consumer holds a second set of fp32 accumulators (the promoted sums): at most this many a set,
-# or FP8_LIGHT_ACCUMULATORS where two blocks share a multiprocessor (128 registers a thread).
+# e4m3: a consumer holds a second set of fp32 accumulators (a K block's products beside the
+# promoted sums): at most this many a set, or FP8_LIGHT_ACCUMULATORS where two blocks share a
+# multiprocessor (128 registers a thread). With block scales B's scale is one a tile per 128-deep
+# K block (BLOCK_N 64 or 128).
 FP8_BLOCK_N = (64, 128)
 MAX_PROMOTED_ACCUMULATORS = 64
 FP8_LIGHT_ACCUMULATORS = 32
@@ -338,23 +339,21 @@ def wgmma_block_k(problem: Problem) -> int:
 
 
 def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
-    """e4m3's own rules: the wgmma path; with block scales one B scale a tile per K block (BLOCK_N
-    64 or 128), rows of A's scales as the accumulators hold them (no SWAP_AB), room for the
-    promoted accumulators."""
+    """e4m3's own rules: the wgmma path, room for the two accumulator sets (a K block's products,
+    the promoted sums); with block scales one B scale a tile per K block (BLOCK_N 64 or 128) and
+    A's row scales on the accumulators' rows (no SWAP_AB)."""
     if not wgmma(params):
         return "e4m3: on the wgmma path only (MMA=wgmma: wgmma's FP8 instructions, sm_90a)"
-    if not block_scaled(problem):
-        return None
-    if params["BLOCK_N"] not in FP8_BLOCK_N:
+    if block_scaled(problem) and params["BLOCK_N"] not in FP8_BLOCK_N:
         return (f"e4m3: block scales need BLOCK_N in {list(FP8_BLOCK_N)} (one scale of B a tile per 128-deep "
                 f"K block), not {params['BLOCK_N']}")
-    if params["SWAP_AB"]:
+    if block_scaled(problem) and params["SWAP_AB"]:
         return "e4m3: block scales with SWAP_AB=0 only (A's row scales on the accumulators' rows)"
     light = blocks_per_sm(params, problem.flag("layout")) > 1
     limit = FP8_LIGHT_ACCUMULATORS if light else MAX_PROMOTED_ACCUMULATORS
     if accumulators(params) > limit:
-        return (f"registers: block scales keep two sets of {accumulators(params)} accumulators a consumer thread "
-                f"(at most {limit} a set)")
+        return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
+                f"(a K block's products and the promoted sums; at most {limit} a set)")
     return None
 
 

@@ -129,7 +129,8 @@ def test_block_scales_take_tiles_of_one_b_scale_and_room_for_two_accumulator_set
     assert FAMILY.check(swapped, small, H100_LIMITS).startswith("e4m3: block scales with SWAP_AB=0")
     assert FAMILY.check(swapped, _problem("64,4096,4096"), H100_LIMITS) is None  # per tensor: swapped
     heavy = dict(WGMMA, NUM_WARPS=4)  # one consumer warpgroup of 128 x 128: 128 accumulators
-    assert FAMILY.check(heavy, problem, H100_LIMITS).startswith("registers: block scales keep two sets")
+    assert FAMILY.check(heavy, problem, H100_LIMITS).startswith("registers: e4m3 keeps two sets")
+    assert FAMILY.check(heavy, _problem("4096,4096,4096"), H100_LIMITS).startswith("registers: e4m3 keeps two sets")
     for config in FAMILY.valid_configs(problem, H100_LIMITS):
         assert config["BLOCK_N"] in space.FP8_BLOCK_N and not config["SWAP_AB"]
         assert space.accumulators(config) <= space.MAX_PROMOTED_ACCUMULATORS
