@@ -38,11 +38,12 @@ EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
 # bound leaves room for a peer that reduces in lower precision, and grows as sqrt(K) past
 # K = REFERENCE_DEPTH. A kernel that drops one 32-deep slice of K in 14336 is off by 4.7e-2.
 TOLERANCE = {"fp16": 1e-3, "bf16": 8e-3}
-# e4m3 (by C's type): the products of e4m3 values are exact in fp32, but Hopper's FP8 wgmma keeps
-# fewer bits than fp32 in its accumulators (DeepSeek-V3's report: promotion every 128 of K for
-# that reason), so a per-tensor kernel's error is above C's rounding; a 32-deep slice of K lost in
-# 4096 is off by 8.8e-2.
-FP8_TOLERANCE = {"bf16": 1.5e-2, "fp16": 1e-2}
+# e4m3 (by C's type): the products of e4m3 values are exact in fp32, but wgmma's FP8 accumulation
+# keeps fewer bits than fp32 (DeepSeek-V3's report: about 14), so the kernels add each 128-deep K
+# block's products into fp32 accumulators (as cuBLASLt and CUTLASS do by default); the bound
+# leaves room for that block's own sum beside C's rounding. A 32-deep slice of K lost in 4096 is
+# off by 8.8e-2.
+FP8_TOLERANCE = {"bf16": 8e-3, "fp16": 2e-3}
 REFERENCE_DEPTH = 4096
 POISON = {"fp16": 0x7E00, "bf16": 0x7FC0}  # quiet NaN in each type
 CHECKED_ROWS = 48  # float64 reference rows of C
