@@ -187,6 +187,14 @@ def test_the_launch_passes_one_byte_maps_and_the_scales():
     assert "cvt.rn.f16x2.f32" in source and "e4m3 out_dtype=fp16 scale=block" in source
 
 
+def test_the_triton_fp8_space_takes_one_scale_a_step():
+    from templates.gemm import triton_peer
+
+    space_ = triton_peer.FP8_CONFIG_SPACE
+    assert len(set(space_)) == len(space_) >= 6 and triton_peer.SCALE_BLOCK == gemm.SCALE_BLOCK
+    assert all(gemm.SCALE_BLOCK % block_k == 0 for _, _, block_k, _, _ in space_)
+
+
 def test_exports_refuse_e4m3_problems_in_one_line():
     from tuner.answers.dispatch import refuse_unexported
     from tuner.errors import UsageError
