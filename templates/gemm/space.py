@@ -78,6 +78,11 @@ FP8_BLOCK_K = 128
 FP8_BLOCK_N = (64, 128)
 MAX_PROMOTED_ACCUMULATORS = 64
 FP8_LIGHT_ACCUMULATORS = 32
+# ptxas' reports on one config of each kind (tile, warps, setmaxnreg, persistent, split-K, cluster,
+# C store, swap; both scale modes, GELU's two forms): the only spills were two sets of 64 on two
+# consumer warpgroups without setmaxnreg (168 registers a thread); beside the two sets a consumer
+# keeps at least this many registers.
+FP8_OTHER_REGS = 48
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
@@ -354,6 +359,9 @@ def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
     if accumulators(params) > limit:
         return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
                 f"(a K block's products and the promoted sums; at most {limit} a set)")
+    if 2 * accumulators(params) + FP8_OTHER_REGS > consumer_registers(params):
+        return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {FP8_OTHER_REGS} more "
+                f"spill in {consumer_registers(params)} registers a consumer thread (setmaxnreg needed)")
     return None
 
 
