@@ -314,3 +314,18 @@ def test_the_e4m3_peers_pass_the_familys_check(shape, scale, out, epilogue, monk
     assert result.error is not None and result.error <= tolerance(problem), result
     other = found["triton" if ran == "cublas" else "cublas"]
     assert other.median_ms is None and other.note
+
+
+def test_an_e4m3_kernel_that_ignores_the_block_scales_is_caught(bench, tmp_path_factory):
+    """The per-tensor kernel (scale_a[0] scale_b[0] for every block) launched on a block-scaled
+    problem (the same arguments) fails validation: the inputs' block scales differ."""
+    problem = _fp8_problem("1000,264,1008", "block", "bf16", "none")
+    tensor = _fp8_problem("1000,264,1008", "tensor", "bf16", "none")
+    params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8,
+                  STAGES=4, PRODUCER_REGS=40)
+    assert FAMILY.check(params, problem, _limits(bench)) is None
+    wrong = compile_cubin(CompileRequest(FAMILY.render(params, tensor), "gemm", FAMILY.compile_options(params, tensor)),
+                          cache_dir=tmp_path_factory.mktemp("fp8_wrong"))
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "gemm", problem, seed=5,
+                           timing=TimingOptions(min_reps=3, max_reps=5))
+    assert not result.ok and result.failure == "wrong", result
