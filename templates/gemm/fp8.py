@@ -89,7 +89,7 @@ def quantize(values: np.ndarray, block: tuple[int, int] | None) -> tuple[np.ndar
 
 
 def expand(scales: np.ndarray, block: tuple[int, int], shape: tuple[int, int]) -> np.ndarray:
-    """Block scales repeated to one a element of a ``shape`` tensor (float64)."""
+    """Block scales repeated to one an element of a ``shape`` tensor (float64)."""
     rows, cols = block
     return np.repeat(np.repeat(np.asarray(scales, np.float64), rows, axis=0), cols, axis=1)[:shape[0], :shape[1]]
 
