@@ -687,6 +687,11 @@ class KernelFamily(abc.ABC):
         that winner serves those problems. By default ``problem``'s own."""
         return {self.dispatch_variant(problem): problem}
 
+    def export_refusal(self, problem: Problem) -> str | None:
+        """Why neither the C++ dispatch nor the torch op can take ``problem`` (one line), or None:
+        by default every problem is exported."""
+        return None
+
     def reference(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> Any:
         """What ``validate`` compares outputs with, computed from the inputs: a worker computes
         it once per (problem, seed) and passes it to every trial's ``validate``. None (the

@@ -7,6 +7,12 @@
 
 fp16 or bf16 in and out, fp32 accumulation, any M, N and K. A is M x K and B is K x N, each
 stored row-major or transposed (``layout``: "nn", "nt", "tn", "tt"); C is M x N row-major.
+
+e4m3 (FP8) in, bf16 or fp16 out (``out_dtype``), on the wgmma path, layout "nt" and K a multiple of 16:
+C = epilogue((A scale_a) (B scale_b)^T + bias) with fp32 scales per tensor or, ``scale="block"``,
+A's per 1 x 128 and B's per 128 x 128 (promoted into a second fp32 accumulator every 128 of K):
+
+    problem = family.parse_problem("4096,4096,4096", "e4m3", {"layout": "nt", "scale": "block"})
 """
 
 from __future__ import annotations
@@ -58,9 +64,12 @@ class GemmFamily(KernelFamily):
         Flag("epilogue", _problem.EPILOGUES, "after A B: + bias (a length-N vector of the input type), then "
              "optionally ReLU, GELU (erf) or GELU (tanh approximation)"),
         Flag("layout", _problem.LAYOUTS, "A then B: n row-major (A as M x K, B as K x N), t transposed "
-             "(A stored K x M, B stored N x K)"),
+             "(A stored K x M, B stored N x K); e4m3: nt only"),
+        Flag("out_dtype", _problem.OUT_TYPES, "e4m3 only: C's (and the bias's) element type"),
+        Flag("scale", _problem.SCALES, "e4m3 only: fp32 scales of A and B, one a tensor, or A's per 1 x 128 "
+             "and B's per 128 x 128 (block FP8, as DeepSeek-V3's and vLLM's layers)"),
     )
-    suite = (tuple((shape, dtype, {"layout": "nn"}) for shape in SQUARE for dtype in _problem.DTYPES)
+    suite = (tuple((shape, dtype, {"layout": "nn"}) for shape in SQUARE for dtype in _problem.HALF_DTYPES)
              + tuple((shape, "bf16", {"layout": "nt"}) for shape in PROJECTIONS + SKINNY)
              + (((4096, 4096, 4096), "bf16", {"layout": "nt", "epilogue": "bias_gelu"}),
                 ((4096, 4096, 4096), "fp16", {"layout": "tn", "epilogue": "bias_relu"})))
@@ -78,7 +87,22 @@ class GemmFamily(KernelFamily):
         dims = _problem.parse_shape(shape if isinstance(shape, str) else tuple(shape))
         if dtype not in _problem.DTYPES:
             raise TemplateError(f"unsupported dtype {dtype!r}: gemm supports {list(_problem.DTYPES)}")
-        return Problem(dims, dtype, self.problem_flags(flags))
+        problem = Problem(dims, dtype, self._own_flags(dtype, self.problem_flags(flags)))
+        if _problem.is_fp8(problem) and _problem.fp8_refusal(problem):
+            raise TemplateError(_problem.fp8_refusal(problem))
+        return problem
+
+    def _own_flags(self, dtype: str, flags: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+        """The flags a problem of ``dtype`` carries: e4m3's own (out_dtype, scale) on e4m3 problems only,
+        so that 16-bit problems keep their keys; given a value other than its default on a 16-bit
+        problem, one of them is refused."""
+        if dtype == "e4m3":
+            return flags
+        defaults = {f.name: f.choices[0] for f in self.flags}
+        for name, value in flags:
+            if name in _problem.FP8_FLAGS and value != defaults[name]:
+                raise TemplateError(f"gemm: flag {name}={value!r} applies to dtype e4m3 only, not {dtype}")
+        return tuple((name, value) for name, value in flags if name not in _problem.FP8_FLAGS)
 
     def distance(self, a: Problem, b: Problem) -> float:
         """The same dtype and flags, then the log2 distances of M, N and K summed."""
@@ -110,7 +134,7 @@ class GemmFamily(KernelFamily):
 
     def starting_points(self, problem: Problem, device: DeviceLimits) -> list[dict[str, Any]]:
         """See ``starts.py`` (not a kernel file: they may change without a new template version)."""
-        points = [dict(self.default_params(), **point) for point in _starts.starting_points()]
+        points = [dict(self.default_params(), **point) for point in _starts.starting_points(problem.dtype)]
         return [p for p in points if self.check(p, problem, device) is None]
 
     def layer_problems(self, model: ModelShape, tokens: Sequence[int]) -> list[LayerProblem]:
@@ -129,7 +153,8 @@ class GemmFamily(KernelFamily):
             return LayerProblem(role, m, what=what, skipped=str(error).splitlines()[0])
 
     def peers(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
-        """cuBLAS through torch.matmul and our Triton matmul tuned by Triton's autotuner."""
+        """cuBLAS through torch.matmul and our Triton matmul tuned by Triton's autotuner (e4m3:
+        cuBLASLt's torch._scaled_mm and our block-scaled Triton kernel, ``peers.fp8_peer_calls``)."""
         from templates.gemm import peers
 
         return peers.peer_calls(problem, inputs)
@@ -150,9 +175,20 @@ class GemmFamily(KernelFamily):
 
     def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
         shapes = {"a": _problem.a_shape(problem), "b": _problem.b_shape(problem)}
+        kinds = dict.fromkeys(shapes, problem.dtype)
+        if _problem.is_fp8(problem):
+            shapes.update(_problem.scale_shapes(problem))
+            kinds.update(scale_a="fp32", scale_b="fp32")
         if _problem.has_bias(problem):
             shapes["bias"] = (problem.shape[1],)
-        return {name: (tuple(shape), problem.dtype) for name, shape in shapes.items()}
+            kinds["bias"] = _problem.out_dtype(problem)
+        return {name: (tuple(shape), kinds[name]) for name, shape in shapes.items()}
+
+    def export_refusal(self, problem: Problem) -> str | None:
+        """e4m3: neither the C++ dispatch nor the torch op takes its scales (16-bit only)."""
+        if _problem.is_fp8(problem):
+            return "gemm: the C++ dispatch and the torch op take fp16 and bf16 problems only, not e4m3"
+        return None
 
     def dispatch_variant(self, problem: Problem) -> int:
         """The source's alignment assumptions (``problem.alignment``) as bits: A's rows 16-byte

@@ -1,8 +1,10 @@
 """The GEMM family's peers: cuBLAS through ``torch.matmul`` or ``torch.addmm`` (the activation in
 torch after it; GELU's tanh form in cuBLASLt's own epilogue, ``torch._addmm_activation``) and
 our Triton matmul tuned by Triton's autotuner (``triton_peer``), each a call on torch tensors of
-the family's own inputs, in their stored layouts. ``workers.peers`` checks each against the
-family's reference and times it as ours is timed."""
+the family's own inputs, in their stored layouts. e4m3: cuBLASLt's FP8 GEMM through
+``torch._scaled_mm`` (per-tensor scales; block scales are refused there) and our block-scaled
+Triton kernel (block scales; ``triton_peer.matmul_fp8``). ``workers.peers`` checks each against
+the family's reference and times it as ours is timed."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
 
     from templates.gemm import triton_peer
 
+    if problem.dtype == "e4m3":
+        return fp8_peer_calls(problem, inputs)
     a, b, bias = operands(problem, inputs)
     epilogue = problem.flag("epilogue")
 
@@ -60,6 +64,69 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     tuned = triton_peer.tune(a, b, bias, epilogue)
     calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
                                tuned.seconds)
+    return calls
+
+
+def fp8_operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """e4m3: A (M x K) and B (N x K) as float8_e4m3fn CUDA tensors, their fp32 scales, the bias
+    (C's type) or None."""
+    import torch
+
+    def tensor(name: str) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(inputs[name])).cuda()
+
+    out = torch.float16 if problem.flag("out_dtype") == "fp16" else torch.bfloat16
+    bias = tensor("bias").view(torch.int16).view(out) if problem.flag("epilogue") != "none" else None
+    return {"a": tensor("a").view(torch.float8_e4m3fn), "b": tensor("b").view(torch.float8_e4m3fn),
+            "scale_a": tensor("scale_a"), "scale_b": tensor("scale_b"), "bias": bias, "out": out}
+
+
+def activation(c: Any, epilogue: str) -> Any:
+    """The activation of ``epilogue`` in torch, after the bias."""
+    import torch.nn.functional as F
+
+    if epilogue == "bias_relu":
+        return F.relu(c)
+    if epilogue == "bias_gelu":
+        return F.gelu(c)
+    if epilogue == "bias_gelu_tanh":
+        return F.gelu(c, approximate="tanh")
+    return c
+
+
+def fp8_peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
+    """e4m3's peers: per tensor, cuBLASLt by torch._scaled_mm (the bias in its epilogue, the
+    activation in torch after it); per block, our block-scaled Triton kernel. Each refuses the
+    other's scales with a reason."""
+    import torch
+
+    from templates.gemm import triton_peer
+
+    ops = fp8_operands(problem, inputs)
+    epilogue = problem.flag("epilogue")
+    if problem.flag("scale") == "block":
+        calls = {"cublas": PeerCall(None, "torch._scaled_mm: per-tensor scales only here (block scales refused)")}
+        if not triton_peer.available():
+            calls["triton"] = PeerCall(None, "Triton is not installed")
+            return calls
+        args = (ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], ops["bias"], epilogue, ops["out"])
+        tuned = triton_peer.tune_fp8(*args)
+        calls["triton"] = PeerCall(lambda: triton_peer.matmul_fp8(*args), f"block FP8, autotuned to {tuned.config}",
+                                   tuned.seconds)
+        return calls
+    n = problem.shape[1]
+    calls = {"triton": PeerCall(None, "our Triton FP8 kernel takes block scales only (per-tensor: cuBLASLt)")}
+    if n % 16:
+        calls["cublas"] = PeerCall(None, f"torch._scaled_mm needs N a multiple of 16 (N={n})")
+        return calls
+
+    def scaled_mm() -> Any:
+        c = torch._scaled_mm(ops["a"], ops["b"].t(), scale_a=ops["scale_a"], scale_b=ops["scale_b"],
+                             bias=ops["bias"], out_dtype=ops["out"])
+        return activation(c, epilogue)
+
+    calls["cublas"] = PeerCall(scaled_mm, "torch._scaled_mm (cuBLASLt FP8, per-tensor scales)"
+                               + ("" if epilogue in ("none", "bias") else f", then {epilogue[5:]} in torch"))
     return calls
 
 

@@ -14,6 +14,7 @@ from templates.gemm import space as _space
 KERNEL_NAME = "gemm"
 COMPILE_OPTIONS = ("-O3", "-std=c++17")
 ACTIVATIONS = {"none": 0, "bias": 0, "bias_relu": 1, "bias_gelu": 2, "bias_gelu_tanh": 3}
+SCALES = {"tensor": 1, "block": 2}  # hopper.cu.j2's SCALE (0: 16-bit inputs, no scales)
 
 _ENVIRONMENT = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),
@@ -38,7 +39,9 @@ def source(params: Params, problem: Problem) -> str:
     aligned = _problem.alignment(problem)
     comment = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
     # What the source depends on, and no more: M, N and K are arguments.
-    for_problems = (f"{problem.dtype} layout={layout} epilogue={epilogue}, "
+    fp8 = _problem.is_fp8(problem)
+    types = f"e4m3 out_dtype={_problem.out_dtype(problem)} scale={problem.flag('scale')}" if fp8 else problem.dtype
+    for_problems = (f"{types} layout={layout} epilogue={epilogue}, "
                     + ", ".join(f"{name}={int(value)}" for name, value in aligned.items()))
     return _TEMPLATES[params["MMA"]].render(
         **params,
@@ -56,7 +59,10 @@ def source(params: Params, problem: Problem) -> str:
         b_stride=_space.row_stride(params, b_cols),
         bias=_problem.has_bias(problem),
         activation=ACTIVATIONS[epilogue],
-        ptx_type="f16" if problem.dtype == "fp16" else "bf16",
+        ptx_type="f16" if _problem.out_dtype(problem) == "fp16" else "bf16",
+        mma_type="e4m3" if fp8 else ("f16" if problem.dtype == "fp16" else "bf16"),
+        elem_bytes=_space.operand_bytes(params),
+        scale=SCALES[problem.flag("scale")] if fp8 else 0,
         consumers=_space.consumers(params),
         blocks_per_sm=_blocks_per_sm(params, problem),
         consumer_regs=_space.consumer_registers(params) if _space.wgmma(params) else 0,
@@ -73,7 +79,8 @@ def grid(params: Params, problem: Problem) -> tuple[int, int, int]:
 
 def launch(params: Params, problem: Problem) -> Launch:
     m, n, k = problem.shape
-    buffers = ("a", "b", "bias", "c") if _problem.has_bias(problem) else ("a", "b", "c")
+    buffers = ("a", "b") + (("scale_a", "scale_b") if _problem.is_fp8(problem) else ()) \
+        + (("bias", "c") if _problem.has_bias(problem) else ("c",))
     if _space.wgmma(params):  # A and B (and C, where stored by TMA) by TMA: tensor maps in their place
         operands = tuple(KernelArg("tensormap", m_) for m_ in tensor_maps(params, problem))
         buffers = tuple(b for b in buffers[2:] if not (b == "c" and params["C_STORE"] == "tma"))
@@ -89,18 +96,19 @@ def launch(params: Params, problem: Problem) -> Launch:
 
 def tensor_maps(params: Params, problem: Problem) -> tuple[TensorMap, ...]:
     """A's and B's maps as stored (innermost dimension first), 128-byte swizzled: a K-major
-    operand moves in boxes of 64 deep x its tile's rows (B's in a cluster: half of them), an M- or
-    N-major one in 64 x 64 boxes (the kernel issues BLOCK / 64 of them a stage). Past M, N or K the
-    TMA reads zeros. With C_STORE=tma also C's, in the 64 x 64 boxes of the epilogue (clipped at M
-    and N)."""
+    operand moves in boxes of BLOCK_K deep (128 bytes: 64 16-bit or 128 e4m3 elements) x its
+    tile's rows (B's in a cluster: half of them), an M- or N-major one in 64 x 64 boxes (the kernel
+    issues BLOCK / 64 of them a stage). Past M, N or K the TMA reads zeros. With C_STORE=tma also
+    C's, in the 64 x 64 boxes of the epilogue (clipped at M and N)."""
     m, n, k = problem.shape
     layout = problem.flag("layout")
     a_rows, a_cols = _problem.a_shape(problem)
     b_rows, b_cols = _problem.b_shape(problem)
-    a_box = (64, 64) if layout[0] == "t" else (64, params["BLOCK_M"])
-    b_box = (64, params["BLOCK_N"] // params["CLUSTER_M"]) if layout[1] == "t" else (64, 64)  # a block's half
-    maps = (TensorMap("a", 2, (a_cols, a_rows), (2 * a_cols,), a_box, swizzle=128),
-            TensorMap("b", 2, (b_cols, b_rows), (2 * b_cols,), b_box, swizzle=128))
+    size, deep = _space.operand_bytes(params), params["BLOCK_K"]
+    a_box = (64, 64) if layout[0] == "t" else (deep, params["BLOCK_M"])
+    b_box = (deep, params["BLOCK_N"] // params["CLUSTER_M"]) if layout[1] == "t" else (64, 64)  # a block's half
+    maps = (TensorMap("a", size, (a_cols, a_rows), (size * a_cols,), a_box, swizzle=128),
+            TensorMap("b", size, (b_cols, b_rows), (size * b_cols,), b_box, swizzle=128))
     if params["C_STORE"] == "tma":
         maps += (TensorMap("c", 2, (n, m), (2 * n,), (64, 64), swizzle=128),)
     return maps

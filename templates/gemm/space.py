@@ -6,13 +6,14 @@ import itertools
 from typing import Any, Iterator, Mapping
 
 from templates.family import DeviceLimits, Param, Problem
-from templates.gemm.problem import alignment
+from templates.gemm.problem import alignment, block_scaled, is_fp8
 
 PARAMS: tuple[Param, ...] = (
     Param("BLOCK_M", (128, 64, 256, 32, 16), "rows of C per thread block (16 and 32 with SWAP_AB only)"),
     Param("BLOCK_N", (128, 64, 256, 192, 224), "columns of C per thread block (192 and 224 on the wgmma path "
           "only, so that the tiles of a problem fill the last wave of blocks: 224 with B K-major, C from registers)"),
-    Param("BLOCK_K", (32, 64), "depth of one K step (one pipeline stage of A and B)"),
+    Param("BLOCK_K", (32, 64, 128), "depth of one K step (one pipeline stage of A and B); 128: e4m3's, one "
+          "128-byte swizzled row of 1-byte elements (the wgmma path)"),
     Param("NUM_WARPS", (8, 4), "warps per block: 2 x 2, or 2 x 4 (4 x 2 where BLOCK_M > BLOCK_N)"),
     Param("STAGES", (3, 2, 4, 6, 8, 12, 16), "A and B tiles in flight (cp.async; wgmma: TMA, where 6-16 keep "
           "more bytes in flight for the memory-bound small-M problems)"),
@@ -65,10 +66,23 @@ SWAP_MAX_M = 256
 NON_POW2_BLOCK_N = (192, 224)
 
 
-# The wgmma path: one 128-byte swizzle atom of 16-bit elements deep, each consumer warpgroup's
-# accumulators at most this many fp32 registers a thread (64 x 256 or 128 x 128 a warpgroup), the
-# consumers' registers after setmaxnreg at most MAX_CONSUMER_REGS.
+# The wgmma path: one 128-byte swizzle atom deep (64 16-bit elements, 128 e4m3 ones), each consumer
+# warpgroup's accumulators at most this many fp32 registers a thread (64 x 256 or 128 x 128 a
+# warpgroup), the consumers' registers after setmaxnreg at most MAX_CONSUMER_REGS.
 WGMMA_BLOCK_K = 64
+FP8_BLOCK_K = 128
+# e4m3: a consumer holds a second set of fp32 accumulators (a K block's products beside the
+# promoted sums): at most this many a set, or FP8_LIGHT_ACCUMULATORS where two blocks share a
+# multiprocessor (128 registers a thread). With block scales B's scale is one a tile per 128-deep
+# K block (BLOCK_N 64 or 128).
+FP8_BLOCK_N = (64, 128)
+MAX_PROMOTED_ACCUMULATORS = 64
+FP8_LIGHT_ACCUMULATORS = 32
+# ptxas' reports on one config of each kind (tile, warps, setmaxnreg, persistent, split-K, cluster,
+# C store, swap; both scale modes, GELU's two forms): the only spills were two sets of 64 on two
+# consumer warpgroups without setmaxnreg (168 registers a thread). With this rule, none of 2,256
+# (each kind at its fewest and most stages, three epilogues, three shapes) spilled.
+FP8_OTHER_REGS = 48
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
@@ -200,8 +214,13 @@ def row_stride(params: Mapping[str, Any], columns: int) -> int:
     return columns + (8 if params["SMEM_LAYOUT"] == "pad8" else 0)
 
 
+def operand_bytes(params: Mapping[str, Any]) -> int:
+    """Bytes of an element of A and B: 1 where BLOCK_K is e4m3's 128 (a 128-byte row), else 2."""
+    return 1 if params["BLOCK_K"] == FP8_BLOCK_K else ELEMENT_BYTES
+
+
 def stage_bytes(params: Mapping[str, Any], layout: str) -> int:
-    return sum(ELEMENT_BYTES * rows * row_stride(params, cols) for rows, cols in operand_tiles(params, layout))
+    return sum(operand_bytes(params) * rows * row_stride(params, cols) for rows, cols in operand_tiles(params, layout))
 
 
 def smem_bytes(params: Mapping[str, Any], layout: str) -> int:
@@ -225,8 +244,14 @@ def loads_per_thread(params: Mapping[str, Any]) -> int:
 
 def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
     """None when the config can run; otherwise the first reason it cannot."""
+    if is_fp8(problem):
+        reason = _fp8_check(params, problem)
+        if reason:
+            return reason
     if wgmma(params):
         return _wgmma_check(params, problem, device)
+    if params["BLOCK_K"] == FP8_BLOCK_K:
+        return f"path: BLOCK_K={FP8_BLOCK_K} for e4m3 on the wgmma path only"
     for name in HOPPER_PARAMS:
         if params[name] != _first(name):
             return f"path: {name} applies to MMA=wgmma only"
@@ -264,8 +289,9 @@ def check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> 
 def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
     if device.compute_capability != (9, 0):
         return f"arch: TMA and wgmma need sm_90a, {device.name} is sm_{''.join(map(str, device.compute_capability))}"
-    if params["BLOCK_K"] != WGMMA_BLOCK_K or params["SMEM_LAYOUT"] != "swizzle":
-        return f"wgmma: BLOCK_K={WGMMA_BLOCK_K} on swizzled tiles (one 128-byte swizzle atom deep)"
+    if params["BLOCK_K"] != wgmma_block_k(problem) or params["SMEM_LAYOUT"] != "swizzle":
+        return (f"wgmma: BLOCK_K={wgmma_block_k(problem)} for {problem.dtype} on swizzled tiles (one 128-byte "
+                f"swizzle atom deep)")
     aligned = alignment(problem)
     if not (aligned["a_aligned"] and aligned["b_aligned"]):
         return "tma: A's and B's rows must start on 16-byte boundaries (leading dimensions a multiple of 8)"
@@ -312,6 +338,33 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     return None
 
 
+def wgmma_block_k(problem: Problem) -> int:
+    """The wgmma path's BLOCK_K: one 128-byte swizzled row of the problem's elements."""
+    return FP8_BLOCK_K if is_fp8(problem) else WGMMA_BLOCK_K
+
+
+def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
+    """e4m3's own rules: the wgmma path, room for the two accumulator sets (a K block's products,
+    the promoted sums); with block scales one B scale a tile per K block (BLOCK_N 64 or 128) and
+    A's row scales on the accumulators' rows (no SWAP_AB)."""
+    if not wgmma(params):
+        return "e4m3: on the wgmma path only (MMA=wgmma: wgmma's FP8 instructions, sm_90a)"
+    if block_scaled(problem) and params["BLOCK_N"] not in FP8_BLOCK_N:
+        return (f"e4m3: block scales need BLOCK_N in {list(FP8_BLOCK_N)} (one scale of B a tile per 128-deep "
+                f"K block), not {params['BLOCK_N']}")
+    if block_scaled(problem) and params["SWAP_AB"]:
+        return "e4m3: block scales with SWAP_AB=0 only (A's row scales on the accumulators' rows)"
+    light = blocks_per_sm(params, problem.flag("layout")) > 1
+    limit = FP8_LIGHT_ACCUMULATORS if light else MAX_PROMOTED_ACCUMULATORS
+    if accumulators(params) > limit:
+        return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
+                f"(a K block's products and the promoted sums; at most {limit} a set)")
+    if 2 * accumulators(params) + FP8_OTHER_REGS > consumer_registers(params):
+        return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {FP8_OTHER_REGS} more "
+                f"spill in {consumer_registers(params)} registers a consumer thread (setmaxnreg needed)")
+    return None
+
+
 def _swap_check(params: Mapping[str, Any], problem: Problem) -> str | None:
     """SWAP_AB's own rules; without it, BLOCK_M of 64 or more."""
     if not params["SWAP_AB"]:
@@ -330,7 +383,7 @@ def _swap_check(params: Mapping[str, Any], problem: Problem) -> str | None:
 
 
 def _split_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> str | None:
-    k_tiles = -(-problem.shape[2] // WGMMA_BLOCK_K)
+    k_tiles = -(-problem.shape[2] // params["BLOCK_K"])
     if units(params, problem) > MAX_SPLIT_UNITS:
         return f"split-K: {units(params, problem)} work units > the workspace's {MAX_SPLIT_UNITS}"
     if tiles(params, problem) >= device.sm_count:
@@ -342,13 +395,14 @@ def _split_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
 
 def candidates() -> Iterator[dict[str, Any]]:
     """The configs ``check`` may accept: on the mma.sync path the whole product of its parameters
-    (864 configs, the wgmma path's own at their first values); on the wgmma path 64-deep swizzled
-    stages."""
+    (864 configs, the wgmma path's own at their first values, BLOCK_K 32 or 64); on the wgmma path
+    swizzled stages 64 deep (16-bit) or 128 deep (e4m3)."""
     names = [p.name for p in PARAMS]
     choices = {p.name: p.choices for p in PARAMS}
     sync = dict(choices, MMA=("sync",), STAGES=tuple(n for n in choices["STAGES"] if n <= MAX_SYNC_STAGES),
+                BLOCK_K=tuple(k for k in choices["BLOCK_K"] if k != FP8_BLOCK_K),
                 **{n: choices[n][:1] for n in HOPPER_PARAMS})
-    hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K,), SMEM_LAYOUT=("swizzle",))
+    hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K, FP8_BLOCK_K), SMEM_LAYOUT=("swizzle",))
     for space in (sync, hopper):
         for values in itertools.product(*(space[n] for n in names)):
             yield dict(zip(names, values))

@@ -232,3 +232,100 @@ def test_the_peers_of_gelu_tanh_pass_the_familys_check(monkeypatch):
             assert result.median_ms is not None and not result.note.startswith("wrong"), (epilogue, result)
             assert result.error is not None and result.error <= tolerance(problem), (epilogue, result)
         assert ("_addmm_activation" in found["cublas"].note) == (epilogue == "bias_gelu_tanh")
+
+
+# e4m3 (layout nt, K a multiple of 16), per-tensor and block scales, bf16 and fp16 out: sizes off
+# every tile (M and N odd or one past a tile, K not a multiple of 128: a scale block cut short).
+FP8_CASES = (
+    ("1000,264,1008", "tensor", "bf16", "bias_gelu"),
+    ("1000,264,1008", "block", "fp16", "bias_relu"),
+    ("4097,4096,4096", "tensor", "fp16", "bias"),
+    ("4097,4096,4096", "block", "bf16", "none"),
+    ("129,255,272", "block", "bf16", "bias_gelu_tanh"),
+    ("17,1000,1008", "tensor", "bf16", "bias"),
+    ("64,4104,14336", "block", "bf16", "none"),
+)
+# (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, PRODUCER_REGS, PERSISTENT, SPLIT_K, CLUSTER_M, C_STORE, SWAP_AB)
+FP8_TILES = ((128, 128, 8, 4, 40, 0, 1, 1, "direct", 0), (128, 128, 8, 6, 40, 0, 1, 1, "tma", 0),
+             (64, 128, 4, 4, 40, 0, 1, 1, "direct", 0), (64, 64, 4, 6, 0, 0, 1, 1, "direct", 0),
+             (128, 128, 8, 4, 40, 1, 1, 1, "direct", 0), (128, 128, 8, 4, 40, 0, 1, 2, "direct", 0),
+             (128, 128, 8, 4, 40, 1, 1, 1, "tma", 0), (64, 128, 4, 4, 40, 0, 4, 1, "direct", 0),
+             (64, 64, 4, 4, 0, 0, 2, 1, "direct", 0), (128, 64, 8, 4, 40, 1, 1, 2, "tma", 0),
+             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1))
+
+
+def _fp8_problems():
+    return [_fp8_problem(*case) for case in FP8_CASES]
+
+
+def _fp8_problem(shape, scale, out, epilogue):
+    return FAMILY.parse_problem(shape, "e4m3", {"layout": "nt", "scale": scale, "out_dtype": out, "epilogue": epilogue})
+
+
+def test_e4m3_matches_the_reference_per_tensor_and_per_block(bench, tmp_path_factory):
+    configs = [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=128, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps,
+                    STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=persistent, SPLIT_K=split, CLUSTER_M=cluster,
+                    C_STORE=c_store, SWAP_AB=swap)
+               for bm, bn, warps, stages, regs, persistent, split, cluster, c_store, swap in FP8_TILES]
+    limits = _limits(bench)
+    jobs = [(problem, params) for problem in _fp8_problems() for params in configs
+            if FAMILY.check(params, problem, limits) is None]
+    scales = [p.flag("scale") for p, _ in jobs]
+    assert scales.count("tensor") >= 20 and scales.count("block") >= 20
+    for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1), ("SWAP_AB", 0)):
+        assert sum(params[name] > more for _, params in jobs) >= 2, name
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("fp8_cubins")), seed=7,
+                             target_ms=5)
+    assert not failures, "\n".join(failures)
+
+
+def test_e4m3_random_configs_match_the_reference(bench, tmp_path_factory):
+    rng = random.Random(2028)
+    limits = _limits(bench)
+    jobs = []
+    for problem in _fp8_problems():
+        valid = FAMILY.valid_configs(problem, limits)
+        jobs += [(problem, params) for params in rng.sample(valid, min(4, len(valid)))]
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("fp8_random")), seed=9,
+                             target_ms=5)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("shape, scale, out, epilogue", [
+    ("1000,272,1008", "tensor", "bf16", "bias_gelu"), ("4096,4096,4096", "tensor", "fp16", "none"),
+    ("1000,264,1008", "block", "bf16", "bias"), ("4097,4096,4096", "block", "fp16", "bias_gelu_tanh"),
+])
+def test_the_e4m3_peers_pass_the_familys_check(shape, scale, out, epilogue, monkeypatch):
+    """Per tensor cuBLASLt (torch._scaled_mm), per block our Triton FP8 kernel, each against the
+    float64 reference from the dequantized inputs; the other refused with its reason."""
+    pytest.importorskip("torch")
+    from templates.gemm import triton_peer
+    from templates.gemm.problem import tolerance
+    from workers.peers import time_peers
+
+    monkeypatch.setattr(triton_peer, "FP8_CONFIG_SPACE", ((128, 128, 128, 3, 8), (64, 64, 64, 4, 4)))
+    problem = _fp8_problem(shape, scale, out, epilogue)
+    found = time_peers("gemm", problem, reps=5, cross_check=False)
+    ran = "cublas" if scale == "tensor" else "triton"
+    if ran == "triton" and not triton_peer.available():
+        pytest.skip("Triton is not installed")
+    result = found[ran]
+    assert result.median_ms is not None and not result.note.startswith("wrong"), result
+    assert result.error is not None and result.error <= tolerance(problem), result
+    other = found["triton" if ran == "cublas" else "cublas"]
+    assert other.median_ms is None and other.note
+
+
+def test_an_e4m3_kernel_that_ignores_the_block_scales_is_caught(bench, tmp_path_factory):
+    """The per-tensor kernel (scale_a[0] scale_b[0] for every block) launched on a block-scaled
+    problem (the same arguments) fails validation: the inputs' block scales differ."""
+    problem = _fp8_problem("1000,264,1008", "block", "bf16", "none")
+    tensor = _fp8_problem("1000,264,1008", "tensor", "bf16", "none")
+    params = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8,
+                  STAGES=4, PRODUCER_REGS=40)
+    assert FAMILY.check(params, problem, _limits(bench)) is None
+    wrong = compile_cubin(CompileRequest(FAMILY.render(params, tensor), "gemm", FAMILY.compile_options(params, tensor)),
+                          cache_dir=tmp_path_factory.mktemp("fp8_wrong"))
+    result = bench.measure(wrong, FAMILY.launch(params, problem), "gemm", problem, seed=5,
+                           timing=TimingOptions(min_reps=3, max_reps=5))
+    assert not result.ok and result.failure == "wrong", result

@@ -89,3 +89,26 @@ def test_gelu_tanh_is_one_exponential_and_one_reciprocal_an_element(params, tmp_
     assert plain["MUFU.EX2"] == 0 and tanh["MUFU.EX2"] > 0
     assert tanh["MUFU.RCP"] - plain["MUFU.RCP"] == tanh["MUFU.EX2"]  # the kernel's own (index arithmetic) aside
     assert tanh["MUFU.TANH"] == 0 and tanh["CALL"] == 0 and tanh["LDL"] == tanh["STL"] == 0
+
+
+@pytest.mark.parametrize("scale", ["tensor", "block"])
+def test_e4m3_multiplies_by_the_fp8_wgmma_from_shared_memory(scale, tmp_path):
+    """e4m3: QGMMA ... E4M3.E4M3 (wgmma's m64nNk32 FP8 form, Hopper's SASS name for it; 16-bit
+    wgmma is HGMMA), 4 k steps of 32 a 128-deep stage, A
+    and B by TMA, no 16-bit HGMMA; block scales read their scales from global memory each stage."""
+    problem = FAMILY.parse_problem("4096,4096,4096", "e4m3", {"layout": "nt", "scale": scale, "epilogue": "bias"})
+    params = dict(WGMMA, BLOCK_N=128, BLOCK_K=128)
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+    sass = sass_of(request, tmp_path)
+    ops = opcode_counts(sass)
+    # the compiler may unroll the loop over the stages: a multiple of 4
+    assert ops["QGMMA"] > 0 and ops["QGMMA"] % 4 == 0 and sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == ops["QGMMA"]
+    assert ops["HGMMA"] == 0 and ops["HMMA"] == 0 and ops["UTMALDG"] > 0 and ops["LDGSTS"] == 0
+    assert ops["LDL"] == ops["STL"] == 0
+    plain = FAMILY.parse_problem("4096,4096,4096", "e4m3", {"layout": "nt", "epilogue": "bias"})
+    (tmp_path / "plain").mkdir()
+    tensor = opcode_counts(sass_of(CompileRequest(FAMILY.render(params, plain), "gemm",
+                                                  FAMILY.compile_options(params, plain)), tmp_path / "plain"))
+    if scale == "block":  # the row and column scales, loaded in the k loop
+        assert ops["LDG"] > tensor["LDG"]

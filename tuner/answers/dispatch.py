@@ -57,6 +57,14 @@ def table_bests(family: KernelFamily, bests: Sequence[Any], device: str | None =
     return [chosen[key] for key in sorted(chosen)]
 
 
+def refuse_unexported(family: KernelFamily, problems: Sequence[Any]) -> None:
+    """UsageError with the family's reason where it exports none of one of ``problems``."""
+    for problem in problems:
+        reason = family.export_refusal(problem)
+        if reason:
+            raise UsageError(f"{problem.key}: {reason}")
+
+
 def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callable[[Any], DeviceLimits]) -> str:
     """The header's text for ``bests`` (``table_bests``' list); ``limits_of``: a best -> the
     limits of the GPU it won on (``tuner.api.limits_by_study``)."""
@@ -68,6 +76,7 @@ def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callabl
     configs: list[dict[str, Any]] = []
     entries, kernels, sources = [], [], []
     problems = [problem_of(b) for b in bests]
+    refuse_unexported(family, problems)
     for best, problem in zip(bests, problems):
         params = family.complete(best.params)
         if params not in configs:
@@ -83,7 +92,10 @@ def render_header(family: KernelFamily, bests: Sequence[Any], limits_of: Callabl
                 seen.add((_kind(problem), config, variant))
                 kernels.append(_kernel(family, configs[config], _kind(problem), config, variant, representative,
                                        sources))
-    flags = family.flags
+    # the flags the table's problems carry (a family's problems may carry fewer than it declares:
+    # gemm's fp16 and bf16 ones carry neither of e4m3's out_dtype and scale)
+    carried = {name for problem in problems for name, _ in problem.flags}
+    flags = [f for f in family.flags if f.name in carried]
     first = problems[0]
     launch = family.launch(configs[entries[0][1]], first)
     # one kernel name and one set of compiler options for the whole table (both are the header's)
