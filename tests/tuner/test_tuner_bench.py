@@ -177,3 +177,13 @@ def test_cli_bench_takes_a_yaml_list_of_problems(tmp_path, monkeypatch, capsys):
     shapes.write_text("- {shape: [1, 8, 512, 65], dtype: fp16}\n")
     assert commands.main(["bench", "attention", "--shapes", str(shapes)]) == 2
     assert capsys.readouterr().err.strip().startswith(f"tuner: error: {shapes}: entry 1: ")
+
+
+def test_fa3s_benchmark_points_are_a_list_bench_takes():
+    from pathlib import Path
+
+    from tuner.study.many import read_problems
+
+    listed = read_problems(get_family("attention"), Path(__file__).parents[2] / "docs" / "problems" / "fa3_forward.yaml")
+    assert len(listed) == 36 and {p.shape[3] for p in listed} == {64, 128, 256}
+    assert all(p.shape[0] * p.shape[2] == 16384 and p.shape[1] * p.shape[3] == 2048 for p in listed)
