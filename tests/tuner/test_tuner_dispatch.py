@@ -238,6 +238,26 @@ def test_several_gpus_need_device_and_nothing_current_is_one_line(tmp_path, caps
     assert not (tmp_path / "out" / "gemm_dispatch.h").exists()
 
 
+def test_e4m3_winners_are_left_out_of_an_export_with_a_warning_and_alone_refused(tmp_path, capsys):
+    from deploy_tables import GEMM
+
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    fp8 = ((256, 1024, 1024), "e4m3", {"layout": "nt"})
+    store(db, "gemm", *fp8, [(GEMM, 0.05)])
+    assert main(["export-dispatch", "gemm", "--db", db, "-o", str(tmp_path / "only")]) == 2
+    assert capsys.readouterr().err.startswith("tuner: error: 256x1024x1024-e4m3")
+    assert not (tmp_path / "only" / "gemm_dispatch.h").exists()
+    winners = gemm_db(db)
+    capsys.readouterr()
+    assert main(["export-dispatch", "gemm", "--db", db, "-o", str(tmp_path / "out")]) == 0
+    header = (tmp_path / "out" / "gemm_dispatch.h").read_text()
+    assert all(f'{{"{key}", ' in header for key in winners)  # each winner's entry, and no e4m3 one
+    assert '", 3, {256, 1024, 1024}, "e4m3"' not in header and "-e4m3-" not in header
+    warned = [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert warned == ["gemm: 1 stored winner(s) left out (256x1024x1024-e4m3-epilogue=none-layout=nt-out_dtype=bf16-"
+                      "scale=tensor): " + get_family("gemm").export_refusal(get_family("gemm").parse_problem(*fp8))]
+
+
 def test_a_family_without_cpp_or_a_missing_database_is_one_line(tmp_path, capsys):
     family = str(Path(__file__).resolve().parents[2] / "docs" / "examples" / "row_softmax")
     db = f"sqlite:///{tmp_path / 'r.db'}"

@@ -16,6 +16,7 @@ problem (they depend on the config and the variant, not on the runtime shape).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,8 @@ from tuner.answers.exporter import ARCH, write_atomic
 from tuner.answers.rule import problem_of
 from tuner.api import limits_by_study
 from tuner.errors import NotFound, UsageError
+
+logger = logging.getLogger("tuner")
 
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
                                   undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -55,6 +58,27 @@ def table_bests(family: KernelFamily, bests: Sequence[Any], device: str | None =
     for best in current:  # fastest first from the repository: keep the first of each problem
         chosen.setdefault(problem_of(best).key, best)
     return [chosen[key] for key in sorted(chosen)]
+
+
+def exportable(family: KernelFamily, bests: Sequence[Any]) -> list[Any]:
+    """``bests`` less those of problems the family exports to neither the C++ dispatch nor the
+    torch op (``export_refusal``: gemm's e4m3), each reason logged once as a warning; where none
+    is left, UsageError with the first reason."""
+    kept, left = [], {}
+    for best in bests:
+        problem = problem_of(best)
+        reason = family.export_refusal(problem)
+        if reason is None:
+            kept.append(best)
+        else:
+            left.setdefault(reason, []).append(problem.key)
+    if left and not kept:
+        reason, keys = next(iter(left.items()))
+        raise UsageError(f"{keys[0]}: {reason}")
+    for reason, keys in left.items():
+        shown = ", ".join(sorted(set(keys))[:3]) + (", ..." if len(set(keys)) > 3 else "")
+        logger.warning("%s: %d stored winner(s) left out (%s): %s", family.name, len(keys), shown, reason)
+    return kept
 
 
 def refuse_unexported(family: KernelFamily, problems: Sequence[Any]) -> None:
@@ -146,7 +170,7 @@ def export_dispatch(family: str | KernelFamily, *, out_dir: str | Path, db: str 
     with database.repository(database.url(db), create=False) as repo:
         bests = database.call(lambda: repo.bests(fam.name, device_name=device))
         limits_of = limits_by_study(database.call(repo.study_settings))
-    chosen = table_bests(fam, bests, device)
+    chosen = table_bests(fam, exportable(fam, bests), device)
     text = render_header(fam, chosen, limits_of)
     out = Path(out_dir)
     path = out / f"{header_name(fam)}.h"
@@ -221,4 +245,4 @@ def _identifier(name: str) -> str:
     return text if not text[:1].isdigit() else f"_{text}"
 
 
-__all__ = ["export_dispatch", "header_name", "render_header", "table_bests"]
+__all__ = ["export_dispatch", "exportable", "header_name", "render_header", "table_bests"]

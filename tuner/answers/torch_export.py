@@ -35,7 +35,7 @@ import jinja2
 
 from templates.family import DeviceLimits, KernelFamily
 from tuner import database, lookup
-from tuner.answers.dispatch import refuse_unexported, table_bests
+from tuner.answers.dispatch import exportable, table_bests
 from tuner.answers.exporter import ARCH, render_export, write_atomic, write_export
 from tuner.answers.rule import problem_of
 from tuner.api import limits_by_study
@@ -121,8 +121,7 @@ def export_torch(family: str | KernelFamily, *, out_dir: str | Path, db: str | N
     with database.repository(database.url(db), create=False) as repo:
         stored = database.call(lambda: repo.bests(fam.name, device_name=device))
         limits_of = limits_by_study(database.call(repo.study_settings))
-    chosen = table_bests(fam, stored, device)
-    refuse_unexported(fam, [problem_of(best) for best in chosen])
+    chosen = table_bests(fam, exportable(fam, stored), device)
     exports = [render_export(fam, problem_of(best), best) for best in chosen]
     cubins = []
     for export, best in zip(exports, chosen):
