@@ -95,17 +95,45 @@ triton = None
 tl = None
 _matmul = None  # the @triton.jit kernel, every meta-parameter explicit
 _matmul_fp8 = None  # the block-scaled FP8 one
+_grouped_tile = None  # their tile order and epilogue, @triton.jit too
+_epilogue = None
 _autotuned: dict = {}  # (kernel name, config space) -> (the autotuned kernel, {key: TunedPeer})
 _lock = threading.RLock()
 
 
 def _build():
     """Import Triton and define the kernel (once); Triton finds ``tl`` through its globals."""
-    global triton, tl, _matmul, _matmul_fp8
+    global triton, tl, _matmul, _matmul_fp8, _grouped_tile, _epilogue
     if _matmul is not None:
         return
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """This program's tile (row, column of tiles): GROUP_M rows of tiles at a time, column by
+        column, so that neighbouring programs share A's rows and B's columns in L2."""
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * tiles_n
+        first_m = pid // per_group * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (pid % per_group) % rows, (pid % per_group) // rows
+
+    @triton.jit
+    def _epilogue(acc, Bias, offs_n, n_ok, EPILOGUE: tl.constexpr):
+        """The fp32 tile after the epilogue: EPILOGUE 0 none, 1 + bias, 2 then ReLU, 3 then GELU
+        (erf), 4 then GELU (tanh, as x / (1 + e^(-2u)), the same function)."""
+        if EPILOGUE > 0:
+            acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if EPILOGUE == 2:
+            acc = tl.maximum(acc, 0.0)
+        if EPILOGUE == 3:
+            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        if EPILOGUE == 4:
+            acc = acc / (1.0 + tl.exp(-acc * (1.5957691216057308 + 0.0713548162726003 * acc * acc)))
+        return acc
 
     @triton.jit
     def _matmul(A, B, Bias, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
@@ -114,14 +142,7 @@ def _build():
         """C = epilogue(A B + Bias); EPILOGUE 0 none, 1 bias, 2 bias + ReLU, 3 bias + GELU (erf),
         4 bias + GELU (tanh, as x / (1 + e^(-2u)), the same function). The *_ROW_MAJOR flags only
         key the autotuner (the strides say the layout)."""
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        tiles_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        first_m = pid // per_group * GROUP_M
-        rows = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % rows
-        pid_n = (pid % per_group) // rows
+        pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -135,14 +156,7 @@ def _build():
             acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-        if EPILOGUE > 0:
-            acc += tl.load(Bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        if EPILOGUE == 2:
-            acc = tl.maximum(acc, 0.0)
-        if EPILOGUE == 3:
-            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-        if EPILOGUE == 4:
-            acc = acc / (1.0 + tl.exp(-acc * (1.5957691216057308 + 0.0713548162726003 * acc * acc)))
+        acc = _epilogue(acc, Bias, offs_n, offs_n < N, EPILOGUE)
         c_ptrs = C + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
@@ -151,14 +165,7 @@ def _build():
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         """C = epilogue((A SA) (B SB)^T + Bias): A M x K and B N x K row-major e4m3, SA M x K_BLOCKS
         and SB ceil(N / SCALE_BLOCK) x K_BLOCKS fp32; each step's product times its scales."""
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        tiles_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        first_m = pid // per_group * GROUP_M
-        rows = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % rows
-        pid_n = (pid % per_group) // rows
+        pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -178,14 +185,7 @@ def _build():
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        if EPILOGUE > 0:
-            acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if EPILOGUE == 2:
-            acc = tl.maximum(acc, 0.0)
-        if EPILOGUE == 3:
-            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-        if EPILOGUE == 4:
-            acc = acc / (1.0 + tl.exp(-acc * (1.5957691216057308 + 0.0713548162726003 * acc * acc)))
+        acc = _epilogue(acc, Bias, offs_n, n_ok, EPILOGUE)
         c_ptrs = C + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
