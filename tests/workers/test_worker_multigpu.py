@@ -56,18 +56,19 @@ def test_each_gpu_times_the_incumbent_in_rounds_and_says_which_gpu_it_is(two_gpu
     assert pool.num_gpus == 2
     assert [g["uuid"] for g in pool.gpus] == ["GPU-replay-0", "GPU-replay-1"]
     assert [g["index"] for g in pool.gpus] == [0, 1] and pool.gpus[0]["name"] == FAKE_DEVICE.name
-    for ticket, tag in enumerate(TAGS):
-        pool.submit(ticket, _config(tag), "", LAUNCH, ())
+    pool.submit(0, _config(TAGS[0]), "", LAUNCH, ())
     first, _ = _until(pool, lambda r, c: len(r) >= 1)
-    ticket, m = next(iter(first.items()))
-    incumbent = _config(list(TAGS)[ticket])
+    incumbent = _config(TAGS[0])
     pool.set_incumbent(incumbent, "", LAUNCH, ())
-    # every trial back, a round timed on both GPUs, and a later round begun. A GPU times the
-    # round current when its turn comes, so it may skip one (GPU 0 busy while round 1 became
-    # round 2), and the last round may stay on one GPU when the trials run out first.
-    results, calibrations = _until(pool, lambda r, c: len(r) == len(TAGS) - len(first) and len(
-        {x.round for x in c}) >= 2 and any(len({x.measurement.gpu["index"] for x in c if x.round == n}) == 2
-                                           for n in {x.round for x in c}))
+    # the first round starts once the incumbent is compiled: both GPUs are idle and time it
+    _, calibrations = _until(pool, lambda r, c: {x.measurement.gpu["index"] for x in c if x.round == 1} == {0, 1})
+    for ticket, tag in enumerate(TAGS):
+        if ticket:
+            pool.submit(ticket, _config(tag), "", LAUNCH, ())
+    # every trial back and a later round begun: a round starts after every trial here, and a GPU
+    # times the round current when it has room, before its next trial (so it may skip one)
+    results, later = _until(pool, lambda r, c: len(r) == len(TAGS) - 1 and c)
+    calibrations += later
     results.update(first)
     by_gpu = {0: [], 1: []}
     for ticket, m in results.items():
