@@ -23,8 +23,11 @@ def fits_device(params: Mapping[str, Any], device: DeviceLimits) -> bool:
     """False where a rule of :func:`space.check` that reads neither the problem's shape nor its
     flags refuses ``params`` (a candidate): then no problem accepts it on ``device``."""
     if space.wgmma(params):
-        rows = space.mma_tile(params)[0] // space.consumers(params)
+        rows = space.warpgroup_rows(params)
         if device.compute_capability != (9, 0) or rows not in (64, 128):
+            return False
+        if space.pingpong(params) and (any(params[n] != v for n, v in space.PINGPONG_FIXED.items()) or (
+                space.accumulators(params) > space.PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"])):
             return False
         if params["SWAP_AB"] and (params["BLOCK_M"] not in space.SWAP_BLOCK_M or params["C_STORE"] == "tma"
                                   or params["CLUSTER_M"] > 1):

@@ -25,8 +25,10 @@ PARAMS: tuple[Param, ...] = (
           "NUM_WARPS / 4 consumer warpgroups issuing wgmma from shared memory"),
     Param("PRODUCER_REGS", (0, 40, 24), "wgmma: setmaxnreg gives the producer warpgroup this many registers "
           "and the consumers the rest (0: no setmaxnreg)"),
-    Param("PERSISTENT", (0, 1), "wgmma: 1: one block a multiprocessor loops over the output tiles, the "
-          "producer loading the next tile's stages under this one's epilogue; 0: a block a tile"),
+    Param("PERSISTENT", (0, 1, 2), "wgmma: 1: one block a multiprocessor loops over the output tiles, the "
+          "producer loading the next tile's stages under this one's epilogue; 2: the same, its two consumer "
+          "warpgroups taking whole tiles in turn (ping-pong: one's epilogue under the other's products); "
+          "0: a block a tile"),
     Param("SPLIT_K", (1, 2, 4, 8), "wgmma: K in this many parts, each its own work unit, for problems of "
           "fewer tiles than multiprocessors; the last part of a tile to finish sums the fp32 parts "
           "(kept in a workspace) in a fixed order and stores C"),
@@ -86,6 +88,15 @@ FP8_OTHER_REGS = 48
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
+# PERSISTENT's ping-pong value: two consumer warpgroups (NUM_WARPS 8) taking whole tiles in turn,
+# each unit a whole tile (SPLIT_K 1), A's rows on the MMA's 64-row side (SWAP_AB 0)
+PINGPONG = 2
+PINGPONG_FIXED = {"NUM_WARPS": 8, "SPLIT_K": 1, "SWAP_AB": 0}
+# ptxas' reports on every ping-pong kind (tile, setmaxnreg, cluster, C store; fewest and most
+# stages; five epilogues, four layouts, e4m3): of 1,968 compiles 52 spilled (4-12 bytes), all of
+# them 128 accumulators a thread without setmaxnreg (168 registers); 96 or fewer never did. With
+# this rule none of the 1,608 left spilled.
+PINGPONG_PLAIN_ACCUMULATORS = 96
 HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports: with PERSISTENT or CLUSTER_M the producer warpgroup's loop
@@ -160,10 +171,20 @@ def mma_tile(params: Mapping[str, Any]) -> tuple[int, int]:
     return params["BLOCK_M"], params["BLOCK_N"]
 
 
+def pingpong(params: Mapping[str, Any]) -> bool:
+    """wgmma, PERSISTENT=2: the consumer warpgroups take whole tiles in turn."""
+    return params["PERSISTENT"] == PINGPONG
+
+
+def warpgroup_rows(params: Mapping[str, Any]) -> int:
+    """wgmma: the MMA's rows a consumer warpgroup computes: the tile's share, or with ping-pong all."""
+    rows = mma_tile(params)[0]
+    return rows if pingpong(params) else rows // consumers(params)
+
+
 def accumulators(params: Mapping[str, Any]) -> int:
     """wgmma: fp32 accumulator registers a consumer thread holds (its warpgroup's rows x N / 128)."""
-    rows, cols = mma_tile(params)
-    return rows // consumers(params) * cols // 128
+    return warpgroup_rows(params) * mma_tile(params)[1] // 128
 
 
 def launch_registers(params: Mapping[str, Any]) -> int:
@@ -301,7 +322,12 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     if params["BLOCK_N"] % 64 and (problem.flag("layout")[1] == "n" or params["C_STORE"] == "tma"):
         return (f"tma: BLOCK_N={params['BLOCK_N']} is not whole 64-column boxes: B K-major (layout ?t) and C "
                 f"from registers (C_STORE=direct)")
-    rows = mma_tile(params)[0] // consumers(params)
+    if pingpong(params):
+        for name, value in PINGPONG_FIXED.items():
+            if params[name] != value:
+                return (f"pingpong: PERSISTENT={PINGPONG} takes whole tiles in turn on two consumer warpgroups "
+                        f"({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
+    rows = warpgroup_rows(params)
     if rows not in (64, 128):
         return f"wgmma: {rows} rows a consumer warpgroup (64 or 128)"
     for name, dim in (("BLOCK_M", problem.shape[0]), ("BLOCK_N", problem.shape[1])):
@@ -323,6 +349,9 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
             return "cluster: B's N-major stage halves in 64-column boxes (BLOCK_N >= 128)"
     if params["C_STORE"] == "tma" and problem.shape[1] % 8:
         return f"tma: C's rows must start on 16-byte boundaries for C_STORE=tma (N={problem.shape[1]} is not a multiple of 8)"
+    if pingpong(params) and accumulators(params) > PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]:
+        return (f"registers: ping-pong's {accumulators(params)} accumulators a thread spill in "
+                f"{consumer_registers(params)} registers (setmaxnreg needed)")
     if params["SPLIT_K"] > 1 and accumulators(params) > 64 and not params["PRODUCER_REGS"]:
         return (f"registers: split-K's sum beside {accumulators(params)} accumulators a thread spills in "
                 f"{consumer_registers(params)} registers (setmaxnreg needed)")
@@ -396,14 +425,16 @@ def _split_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
 def candidates() -> Iterator[dict[str, Any]]:
     """The configs ``check`` may accept: on the mma.sync path the whole product of its parameters
     (864 configs, the wgmma path's own at their first values, BLOCK_K 32 or 64); on the wgmma path
-    swizzled stages 64 deep (16-bit) or 128 deep (e4m3)."""
+    swizzled stages 64 deep (16-bit) or 128 deep (e4m3), ping-pong with its fixed values only."""
     names = [p.name for p in PARAMS]
     choices = {p.name: p.choices for p in PARAMS}
     sync = dict(choices, MMA=("sync",), STAGES=tuple(n for n in choices["STAGES"] if n <= MAX_SYNC_STAGES),
                 BLOCK_K=tuple(k for k in choices["BLOCK_K"] if k != FP8_BLOCK_K),
                 **{n: choices[n][:1] for n in HOPPER_PARAMS})
-    hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K, FP8_BLOCK_K), SMEM_LAYOUT=("swizzle",))
-    for space in (sync, hopper):
+    hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K, FP8_BLOCK_K), SMEM_LAYOUT=("swizzle",),
+                  PERSISTENT=tuple(p for p in choices["PERSISTENT"] if p != PINGPONG))
+    pingpong_ = dict(hopper, PERSISTENT=(PINGPONG,), **{n: (v,) for n, v in PINGPONG_FIXED.items()})
+    for space in (sync, hopper, pingpong_):
         for values in itertools.product(*(space[n] for n in names)):
             yield dict(zip(names, values))
 

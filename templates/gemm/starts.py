@@ -44,6 +44,15 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
                                                (128, 224, 16, 1, "direct"), (128, 256, 8, 1, "tma"),
                                                (128, 256, 8, 0, "tma"), (256, 128, 8, 1, "tma"))
 )
+# Then the ping-pong schedule (PERSISTENT=2: each consumer warpgroup a whole tile, their epilogues
+# under each other's products; where the tiles outnumber the multiprocessors): 128 x 128 and
+# 64 x 256 a warpgroup, C by TMA. Not yet timed (2026-11-28): tried here because a short K and a
+# fused epilogue leave the cooperative tiles' epilogue uncovered, where CUTLASS's ping-pong wins.
+PINGPONG_POINTS: tuple[dict[str, Any], ...] = tuple(
+    dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=stages, PRODUCER_REGS=40, GROUP_M=16, SPLIT_K=1,
+         CLUSTER_M=1, PERSISTENT=2, C_STORE="tma")
+    for bm, bn, stages in ((128, 128, 6), (64, 256, 4))
+)
 # For small M (the 128-row tiles above are refused there), the same store of C by TMA from one
 # consumer warpgroup of 64 rows: the fastest of every valid config of its kind (4-8 stages,
 # K in parts or not, 64-256 columns), timed in turns with cuBLAS after the clean flush (H100,
@@ -98,4 +107,5 @@ def starting_points(dtype: str = "fp16") -> list[dict[str, Any]]:
     if dtype == "e4m3":
         deep = [dict(p, BLOCK_K=128) for p in SWAP_POINTS + TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS]
         return [dict(p) for p in FP8_POINTS] + deep
-    return [dict(p) for p in SWAP_POINTS + TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS + POINTS]
+    return [dict(p) for p in SWAP_POINTS + TMA_C_POINTS + PINGPONG_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS
+            + POINTS]

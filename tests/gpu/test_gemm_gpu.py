@@ -184,6 +184,34 @@ def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tm
     assert not failures, "\n".join(failures)
 
 
+# Ping-pong (PERSISTENT=2): more work units than multiprocessors, blocks of odd and even unit
+# counts, K of one stage, of fewer stages than the pipeline holds (both warpgroups' stages in flight
+# at once) and of many; every layout and epilogue.
+PINGPONG_CASES = (
+    ("2048,2048,520", "fp16", "nt", "bias_gelu_tanh"),
+    ("1000,4104,4096", "bf16", "nn", "bias"),
+    ("4104,1000,128", "fp16", "tn", "bias_relu"),
+    ("2056,2056,1000", "bf16", "tt", "bias_gelu"),
+    ("8192,1024,64", "fp16", "nt", "none"),
+    ("3001,2048,2048", "bf16", "nt", "bias_gelu_tanh"),
+)
+# (BLOCK_M, BLOCK_N, STAGES, PRODUCER_REGS, CLUSTER_M, C_STORE)
+PINGPONG_TILES = ((128, 128, 4, 40, 1, "tma"), (128, 128, 6, 40, 2, "direct"), (64, 256, 4, 40, 1, "tma"),
+                  (64, 128, 8, 0, 1, "direct"), (128, 64, 6, 0, 2, "tma"), (64, 192, 4, 40, 1, "direct"))
+
+
+def test_pingpong_warpgroups_match_the_reference(bench, tmp_path_factory):
+    configs = [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8,
+                    STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=2, CLUSTER_M=cluster, C_STORE=c_store)
+               for bm, bn, stages, regs, cluster, c_store in PINGPONG_TILES]
+    jobs = _accepted(PINGPONG_CASES, configs, _limits(bench))
+    assert len(jobs) >= 24 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
+    assert sum(params["CLUSTER_M"] > 1 for _, params in jobs) >= 4
+    failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("pingpong_cubins")), seed=13,
+                             target_ms=5)
+    assert not failures, "\n".join(failures)
+
+
 # SWAP_AB (A's rows as the MMA's N; M <= 256, A row-major): (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES,
 # PRODUCER_REGS, PERSISTENT, SPLIT_K): 16-128 rows of A, one and two consumer warpgroups, deep
 # pipelines, K in parts, persistent blocks.
@@ -251,7 +279,8 @@ FP8_TILES = ((128, 128, 8, 4, 40, 0, 1, 1, "direct", 0), (128, 128, 8, 6, 40, 0,
              (128, 128, 8, 4, 40, 1, 1, 1, "direct", 0), (128, 128, 8, 4, 40, 0, 1, 2, "direct", 0),
              (128, 128, 8, 4, 40, 1, 1, 1, "tma", 0), (64, 128, 4, 4, 40, 0, 4, 1, "direct", 0),
              (64, 64, 4, 4, 0, 0, 2, 1, "direct", 0), (128, 64, 8, 4, 40, 1, 1, 2, "tma", 0),
-             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1))
+             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1),
+             (128, 64, 8, 6, 40, 2, 1, 1, "tma", 0), (64, 128, 8, 6, 40, 2, 1, 2, "direct", 0))
 
 
 def _fp8_problems():

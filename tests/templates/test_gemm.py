@@ -21,7 +21,7 @@ from whole_space import whole_product
 FAMILY = get_family("gemm")
 ROOT = Path(__file__).resolve().parents[2]
 REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma", "split-K",
-           "persistent", "cluster", "swap"}
+           "persistent", "cluster", "swap", "pingpong"}
 
 
 def _problem(shape="1000,17,4097", dtype="fp16", layout="nn", epilogue="none"):
@@ -395,6 +395,8 @@ def test_the_triton_peer_space_is_the_tutorials():
 # The wgmma path's heaviest epilogue: 128 x 256, two consumer warpgroups, persistent, C by TMA.
 HEAVY_WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_WARPS=8, STAGES=4,
                    PRODUCER_REGS=40, PERSISTENT=1, C_STORE="tma")
+# Ping-pong's: a whole 128 x 128 tile a warpgroup, in clusters of two, C by TMA.
+HEAVY_PINGPONG = dict(HEAVY_WGMMA, BLOCK_N=128, STAGES=6, PERSISTENT=2, CLUSTER_M=2)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -416,6 +418,7 @@ def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
     jobs.append((_problem("4096,4096,4096", "bf16", "nn", "bias_gelu"),
                  dict(FAMILY.default_params(), BLOCK_M=256, BLOCK_K=64, STAGES=4, SMEM_LAYOUT="pad8")))
     jobs.append((_problem("4096,4096,4096", "bf16", "nt", "bias_gelu_tanh"), HEAVY_WGMMA))
+    jobs.append((_problem("4096,4096,4096", "fp16", "tn", "bias_gelu"), HEAVY_PINGPONG))
     for problem, params in jobs:
         assert FAMILY.check(params, problem, H100_LIMITS) is None
         request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
@@ -588,6 +591,35 @@ def test_persistent_blocks_are_capped_at_what_the_multiprocessors_hold():
     assert FAMILY.check(params, _problem("1024,1024,4096"), H100_LIMITS).startswith("persistent: 32 work units")
     # a producer that loops over units needs more than 24 registers
     assert FAMILY.check(dict(params, PRODUCER_REGS=24), problem, H100_LIMITS).startswith("registers: a producer")
+
+
+def test_pingpong_warpgroups_take_whole_tiles_in_turn():
+    params = _wgmma(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=2, C_STORE="tma")
+    problem = _problem("8192,3072,768", "fp16", "nt", "bias_gelu_tanh")
+    assert FAMILY.check(params, problem, H100_LIMITS) is None
+    shared = dict(params, PERSISTENT=1)  # the same tile, each warpgroup computing half its rows
+    assert (space.warpgroup_rows(params), space.accumulators(params)) == (128, 128)
+    assert (space.warpgroup_rows(shared), space.accumulators(shared)) == (64, 64)
+    launch = FAMILY.launch(params, problem)
+    assert launch.grid == (64 * 24, 1, 1) and launch.blocks_per_sm_cap == 1 and launch.grid_on(132) == (132, 1, 1)
+    source = FAMILY.render(params, problem)
+    assert "#define PINGPONG 1" in source and "#define PERSISTENT 1" in source and "m64n128k16" in source
+    assert "#define PINGPONG 0" in FAMILY.render(shared, problem)
+    refused = {
+        "one consumer warpgroup": (dict(params, NUM_WARPS=4, BLOCK_M=64), problem, "pingpong: PERSISTENT=2"),
+        "K in parts": (dict(params, SPLIT_K=2), problem, "pingpong: PERSISTENT=2"),
+        "256 rows a warpgroup": (dict(params, BLOCK_M=256, BLOCK_N=64), problem,
+                                 "wgmma: 256 rows a consumer warpgroup"),
+        "no setmaxnreg": (dict(params, PRODUCER_REGS=0), problem, "registers: ping-pong's 128 accumulators"),
+        "too few tiles": (params, _problem("1024,1024,4096", "fp16", "nt"), "persistent: 64 work units"),
+        "mma.sync": (dict(FAMILY.default_params(), PERSISTENT=2), problem, "path: PERSISTENT applies"),
+    }
+    for what, (config, where, reason) in refused.items():
+        assert FAMILY.check(config, where, H100_LIMITS).startswith(reason), what
+    assert FAMILY.check(dict(params, BLOCK_M=64, BLOCK_N=192, PRODUCER_REGS=0), problem, H100_LIMITS) is None  # 96
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    assert any(space.pingpong(c) for c in valid) and all(
+        c["NUM_WARPS"] == 8 and c["SPLIT_K"] == 1 for c in valid if space.pingpong(c))
 
 
 def test_a_cluster_pairs_tile_rows_and_halves_bs_box():

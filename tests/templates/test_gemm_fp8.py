@@ -19,7 +19,7 @@ from whole_space import whole_product
 
 FAMILY = get_family("gemm")
 REASONS = {"divisibility", "tile", "threads", "shared memory", "registers", "path", "arch", "wgmma", "tma", "split-K",
-           "persistent", "cluster", "swap", "e4m3"}
+           "persistent", "cluster", "swap", "e4m3", "pingpong"}
 WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, NUM_WARPS=8, STAGES=4,
              PRODUCER_REGS=40)
 EDGES = np.array([0.0, -0.0, 448.0, -448.0, 449.0, 463.9, 464.0, 465.0, 480.0, 1e9, np.inf, -np.inf, np.nan,
