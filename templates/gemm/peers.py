@@ -1,5 +1,5 @@
-"""The GEMM family's peers: cuBLAS through ``torch.matmul`` or ``torch.addmm`` (the activation in
-torch after it; GELU's tanh form in cuBLASLt's own epilogue, ``torch._addmm_activation``) and
+"""The GEMM family's peers: cuBLAS through ``torch.matmul`` or ``torch.addmm`` (ReLU and GELU's
+tanh form in cuBLASLt's own epilogue, ``torch._addmm_activation``; GELU's erf form in torch after it) and
 our Triton matmul tuned by Triton's autotuner (``triton_peer``), each a call on torch tensors of
 the family's own inputs, in their stored layouts. e4m3: cuBLASLt's FP8 GEMM through
 ``torch._scaled_mm`` (per-tensor scales; block scales are refused there) and our block-scaled
@@ -48,11 +48,9 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     def cublas() -> Any:
         if bias is None:
             return torch.matmul(a, b)
-        if epilogue == "bias_gelu_tanh":  # cuBLASLt's GELU epilogue is the tanh form (on CUDA tensors)
-            return torch._addmm_activation(bias, a, b, use_gelu=True)
+        if epilogue in ("bias_relu", "bias_gelu_tanh"):  # cuBLASLt's fused epilogues (GELU: the tanh form)
+            return torch._addmm_activation(bias, a, b, use_gelu=epilogue == "bias_gelu_tanh")
         c = torch.addmm(bias, a, b)  # cuBLAS adds the bias in its own epilogue
-        if epilogue == "bias_relu":
-            return F.relu(c)
         if epilogue == "bias_gelu":
             return F.gelu(c)
         return c
@@ -134,8 +132,10 @@ def cublas_description(epilogue: str) -> str:
     """What the cuBLAS peer calls for ``epilogue``."""
     if epilogue == "none":
         return "torch.matmul"
-    if epilogue == "bias_gelu_tanh":
-        return "torch._addmm_activation(use_gelu=True): cuBLASLt's bias + GELU (tanh) epilogue"
+    if epilogue in ("bias_relu", "bias_gelu_tanh"):
+        gelu = epilogue == "bias_gelu_tanh"
+        return (f"torch._addmm_activation(use_gelu={gelu}): cuBLASLt's bias + {'GELU (tanh)' if gelu else 'ReLU'} "
+                f"epilogue")
     return f"torch.addmm, then {epilogue[5:] or 'nothing'}"
 
 

@@ -244,7 +244,7 @@ def test_swapped_operands_match_the_reference_on_small_m(bench, tmp_path_factory
 def test_the_peers_of_gelu_tanh_pass_the_familys_check(monkeypatch):
     """cuBLASLt's fused bias + GELU (torch._addmm_activation) and the Triton peer's tanh form each
     pass the family's check against the float64 tanh reference, as bias_gelu's peers do against
-    the erf reference (one tolerance for both)."""
+    the erf reference (one tolerance for both), and cuBLASLt's fused bias + ReLU against ReLU's."""
     pytest.importorskip("torch")
     from templates.gemm import triton_peer
     from templates.gemm.problem import tolerance
@@ -252,14 +252,14 @@ def test_the_peers_of_gelu_tanh_pass_the_familys_check(monkeypatch):
 
     monkeypatch.setattr(triton_peer, "CONFIG_SPACE", ((128, 128, 32, 4, 4),))  # one config: no long tuning
     names = ("cublas", "triton") if triton_peer.available() else ("cublas",)
-    for epilogue in ("bias_gelu_tanh", "bias_gelu"):
+    for epilogue in ("bias_gelu_tanh", "bias_gelu", "bias_relu"):
         problem = FAMILY.parse_problem("1000,1000,1000", "bf16", {"layout": "nt", "epilogue": epilogue})
         found = time_peers("gemm", problem, reps=5, cross_check=False)
         for name in names:
             result = found[name]
             assert result.median_ms is not None and not result.note.startswith("wrong"), (epilogue, result)
             assert result.error is not None and result.error <= tolerance(problem), (epilogue, result)
-        assert ("_addmm_activation" in found["cublas"].note) == (epilogue == "bias_gelu_tanh")
+        assert ("_addmm_activation" in found["cublas"].note) == (epilogue != "bias_gelu")  # cuBLASLt's fused
 
 
 # e4m3 (layout nt, K a multiple of 16), per-tensor and block scales, bf16 and fp16 out: sizes off
