@@ -602,17 +602,24 @@ class KernelFamily(abc.ABC):
         return []
 
     def validate_params(self, params: Params) -> None:
-        known = {p.name: p for p in self.params}
+        known = self._choices()
         for name, value in params.items():
-            if name not in known:
+            choices = known.get(name)
+            if choices is None:
                 raise TemplateError(f"{self.name}: unknown parameter {name!r}")
-            if value not in known[name].choices:
-                raise TemplateError(
-                    f"{self.name}: {name}={value!r} is not one of {list(known[name].choices)}"
-                )
-        missing = [n for n in known if n not in params]
-        if missing:
-            raise TemplateError(f"{self.name}: missing parameters {missing}")
+            if value not in choices:
+                raise TemplateError(f"{self.name}: {name}={value!r} is not one of {list(choices)}")
+        if len(params) != len(known):  # every name given is known: some are missing
+            raise TemplateError(f"{self.name}: missing parameters {[n for n in known if n not in params]}")
+
+    def _choices(self) -> dict[str, tuple[Any, ...]]:
+        """Each parameter's choices by name, made once for the family's ``params`` (``check``
+        reads them for every config of a whole product: millions)."""
+        cached = self.__dict__.get("_choices_of")
+        if cached is None or cached[0] is not self.params:
+            cached = (self.params, {p.name: p.choices for p in self.params})
+            self.__dict__["_choices_of"] = cached
+        return cached[1]
 
     # -- code ---------------------------------------------------------------------------------
     @abc.abstractmethod

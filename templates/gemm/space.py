@@ -439,8 +439,11 @@ def candidates() -> Iterator[dict[str, Any]]:
             yield dict(zip(names, values))
 
 
+_FIRST = {p.name: p.choices[0] for p in PARAMS}
+
+
 def _first(name: str) -> Any:
-    return next(p.choices[0] for p in PARAMS if p.name == name)
+    return _FIRST[name]
 
 
 def _power_of_two(n: int) -> int:
