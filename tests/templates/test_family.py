@@ -122,3 +122,17 @@ def test_the_default_distance_keeps_dtype_flags_and_last_dimension():
     for other in (ATTENTION.parse_problem("2,8,1024,128", "fp16"), ATTENTION.parse_problem("2,8,1024,64", "bf16"),
                   ATTENTION.parse_problem("2,8,1024,64", "fp16", {"causal": True})):
         assert ATTENTION.distance(other, near) == float("inf")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: dict(p, BLOCK_Q=100), "gemm: unknown parameter 'BLOCK_Q'"),
+    (lambda p: dict(p, STAGES=5), "gemm: STAGES=5 is not one of [3, 2, 4, 6, 8, 12, 16]"),
+    (lambda p: {k: v for k, v in p.items() if k not in ("GROUP_M", "SWAP_AB")},
+     "gemm: missing parameters ['GROUP_M', 'SWAP_AB']"),
+])
+def test_a_config_outside_the_space_is_refused_by_name(change, message):
+    family = get_family("gemm")
+    family.validate_params(family.default_params())
+    with pytest.raises(TemplateError) as caught:
+        family.validate_params(change(family.default_params()))
+    assert str(caught.value) == message
