@@ -26,6 +26,13 @@ def _has_gpu() -> bool:
     return gpu_count() > 0
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The pool of tests/cores.py stops with the session."""
+    import cores
+
+    cores.shutdown()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any("gpu" in item.keywords for item in items) or _has_gpu():
         return

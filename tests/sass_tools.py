@@ -41,8 +41,21 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]
 
 def sass_of(request: CompileRequest, tmp_path: Path) -> str:
     """The SASS of ``request``'s kernel (compiled into ``tmp_path``)."""
+    return _disassemble(compile_cubin(request, cache_dir=tmp_path).cubin, tmp_path)
+
+
+def sass_of_each(requests: list[CompileRequest], tmp_path: Path) -> list[str]:
+    """The SASS of each request's kernel, in order, compiled into ``tmp_path`` on the session's
+    pool (``tests/cores.py``)."""
+    import cores
+
+    return [_disassemble(binary.cubin, tmp_path) for binary in cores.compile_each(requests, tmp_path)]
+
+
+def _disassemble(cubin_bytes: bytes, tmp_path: Path) -> str:
+    """cuobjdump's SASS of a cubin (written to ``tmp_path``)."""
     cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(compile_cubin(request, cache_dir=tmp_path).cubin)
+    cubin.write_bytes(cubin_bytes)
     env = {**os.environ, "PATH": f"{Path(NVDISASM).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run([CUOBJDUMP, "-sass", str(cubin)], capture_output=True, text=True, check=True,
                           env=env).stdout

@@ -22,6 +22,7 @@ from templates.family import (
     TensorMap,
     check_outputs,
 )
+import cores
 from whole_space import whole_product
 
 FAMILY = get_family("attention")
@@ -341,22 +342,21 @@ def test_bf16_bits_round_trip():
 # -- compiling for sm_90a (CPU only) -------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_a_sample_of_configs_compiles_for_sm90a_and_reports_resources(tmp_path):
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
     rng = random.Random(7)
     problems = [FAMILY.parse_problem("2,4,1000,64", "fp16", {"causal": True}), FAMILY.parse_problem("1,2,4097,128", "bf16")]
+    jobs = []
     for problem in problems:
         valid = FAMILY.valid_configs(problem, H100_LIMITS)
         sample = rng.sample(valid, 3)
         sample.append(next(c for c in valid if c["WARP_SPECIALIZED"] == 1 and c["STAGES"] == 3))
-        for params in sample:
-            request = CompileRequest(
-                FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem)
-            )
-            binary = compile_cubin(request, cache_dir=tmp_path)
-            assert binary.cubin[:4] == b"\x7fELF"
-            assert binary.resources is not None and 32 <= binary.resources.registers <= 255, params
+        jobs += [(problem, params) for params in sample]
+    requests = [CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
+                for problem, params in jobs]
+    for (problem, params), binary in zip(jobs, cores.compile_each(requests, tmp_path)):
+        assert binary.cubin[:4] == b"\x7fELF"
+        assert binary.resources is not None and 32 <= binary.resources.registers <= 255, params
 
 
 def test_starting_points_are_valid_and_lead_with_the_warpgroup_tiles():
@@ -564,16 +564,16 @@ def test_d256_refusals_name_their_reason():
 def test_d96_and_d256_compile_for_sm90a_on_every_path_without_spills(problem, tmp_path):
     """Two random configs of each path and the starting points: ptxas keeps them out of local
     memory (the space's D=256 and D=96 rules came from its reports of every config)."""
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
     rng = random.Random(problem.shape[3] * 2 + problem.flag("causal"))
     valid = FAMILY.valid_configs(problem, H100_LIMITS)
     sample = [c for path in PATHS for c in rng.sample([c for c in valid if (c["LOADS"], c["MMA"]) == path], 2)]
     sample += FAMILY.starting_points(problem, H100_LIMITS)
-    for params in sample:
-        request = CompileRequest(FAMILY.render(params, problem), "attention_fwd", FAMILY.compile_options(params, problem))
-        resources = compile_cubin(request, cache_dir=tmp_path).resources
+    requests = [CompileRequest(FAMILY.render(p, problem), "attention_fwd", FAMILY.compile_options(p, problem))
+                for p in sample]
+    for params, binary in zip(sample, cores.compile_each(requests, tmp_path)):
+        resources = binary.resources
         assert resources.spill_stores == resources.spill_loads == resources.stack_bytes == 0, params
 
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from sass_tools import needs_sass, opcode_counts, sass_of
+from sass_tools import needs_sass, opcode_counts, sass_of, sass_of_each
 from templates import get_family
 from templates.family import H100_LIMITS
 from workers.results import CompileRequest
@@ -87,17 +87,20 @@ def test_tma_path_loads_by_tma_waits_on_mbarriers_and_moves_registers(tmp_path):
 
 def test_tma_path_variants_keep_out_of_local_memory(tmp_path):
     d64 = FAMILY.parse_problem("4,16,4096,64", "fp16", {"causal": True})
-    for variant, problem in ((dict(TMA, PINGPONG=1, EPILOGUE="tma"), PROBLEM),
-                             (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0), PROBLEM),
-                             (dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4), PROBLEM),
-                             (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56), PROBLEM),
-                             (dict(TMA, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"), PROBLEM),
-                             (dict(TMA, PINGPONG=1, SCHEDULE="persistent", INTRA_OVERLAP=0, BLOCK_N=64), PROBLEM),
-                             (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=64, SCHEDULE="persistent"),
-                              PROBLEM),
-                             (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0, SCHEDULE="persistent"), d64)):
+    variants = ((dict(TMA, PINGPONG=1, EPILOGUE="tma"), PROBLEM),
+                (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0), PROBLEM),
+                (dict(TMA, BLOCK_M=192, NUM_WARPS=12, BLOCK_N=64, INTRA_OVERLAP=0, STAGES=4), PROBLEM),
+                (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCK_N=176, PRODUCER_REGS=56), PROBLEM),
+                (dict(TMA, PINGPONG=1, SCHEDULE="persistent", EPILOGUE="tma"), PROBLEM),
+                (dict(TMA, PINGPONG=1, SCHEDULE="persistent", INTRA_OVERLAP=0, BLOCK_N=64), PROBLEM),
+                (dict(TMA, BLOCK_M=64, NUM_WARPS=4, BLOCKS_PER_SM=2, BLOCK_N=64, SCHEDULE="persistent"),
+                 PROBLEM),
+                (dict(TMA, PRODUCER_REGS=0, BLOCK_N=96, INTRA_OVERLAP=0, SCHEDULE="persistent"), d64))
+    for variant, problem in variants:
         assert FAMILY.check(variant, problem, H100_LIMITS) is None, variant
-        ops = opcodes(variant, tmp_path, problem)
+    requests = [CompileRequest(FAMILY.render(v, p), "attention_fwd", FAMILY.compile_options(v, p)) for v, p in variants]
+    for (variant, _), sass in zip(variants, sass_of_each(requests, tmp_path)):
+        ops = opcode_counts(sass)
         assert ops["LDL"] == ops["STL"] == 0 and ops["LDGSTS"] == 0, variant
         assert ops["UTMALDG"] > 0 and (ops["UTMASTG"] > 0) == (variant["EPILOGUE"] == "tma"), variant
         assert (ops["USETMAXREG"] > 0) == (variant["PRODUCER_REGS"] > 0), variant

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cores
+
 from templates import get_family
 from templates.elements import from_bits, to_bits
 from templates.family import H100_LIMITS, check_outputs
@@ -40,15 +42,14 @@ def test_it_is_found_by_path_and_refuses_what_it_cannot_do():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_configs_compile_without_spilling(tmp_path):
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
-    for dtype in ("fp16", "bf16"):
-        problem = FAMILY.parse_problem("37,1000", dtype)
-        for params in FAMILY.valid_configs(problem, H100_LIMITS)[::23]:
-            binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "row_softmax",
-                                                  FAMILY.compile_options(params, problem)), cache_dir=tmp_path)
-            assert binary.resources.spill_stores == 0 and binary.resources.stack_bytes == 0, params
+    problems = [FAMILY.parse_problem("37,1000", dtype) for dtype in ("fp16", "bf16")]
+    jobs = [(problem, params) for problem in problems for params in FAMILY.valid_configs(problem, H100_LIMITS)[::23]]
+    requests = [CompileRequest(FAMILY.render(params, problem), "row_softmax", FAMILY.compile_options(params, problem))
+                for problem, params in jobs]
+    for (_, params), binary in zip(jobs, cores.compile_each(requests, tmp_path)):
+        assert binary.resources.spill_stores == 0 and binary.resources.stack_bytes == 0, params
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="its inputs and reference need torch")

@@ -16,6 +16,7 @@ from templates import families, get_family
 from templates.family import H100_LIMITS, DeviceLimits, Problem, TemplateError, check_outputs
 from templates.gemm import problem as gemm
 from templates.gemm import render, space, starts
+import cores
 from whole_space import whole_product
 
 FAMILY = get_family("gemm")
@@ -402,7 +403,6 @@ HEAVY_PINGPONG = dict(HEAVY_WGMMA, BLOCK_N=128, STAGES=6, PERSISTENT=2, CLUSTER_
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
     """Every layout and epilogue, aligned and not, and the configs nearest the register budget."""
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
     rng = random.Random(15)
@@ -421,8 +421,9 @@ def test_a_sample_of_configs_compiles_for_sm90a_without_spilling(tmp_path):
     jobs.append((_problem("4096,4096,4096", "fp16", "tn", "bias_gelu"), HEAVY_PINGPONG))
     for problem, params in jobs:
         assert FAMILY.check(params, problem, H100_LIMITS) is None
-        request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
-        binary = compile_cubin(request, cache_dir=tmp_path)
+    requests = [CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+                for problem, params in jobs]
+    for (problem, params), binary in zip(jobs, cores.compile_each(requests, tmp_path)):
         assert binary.cubin[:4] == b"\x7fELF"
         resources = binary.resources
         assert resources is not None and 32 <= resources.registers <= 255, params
@@ -686,9 +687,9 @@ def test_tiles_of_192_and_224_columns_fill_the_last_wave():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_swapped_configs_compile_without_spilling(tmp_path):
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
+    jobs = []
     for shape, layout, epilogue, extra in (("1,4096,4096", "nt", "none", dict(BLOCK_M=16, BLOCK_N=64, STAGES=16)),
                                            ("100,1000,4104", "nn", "bias_gelu", dict(BLOCK_M=128, BLOCK_N=128,
                                                                                     STAGES=6, SPLIT_K=2,
@@ -699,8 +700,10 @@ def test_swapped_configs_compile_without_spilling(tmp_path):
         problem = _problem(shape, "bf16", layout, epilogue)
         params = _wgmma(SWAP_AB=1, **extra)
         assert FAMILY.check(params, problem, H100_LIMITS) is None, params
-        binary = compile_cubin(CompileRequest(FAMILY.render(params, problem), "gemm",
-                                              FAMILY.compile_options(params, problem)), cache_dir=tmp_path)
+        jobs.append((problem, params))
+    requests = [CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+                for problem, params in jobs]
+    for (problem, params), binary in zip(jobs, cores.compile_each(requests, tmp_path)):
         resources = binary.resources
         assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
 

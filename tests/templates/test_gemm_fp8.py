@@ -15,6 +15,7 @@ from templates import get_family
 from templates.family import H100_LIMITS, TemplateError, check_outputs
 from templates.gemm import fp8, render, space
 from templates.gemm import problem as gemm
+import cores
 from whole_space import whole_product
 
 FAMILY = get_family("gemm")
@@ -297,7 +298,6 @@ def test_validate_accepts_c_rounded_and_catches_a_lost_scale_or_k_block(scale, o
 def test_a_sample_of_hopper_configs_compiles_for_sm90a_without_spilling(scale, tmp_path):
     """Random accepted configs, the heaviest accumulators, and persistent, clustered, split-K,
     C-by-TMA and (per tensor) swapped configs, with the heaviest epilogue."""
-    from workers.compile import compile_cubin
     from workers.results import CompileRequest
 
     problem = _problem("4097,4096,4096", scale, "bf16", "bias_gelu")
@@ -312,9 +312,9 @@ def test_a_sample_of_hopper_configs_compiles_for_sm90a_without_spilling(scale, t
     jobs.append((small, rng.choice([c for c in small_valid if c["SPLIT_K"] > 1])))
     if scale == "tensor":
         jobs.append((small, rng.choice([c for c in small_valid if c["SWAP_AB"]])))
-    for problem, params in jobs:
-        request = CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
-        binary = compile_cubin(request, cache_dir=tmp_path)
+    requests = [CompileRequest(FAMILY.render(params, problem), "gemm", FAMILY.compile_options(params, problem))
+                for problem, params in jobs]
+    for (problem, params), binary in zip(jobs, cores.compile_each(requests, tmp_path)):
         resources = binary.resources
         assert resources is not None and 32 <= resources.registers <= 255, params
         assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
