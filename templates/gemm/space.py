@@ -322,11 +322,9 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     if params["BLOCK_N"] % 64 and (problem.flag("layout")[1] == "n" or params["C_STORE"] == "tma"):
         return (f"tma: BLOCK_N={params['BLOCK_N']} is not whole 64-column boxes: B K-major (layout ?t) and C "
                 f"from registers (C_STORE=direct)")
-    if pingpong(params):
-        for name, value in PINGPONG_FIXED.items():
-            if params[name] != value:
-                return (f"pingpong: PERSISTENT={PINGPONG} takes whole tiles in turn on two consumer warpgroups "
-                        f"({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
+    reason = pingpong_check(params)
+    if reason:
+        return reason
     rows = warpgroup_rows(params)
     if rows not in (64, 128):
         return f"wgmma: {rows} rows a consumer warpgroup (64 or 128)"
@@ -349,9 +347,6 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
             return "cluster: B's N-major stage halves in 64-column boxes (BLOCK_N >= 128)"
     if params["C_STORE"] == "tma" and problem.shape[1] % 8:
         return f"tma: C's rows must start on 16-byte boundaries for C_STORE=tma (N={problem.shape[1]} is not a multiple of 8)"
-    if pingpong(params) and accumulators(params) > PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]:
-        return (f"registers: ping-pong's {accumulators(params)} accumulators a thread spill in "
-                f"{consumer_registers(params)} registers (setmaxnreg needed)")
     if params["SPLIT_K"] > 1 and accumulators(params) > 64 and not params["PRODUCER_REGS"]:
         return (f"registers: split-K's sum beside {accumulators(params)} accumulators a thread spills in "
                 f"{consumer_registers(params)} registers (setmaxnreg needed)")
@@ -364,6 +359,20 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
     smem = smem_bytes(params, problem.flag("layout"))
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
+    return None
+
+
+def pingpong_check(params: Mapping[str, Any]) -> str | None:
+    """Ping-pong's own rules, which read no problem (None for every other config)."""
+    if not pingpong(params):
+        return None
+    for name, value in PINGPONG_FIXED.items():
+        if params[name] != value:
+            return (f"pingpong: PERSISTENT={PINGPONG} takes whole tiles in turn on two consumer warpgroups "
+                    f"({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
+    if accumulators(params) > PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]:
+        return (f"registers: ping-pong's {accumulators(params)} accumulators a thread spill in "
+                f"{consumer_registers(params)} registers (setmaxnreg needed)")
     return None
 
 
