@@ -87,6 +87,8 @@ class GemmFamily(KernelFamily):
         dims = _problem.parse_shape(shape if isinstance(shape, str) else tuple(shape))
         if dtype not in _problem.DTYPES:
             raise TemplateError(f"unsupported dtype {dtype!r}: gemm supports {list(_problem.DTYPES)}")
+        if dtype == "e4m3" and "layout" not in (flags or {}):  # e4m3's one layout, where none is given
+            flags = {**(flags or {}), "layout": _problem.FP8_LAYOUT}
         problem = Problem(dims, dtype, self._own_flags(dtype, self.problem_flags(flags)))
         if _problem.is_fp8(problem) and _problem.fp8_refusal(problem):
             raise TemplateError(_problem.fp8_refusal(problem))

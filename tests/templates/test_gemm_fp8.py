@@ -90,6 +90,10 @@ def test_e4m3_problems_carry_out_and_scale_and_16_bit_problems_keep_their_keys()
     assert FAMILY.distance(problem, _problem("4096,4096,4096", "tensor", "fp16", "bias")) == math.inf
     assert FAMILY.flops(problem) == 2 * 4096**3
     assert FAMILY.min_bytes(_problem("256,128,256")) == 256 * 256 + 128 * 256 + 2 * 256 * 128 + 8
+    # e4m3 takes one layout: where none is given, that one (a 16-bit problem keeps the default nn)
+    assert FAMILY.parse_problem("4096,4096,4096", "e4m3", {"scale": "block"}).flag("layout") == "nt"
+    assert FAMILY.parse_problem("4096,4096,4096", "e4m3") == _problem("4096,4096,4096")
+    assert FAMILY.parse_problem("4096,4096,4096", "bf16").flag("layout") == "nn"
 
 
 @pytest.mark.parametrize("shape, flags, dtype, message", [
