@@ -158,9 +158,10 @@ def _count(family: KernelFamily, file: Path, problem: Problem, device: DeviceLim
 
 def _check_launch(file: Path, launch: Launch, outputs: set[str], params: Mapping[str, Any],
                   device: DeviceLimits) -> None:
-    """Every output among the kernels' arguments, and each kernel's grid, block and dynamic
-    shared memory within ``device``'s limits."""
-    passed = {a.value for step in launch.kernels for a in step.args if a.kind == "buffer"}
+    """Every output among the kernels' arguments (a buffer, or a tensor map's: a TMA store), and
+    each kernel's grid, block and dynamic shared memory within ``device``'s limits."""
+    args = [a for step in launch.kernels for a in step.args]
+    passed = {a.value for a in args if a.kind == "buffer"} | {a.value.buffer for a in args if a.kind == "tensormap"}
     missing = sorted(outputs - passed)
     if missing:
         raise LintError(f"{file}: launch: output {missing[0]!r} is not among the kernel's arguments")
