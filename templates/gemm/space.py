@@ -25,10 +25,8 @@ PARAMS: tuple[Param, ...] = (
           "NUM_WARPS / 4 consumer warpgroups issuing wgmma from shared memory"),
     Param("PRODUCER_REGS", (0, 40, 24), "wgmma: setmaxnreg gives the producer warpgroup this many registers "
           "and the consumers the rest (0: no setmaxnreg)"),
-    Param("PERSISTENT", (0, 1, 2), "wgmma: 1: one block a multiprocessor loops over the output tiles, the "
-          "producer loading the next tile's stages under this one's epilogue; 2: the same, its two consumer "
-          "warpgroups taking whole tiles in turn (ping-pong: one's epilogue under the other's products); "
-          "0: a block a tile"),
+    Param("PERSISTENT", (0, 1), "wgmma: 1: one block a multiprocessor loops over the output tiles, the "
+          "producer loading the next tile's stages under this one's epilogue; 0: a block a tile"),
     Param("SPLIT_K", (1, 2, 4, 8), "wgmma: K in this many parts, each its own work unit, for problems of "
           "fewer tiles than multiprocessors; the last part of a tile to finish sums the fp32 parts "
           "(kept in a workspace) in a fixed order and stores C"),
@@ -40,6 +38,9 @@ PARAMS: tuple[Param, ...] = (
     Param("SWAP_AB", (0, 1), "wgmma, small M: 1: the MMA computes C's tile transposed, B's BLOCK_N rows on its "
           "64-row side and A's BLOCK_M (16-128) rows as its N, so that a few rows of A are not padded to 64 "
           "(A row-major; C stored from registers)"),
+    Param("PINGPONG", (0, 1), "wgmma, persistent, two consumer warpgroups: 1: each computes whole tiles, the "
+          "two taking them in turn (named barriers), one's epilogue under the other's products; 0: both share "
+          "each tile's rows"),
 )
 
 # Accumulator and operand registers a thread may hold before ptxas must spill: the rest of the
@@ -88,16 +89,15 @@ FP8_OTHER_REGS = 48
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
-# PERSISTENT's ping-pong value: two consumer warpgroups (NUM_WARPS 8) taking whole tiles in turn,
+# PINGPONG=1: two consumer warpgroups (NUM_WARPS 8) of a persistent block taking whole tiles in turn,
 # each unit a whole tile (SPLIT_K 1), A's rows on the MMA's 64-row side (SWAP_AB 0)
-PINGPONG = 2
-PINGPONG_FIXED = {"NUM_WARPS": 8, "SPLIT_K": 1, "SWAP_AB": 0}
+PINGPONG_FIXED = {"PERSISTENT": 1, "NUM_WARPS": 8, "SPLIT_K": 1, "SWAP_AB": 0}
 # ptxas' reports on every ping-pong kind (tile, setmaxnreg, cluster, C store; fewest and most
 # stages; five epilogues, four layouts, e4m3): of 1,968 compiles 52 spilled (4-12 bytes), all of
 # them 128 accumulators a thread without setmaxnreg (168 registers); 96 or fewer never did. With
 # this rule none of the 1,608 left spilled.
 PINGPONG_PLAIN_ACCUMULATORS = 96
-HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB")
+HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB", "PINGPONG")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports: with PERSISTENT or CLUSTER_M the producer warpgroup's loop
 # holds more than 24 registers (8-32 bytes spilled at 24, none at 40).
@@ -172,8 +172,9 @@ def mma_tile(params: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def pingpong(params: Mapping[str, Any]) -> bool:
-    """wgmma, PERSISTENT=2: the consumer warpgroups take whole tiles in turn."""
-    return params["PERSISTENT"] == PINGPONG
+    """wgmma, PINGPONG=1: the consumer warpgroups take whole tiles in turn (a config of the space
+    before the parameter: 0)."""
+    return params.get("PINGPONG", 0) == 1
 
 
 def warpgroup_rows(params: Mapping[str, Any]) -> int:
@@ -368,8 +369,8 @@ def pingpong_check(params: Mapping[str, Any]) -> str | None:
         return None
     for name, value in PINGPONG_FIXED.items():
         if params[name] != value:
-            return (f"pingpong: PERSISTENT={PINGPONG} takes whole tiles in turn on two consumer warpgroups "
-                    f"({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
+            return (f"pingpong: PINGPONG=1 takes whole tiles in turn on two consumer warpgroups of a persistent "
+                    f"block ({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
     if accumulators(params) > PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]:
         return (f"registers: ping-pong's {accumulators(params)} accumulators a thread spill in "
                 f"{consumer_registers(params)} registers (setmaxnreg needed)")
@@ -441,8 +442,8 @@ def candidates() -> Iterator[dict[str, Any]]:
                 BLOCK_K=tuple(k for k in choices["BLOCK_K"] if k != FP8_BLOCK_K),
                 **{n: choices[n][:1] for n in HOPPER_PARAMS})
     hopper = dict(choices, MMA=("wgmma",), BLOCK_K=(WGMMA_BLOCK_K, FP8_BLOCK_K), SMEM_LAYOUT=("swizzle",),
-                  PERSISTENT=tuple(p for p in choices["PERSISTENT"] if p != PINGPONG))
-    pingpong_ = dict(hopper, PERSISTENT=(PINGPONG,), **{n: (v,) for n, v in PINGPONG_FIXED.items()})
+                  PINGPONG=(0,))
+    pingpong_ = dict(hopper, PINGPONG=(1,), **{n: (v,) for n, v in PINGPONG_FIXED.items()})
     for space in (sync, hopper, pingpong_):
         for values in itertools.product(*(space[n] for n in names)):
             yield dict(zip(names, values))

@@ -44,13 +44,13 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
                                                (128, 224, 16, 1, "direct"), (128, 256, 8, 1, "tma"),
                                                (128, 256, 8, 0, "tma"), (256, 128, 8, 1, "tma"))
 )
-# Then the ping-pong schedule (PERSISTENT=2: each consumer warpgroup a whole tile, their epilogues
+# Then the ping-pong schedule (PINGPONG=1: each consumer warpgroup a whole tile, their epilogues
 # under each other's products; where the tiles outnumber the multiprocessors): 128 x 128 and
 # 64 x 256 a warpgroup, C by TMA. Not yet timed (2026-11-28): tried here because a short K and a
 # fused epilogue leave the cooperative tiles' epilogue uncovered, where CUTLASS's ping-pong wins.
 PINGPONG_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=stages, PRODUCER_REGS=40, GROUP_M=16, SPLIT_K=1,
-         CLUSTER_M=1, PERSISTENT=2, C_STORE="tma")
+         CLUSTER_M=1, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
     for bm, bn, stages in ((128, 128, 6), (64, 256, 4))
 )
 # For small M (the 128-row tiles above are refused there), the same store of C by TMA from one

@@ -184,7 +184,7 @@ def test_the_wgmma_path_matches_the_reference_on_every_layout_and_tail(bench, tm
     assert not failures, "\n".join(failures)
 
 
-# Ping-pong (PERSISTENT=2): more work units than multiprocessors, blocks of odd and even unit
+# Ping-pong (PINGPONG=1): more work units than multiprocessors, blocks of odd and even unit
 # counts, K of one stage, of fewer stages than the pipeline holds (both warpgroups' stages in flight
 # at once) and of many; every layout and epilogue.
 PINGPONG_CASES = (
@@ -202,7 +202,7 @@ PINGPONG_TILES = ((128, 128, 4, 40, 1, "tma"), (128, 128, 6, 40, 2, "direct"), (
 
 def test_pingpong_warpgroups_match_the_reference(bench, tmp_path_factory):
     configs = [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=64, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8,
-                    STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=2, CLUSTER_M=cluster, C_STORE=c_store)
+                    STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=1, CLUSTER_M=cluster, C_STORE=c_store, PINGPONG=1)
                for bm, bn, stages, regs, cluster, c_store in PINGPONG_TILES]
     jobs = _accepted(PINGPONG_CASES, configs, _limits(bench))
     assert len(jobs) >= 24 and {p.flag("layout") for p, _ in jobs} == {"nn", "nt", "tn", "tt"}
@@ -279,8 +279,9 @@ FP8_TILES = ((128, 128, 8, 4, 40, 0, 1, 1, "direct", 0), (128, 128, 8, 6, 40, 0,
              (128, 128, 8, 4, 40, 1, 1, 1, "direct", 0), (128, 128, 8, 4, 40, 0, 1, 2, "direct", 0),
              (128, 128, 8, 4, 40, 1, 1, 1, "tma", 0), (64, 128, 4, 4, 40, 0, 4, 1, "direct", 0),
              (64, 64, 4, 4, 0, 0, 2, 1, "direct", 0), (128, 64, 8, 4, 40, 1, 1, 2, "tma", 0),
-             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1),
-             (128, 64, 8, 6, 40, 2, 1, 1, "tma", 0), (64, 128, 8, 6, 40, 2, 1, 2, "direct", 0))
+             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1))
+# ping-pong's, 64 accumulators a thread in each set: (BLOCK_M, BLOCK_N, STAGES, CLUSTER_M, C_STORE)
+FP8_PINGPONG_TILES = ((128, 64, 6, 1, "tma"), (64, 128, 6, 2, "direct"))
 
 
 def _fp8_problems():
@@ -296,12 +297,15 @@ def test_e4m3_matches_the_reference_per_tensor_and_per_block(bench, tmp_path_fac
                     STAGES=stages, PRODUCER_REGS=regs, PERSISTENT=persistent, SPLIT_K=split, CLUSTER_M=cluster,
                     C_STORE=c_store, SWAP_AB=swap)
                for bm, bn, warps, stages, regs, persistent, split, cluster, c_store, swap in FP8_TILES]
+    configs += [dict(FAMILY.default_params(), MMA="wgmma", BLOCK_K=128, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8,
+                     STAGES=stages, PRODUCER_REGS=40, PERSISTENT=1, CLUSTER_M=cluster, C_STORE=c_store, PINGPONG=1)
+                for bm, bn, stages, cluster, c_store in FP8_PINGPONG_TILES]
     limits = _limits(bench)
     jobs = [(problem, params) for problem in _fp8_problems() for params in configs
             if FAMILY.check(params, problem, limits) is None]
     scales = [p.flag("scale") for p, _ in jobs]
     assert scales.count("tensor") >= 20 and scales.count("block") >= 20
-    for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1), ("SWAP_AB", 0)):
+    for name, more in (("PERSISTENT", 0), ("SPLIT_K", 1), ("CLUSTER_M", 1), ("SWAP_AB", 0), ("PINGPONG", 0)):
         assert sum(params[name] > more for _, params in jobs) >= 2, name
     failures = failed_checks(bench, FAMILY, _compiled(jobs, tmp_path_factory.mktemp("fp8_cubins")), seed=7,
                              target_ms=5)

@@ -89,7 +89,8 @@ def test_suite_problems_parse_and_cover_square_projection_and_skinny_shapes():
 def test_the_default_config_is_the_engineers_first_tile():
     assert FAMILY.default_params() == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, NUM_WARPS=8, STAGES=3,
                                            SMEM_LAYOUT="swizzle", GROUP_M=8, MMA="sync", PRODUCER_REGS=0,
-                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1, C_STORE="direct", SWAP_AB=0)
+                                           PERSISTENT=0, SPLIT_K=1, CLUSTER_M=1, C_STORE="direct", SWAP_AB=0,
+                                           PINGPONG=0)
     assert FAMILY.check(FAMILY.default_params(), _problem("4096,4096,4096"), H100_LIMITS) is None
 
 
@@ -397,7 +398,7 @@ def test_the_triton_peer_space_is_the_tutorials():
 HEAVY_WGMMA = dict(FAMILY.default_params(), MMA="wgmma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_WARPS=8, STAGES=4,
                    PRODUCER_REGS=40, PERSISTENT=1, C_STORE="tma")
 # Ping-pong's: a whole 128 x 128 tile a warpgroup, in clusters of two, C by TMA.
-HEAVY_PINGPONG = dict(HEAVY_WGMMA, BLOCK_N=128, STAGES=6, PERSISTENT=2, CLUSTER_M=2)
+HEAVY_PINGPONG = dict(HEAVY_WGMMA, BLOCK_N=128, STAGES=6, CLUSTER_M=2, PINGPONG=1)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -595,10 +596,10 @@ def test_persistent_blocks_are_capped_at_what_the_multiprocessors_hold():
 
 
 def test_pingpong_warpgroups_take_whole_tiles_in_turn():
-    params = _wgmma(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=2, C_STORE="tma")
+    params = _wgmma(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
     problem = _problem("8192,3072,768", "fp16", "nt", "bias_gelu_tanh")
     assert FAMILY.check(params, problem, H100_LIMITS) is None
-    shared = dict(params, PERSISTENT=1)  # the same tile, each warpgroup computing half its rows
+    shared = dict(params, PINGPONG=0)  # the same tile, each warpgroup computing half its rows
     assert (space.warpgroup_rows(params), space.accumulators(params)) == (128, 128)
     assert (space.warpgroup_rows(shared), space.accumulators(shared)) == (64, 64)
     launch = FAMILY.launch(params, problem)
@@ -607,13 +608,14 @@ def test_pingpong_warpgroups_take_whole_tiles_in_turn():
     assert "#define PINGPONG 1" in source and "#define PERSISTENT 1" in source and "m64n128k16" in source
     assert "#define PINGPONG 0" in FAMILY.render(shared, problem)
     refused = {
-        "one consumer warpgroup": (dict(params, NUM_WARPS=4, BLOCK_M=64), problem, "pingpong: PERSISTENT=2"),
-        "K in parts": (dict(params, SPLIT_K=2), problem, "pingpong: PERSISTENT=2"),
+        "one consumer warpgroup": (dict(params, NUM_WARPS=4, BLOCK_M=64), problem, "pingpong: PINGPONG=1"),
+        "K in parts": (dict(params, SPLIT_K=2), problem, "pingpong: PINGPONG=1"),
+        "a block a tile": (dict(params, PERSISTENT=0), problem, "pingpong: PINGPONG=1"),
         "256 rows a warpgroup": (dict(params, BLOCK_M=256, BLOCK_N=64), problem,
                                  "wgmma: 256 rows a consumer warpgroup"),
         "no setmaxnreg": (dict(params, PRODUCER_REGS=0), problem, "registers: ping-pong's 128 accumulators"),
         "too few tiles": (params, _problem("1024,1024,4096", "fp16", "nt"), "persistent: 64 work units"),
-        "mma.sync": (dict(FAMILY.default_params(), PERSISTENT=2), problem, "path: PERSISTENT applies"),
+        "mma.sync": (dict(FAMILY.default_params(), PINGPONG=1), problem, "path: PINGPONG applies"),
     }
     for what, (config, where, reason) in refused.items():
         assert FAMILY.check(config, where, H100_LIMITS).startswith(reason), what

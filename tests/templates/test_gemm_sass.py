@@ -116,12 +116,12 @@ def test_e4m3_multiplies_by_the_fp8_wgmma_from_shared_memory(scale, tmp_path):
 
 def test_pingpong_warpgroups_pass_turns_on_named_barriers(tmp_path):
     problem = FAMILY.parse_problem("8192,3072,768", "fp16", {"layout": "nt", "epilogue": "bias_gelu_tanh"})
-    params = dict(WGMMA, BLOCK_N=128, STAGES=6, PERSISTENT=2, C_STORE="tma")
+    params = dict(WGMMA, BLOCK_N=128, STAGES=6, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
     ops = opcodes(params, problem, tmp_path)
     # one warpgroup a whole 128-row tile: two m64n128k16 a k step, four k steps a stage
     assert ops["HGMMA"] > 0 and ops["HGMMA"] % 8 == 0
     turns = {op: n for op, n in ops.items() if op.startswith(("BAR.SYNC", "BAR.ARV"))}
     assert any(op.startswith("BAR.ARV") for op in turns), ops  # a warpgroup passes its turn
     assert ops["LDL"] == ops["STL"] == 0
-    shared = opcodes(dict(params, PERSISTENT=1), problem, tmp_path)
+    shared = opcodes(dict(params, PINGPONG=0), problem, tmp_path)
     assert not any(op.startswith("BAR.ARV") for op in shared)
