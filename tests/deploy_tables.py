@@ -92,7 +92,7 @@ TMA_WINNERS = [
 
 GEMM = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "NUM_WARPS": 8, "STAGES": 3, "SMEM_LAYOUT": "swizzle",
         "GROUP_M": 8, "MMA": "sync", "PRODUCER_REGS": 0, "PERSISTENT": 0, "SPLIT_K": 1,
-        "CLUSTER_M": 1, "C_STORE": "direct", "SWAP_AB": 0}
+        "CLUSTER_M": 1, "C_STORE": "direct", "SWAP_AB": 0, "PINGPONG": 0}
 
 
 def gemm_db(db: str) -> dict[str, dict[str, Any]]:
