@@ -33,6 +33,10 @@ def operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> tuple[Any, A
     return a, b, bias
 
 
+# cuBLASLt's fused epilogues, through torch._addmm_activation: epilogue -> (use_gelu, what it adds)
+LT_EPILOGUES = {"bias_relu": (False, "ReLU"), "bias_gelu_tanh": (True, "GELU (tanh)")}
+
+
 def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
     """name -> a call computing ``problem`` on the GPU from ``inputs``."""
     import torch
@@ -48,8 +52,8 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
     def cublas() -> Any:
         if bias is None:
             return torch.matmul(a, b)
-        if epilogue in ("bias_relu", "bias_gelu_tanh"):  # cuBLASLt's fused epilogues (GELU: the tanh form)
-            return torch._addmm_activation(bias, a, b, use_gelu=epilogue == "bias_gelu_tanh")
+        if epilogue in LT_EPILOGUES:
+            return torch._addmm_activation(bias, a, b, use_gelu=LT_EPILOGUES[epilogue][0])
         c = torch.addmm(bias, a, b)  # cuBLAS adds the bias in its own epilogue
         if epilogue == "bias_gelu":
             return F.gelu(c)
@@ -132,10 +136,9 @@ def cublas_description(epilogue: str) -> str:
     """What the cuBLAS peer calls for ``epilogue``."""
     if epilogue == "none":
         return "torch.matmul"
-    if epilogue in ("bias_relu", "bias_gelu_tanh"):
-        gelu = epilogue == "bias_gelu_tanh"
-        return (f"torch._addmm_activation(use_gelu={gelu}): cuBLASLt's bias + {'GELU (tanh)' if gelu else 'ReLU'} "
-                f"epilogue")
+    if epilogue in LT_EPILOGUES:
+        gelu, adds = LT_EPILOGUES[epilogue]
+        return f"torch._addmm_activation(use_gelu={gelu}): cuBLASLt's bias + {adds} epilogue"
     return f"torch.addmm, then {epilogue[5:] or 'nothing'}"
 
 
