@@ -16,7 +16,7 @@ the second in reverse order, so that an order effect shows.
 
 Given a list of configs (JSON, or a ``.json`` file's path): all of them and cuBLAS in turns
 (``HeldTimer.time_each``), REPS repetitions each, then ``do_bench`` of each; a line a config, the
-fastest first; ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every valid wgmma config of the
+fastest first (beside cuBLASLt's fused epilogue where the layout names one, ``nt:bias_relu``); ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every valid wgmma config of the
 problem that matches (a value or a list of values a parameter; a list of such patterns: any of
 them). The configs compile on every
 core first. ``--flush read,memset`` times the turns once a flush: ``read`` is the workers' (the L2's size
@@ -37,7 +37,7 @@ import time
 import torch
 
 from templates import get_family
-from templates.gemm.peers import operands
+from templates.gemm.peers import cublas_call, operands
 from workers.driver import check_call, driver_api
 from workers.hold import stream_handle
 from workers.gpu import GpuBench
@@ -168,6 +168,12 @@ def _compile(args) -> None:
         pass
 
 
+def parse(shape: str, dtype: str, layout: str):
+    """The problem; ``layout`` may name an epilogue after a colon: ``nt:bias_gelu_tanh``."""
+    layout, _, epilogue = layout.partition(":")
+    return FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue or "none"})
+
+
 def matching(problem, wanted: list[dict]) -> list[dict]:
     """Every valid wgmma config of ``problem`` (on an H100's limits) whose parameters match one of
     ``wanted``."""
@@ -184,15 +190,15 @@ def sweep(shape: str, dtype: str, layout: str, configs: list[dict], flushes=("re
     import multiprocessing
     import os
 
-    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+    problem = parse(shape, dtype, layout)
     if wanted is not None:
         configs = matching(problem, wanted)
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         pool.map(_compile, [(problem, dict(FAMILY.default_params(), **c)) for c in configs])
     bench = GpuBench(0)
-    a, b, _ = operands(problem, FAMILY.inputs(problem, 0))
+    a, b, bias = operands(problem, FAMILY.inputs(problem, 0))
     tstream = stream_handle(torch.cuda.current_stream().cuda_stream)
-    runs, trials, failed = {"cublas": lambda: torch.matmul(a, b)}, [], []
+    runs, trials, failed = {"cublas": cublas_call(a, b, bias, problem.flag("epilogue"))}, [], []
     for i, config in enumerate(configs):
         params = dict(FAMILY.default_params(), **config)
         if (why := FAMILY.check(params, problem, bench.device_info().limits)) is not None:

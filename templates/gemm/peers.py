@@ -8,7 +8,7 @@ the family's reference and times it as ours is timed."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,15 +39,26 @@ LT_EPILOGUES = {"bias_relu": (False, "ReLU"), "bias_gelu_tanh": (True, "GELU (ta
 
 def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, PeerCall]:
     """name -> a call computing ``problem`` on the GPU from ``inputs``."""
-    import torch
-    import torch.nn.functional as F
-
     from templates.gemm import triton_peer
 
     if problem.dtype == "e4m3":
         return fp8_peer_calls(problem, inputs)
     a, b, bias = operands(problem, inputs)
     epilogue = problem.flag("epilogue")
+    calls = {"cublas": PeerCall(cublas_call(a, b, bias, epilogue), cublas_description(epilogue))}
+    if not triton_peer.available():
+        calls["triton"] = PeerCall(None, "Triton is not installed")
+        return calls
+    tuned = triton_peer.tune(a, b, bias, epilogue)
+    calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
+                               tuned.seconds)
+    return calls
+
+
+def cublas_call(a: Any, b: Any, bias: Any, epilogue: str) -> Callable[[], Any]:
+    """cuBLAS's (cuBLASLt's, with a bias) call computing A B and ``epilogue`` on torch tensors."""
+    import torch
+    import torch.nn.functional as F
 
     def cublas() -> Any:
         if bias is None:
@@ -59,14 +70,7 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
             return F.gelu(c)
         return c
 
-    calls = {"cublas": PeerCall(cublas, cublas_description(epilogue))}
-    if not triton_peer.available():
-        calls["triton"] = PeerCall(None, "Triton is not installed")
-        return calls
-    tuned = triton_peer.tune(a, b, bias, epilogue)
-    calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
-                               tuned.seconds)
-    return calls
+    return cublas
 
 
 def fp8_operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
