@@ -45,13 +45,15 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
                                                (128, 256, 8, 0, "tma"), (256, 128, 8, 1, "tma"))
 )
 # Then the ping-pong schedule (PINGPONG=1: each consumer warpgroup a whole tile, their epilogues
-# under each other's products; where the tiles outnumber the multiprocessors): 128 x 128 and
-# 64 x 256 a warpgroup, C by TMA. Not yet timed (2026-11-28): tried here because a short K and a
-# fused epilogue leave the cooperative tiles' epilogue uncovered, where CUTLASS's ping-pong wins.
+# under each other's products; where the tiles outnumber the multiprocessors), C by TMA: timed in
+# turns with cuBLASLt beside every persistent cooperative config of C by TMA (H200, 2026-11-29,
+# docs/BENCHMARKS.md), the fastest kind on each of four LLM projections with fused epilogues:
+# 128 x 128 a warpgroup, 6 stages (bias + ReLU, K 1024) and 4 (bias, K 768); 64 x 256, 4 stages
+# (bias + GELU, K 768 and 4096).
 PINGPONG_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=stages, PRODUCER_REGS=40, GROUP_M=16, SPLIT_K=1,
          CLUSTER_M=1, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
-    for bm, bn, stages in ((128, 128, 6), (64, 256, 4))
+    for bm, bn, stages in ((128, 128, 6), (64, 256, 4), (128, 128, 4))
 )
 # For small M (the 128-row tiles above are refused there), the same store of C by TMA from one
 # consumer warpgroup of 64 rows: the fastest of every valid config of its kind (4-8 stages,

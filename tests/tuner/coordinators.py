@@ -82,6 +82,13 @@ class Coordinator:
         """Until the study is under way (its first trial measured)."""
         assert self._first_trial.wait(timeout), "".join(self.err_lines)[-2000:]
 
+    def wait_for_stored(self, db: str, timeout: float = 30) -> None:
+        """Until the study has a trial stored (or has ended)."""
+        deadline = time.monotonic() + timeout
+        while not any(stored_keys(db).values()) and self.process.poll() is None:
+            assert time.monotonic() < deadline, "".join(self.err_lines)[-2000:]
+            time.sleep(0.02)
+
     def kill_holding_a_lease(self, db: str, *, others: Sequence["Coordinator"] = (),
                              timeout: float = 30) -> list[tuple[int, str]]:
         """``kill -9`` while the process holds a lease in the database (a config in flight): the
