@@ -141,7 +141,8 @@ def test_block_scales_take_tiles_of_one_b_scale_and_room_for_two_accumulator_set
         assert space.accumulators(config) <= space.MAX_PROMOTED_ACCUMULATORS
 
 
-@pytest.mark.parametrize("scale", ["tensor", "block"])
+# Block scales by default (their rules are per-tensor's and more); per tensor in the soak tier.
+@pytest.mark.parametrize("scale", [pytest.param("tensor", marks=pytest.mark.soak), "block"])
 def test_the_whole_product_is_refused_with_reasons_or_among_the_valid_configs(scale):
     problem = _problem("1000,264,1008", scale, "fp16", "bias_gelu")
     checked = whole_product("gemm", problem)
