@@ -91,10 +91,11 @@ WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
 )
 
 
-# e4m3 (not yet timed against cuBLASLt): block scales' tiles first, 128 x 128 on two consumer
-# warpgroups (one B scale a tile, 64 accumulators a thread in each of the two sets), persistent
-# and not; then the 16-bit wgmma points, 128 one-byte elements deep (the same 128 bytes a stage
-# row).
+# e4m3: block scales' tiles first, 128 x 128 on two consumer warpgroups (one B scale a tile, 64
+# accumulators a thread in each of the two sets), persistent and not: the winners of 16-trial
+# studies on squares 2048-8192 and 4096x14336x4096, per tensor and per block (H200, 2026-11-29,
+# docs/BENCHMARKS.md); then the 16-bit wgmma points, 128 one-byte elements deep (the same 128
+# bytes a stage row).
 FP8_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_K=128, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs,
          SPLIT_K=1, CLUSTER_M=1, PERSISTENT=persistent, C_STORE=c_store)
