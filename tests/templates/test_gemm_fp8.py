@@ -177,6 +177,8 @@ def test_starting_points_are_valid_128_deep_wgmma_configs(shape, scale):
     points = FAMILY.starting_points(problem, H100_LIMITS)
     assert len(points) >= 5 and len({tuple(sorted(p.items())) for p in points}) == len(points)
     assert all(FAMILY.check(p, problem, H100_LIMITS) is None and p["BLOCK_K"] == 128 for p in points)
+    # ping-pong is persistent: refused where the work units are fewer than the multiprocessors
+    assert any(p["PINGPONG"] for p in points) == (shape == "4096,4096,4096")
 
 
 def test_the_launch_passes_one_byte_maps_and_the_scales():
