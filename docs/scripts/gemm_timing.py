@@ -16,9 +16,10 @@ the second in reverse order, so that an order effect shows.
 
 Given a list of configs (JSON, or a ``.json`` file's path): all of them and cuBLAS in turns
 (``HeldTimer.time_each``), REPS repetitions each, then ``do_bench`` of each; a line a config, the
-fastest first (beside cuBLASLt's fused epilogue where the layout names one, ``nt:bias_relu``); ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every valid wgmma config of the
-problem that matches (a value or a list of values a parameter; a list of such patterns: any of
-them). The configs compile on every
+fastest first. The layout may name an epilogue after a colon (``nt:bias_relu``): cuBLAS's call
+is then cuBLASLt's with that epilogue fused. ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every
+valid wgmma config of the problem that matches (a value or a list of values a parameter; a list
+of such patterns: any of them). The configs compile on every
 core first. ``--flush read,memset`` times the turns once a flush: ``read`` is the workers' (the L2's size
 read: clean lines), ``memset`` writes the L2's size instead (the workers' flush until
 2026-11-27: it leaves the L2 full of dirty lines that the timed kernel's reads must write back),

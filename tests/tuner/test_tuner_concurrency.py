@@ -3,11 +3,12 @@ its own local Ray, on replayed landscapes (tests/data) and real databases, SQLit
 local PostgreSQL (``url``).
 
 Two coordinators sharing a study run on PostgreSQL by default (SQLite in the soak tier); the
-kills, on SQLite, and on PostgreSQL in the soak tier (``pytest -m soak``): what differs on PostgreSQL, a lease left by a
-dead owner taken over and a killed study resumed, is tested on both backends in this process
-(tests/storage/test_storage_leases.py, tests/tuner/test_tuner_loop.py). A Ctrl-C the moment Ray
-starts to start and 4.5 s after run in the soak tier too: 2.0 s after, and once Ray is up, by
-default; SIGTERM 2.0 s after by default, once Ray is up in the soak tier."""
+kills, on SQLite, and on PostgreSQL in the soak tier (``pytest -m soak``): what differs on
+PostgreSQL, a lease left by a dead owner taken over and a killed study resumed, is tested on
+both backends in this process (tests/storage/test_storage_leases.py,
+tests/tuner/test_tuner_loop.py). A Ctrl-C the moment Ray starts to start and 4.5 s after run in
+the soak tier too: 2.0 s after, and once Ray is up, by default; SIGTERM 2.0 s after by default,
+once Ray is up in the soak tier."""
 
 from __future__ import annotations
 
