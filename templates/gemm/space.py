@@ -79,13 +79,20 @@ FP8_BLOCK_K = 128
 # multiprocessor (128 registers a thread). With block scales B's scale is one a tile per 128-deep
 # K block (BLOCK_N 64 or 128).
 FP8_BLOCK_N = (64, 128)
-MAX_PROMOTED_ACCUMULATORS = 64
+MAX_PROMOTED_ACCUMULATORS = 96
 FP8_LIGHT_ACCUMULATORS = 32
-# ptxas' reports on one config of each kind (tile, warps, setmaxnreg, persistent, split-K, cluster,
-# C store, swap; both scale modes, GELU's two forms): the only spills were two sets of 64 on two
-# consumer warpgroups without setmaxnreg (168 registers a thread). With this rule, none of 2,256
-# (each kind at its fewest and most stages, three epilogues, three shapes) spilled.
+# Beside the two sets, a consumer thread needs this many registers more: FP8_OTHER_REGS at the
+# launch's cap, FP8_SETMAXNREG_OTHER_REGS where setmaxnreg gives the consumers their own. ptxas'
+# reports: with 64 a set, one config of each kind (tile, warps, setmaxnreg, persistent, split-K,
+# cluster, C store, swap; both scale modes, GELU's two forms) spilled only as two sets of 64 on two
+# consumer warpgroups at the cap (168 registers a thread), and none of 2,256 (each kind at its
+# fewest and most stages, three epilogues, three shapes) with this rule; two sets of 96 (128 x 192
+# on two warpgroups) in 232 registers after setmaxnreg did not spill, nor about 600 others of 96 a
+# set (every kind, four problems) but 4, by 8 bytes, each with K in 8 parts on a persistent block
+# of one consumer warpgroup: with K in parts, at most FP8_SPLIT_ACCUMULATORS a set.
 FP8_OTHER_REGS = 48
+FP8_SETMAXNREG_OTHER_REGS = 40
+FP8_SPLIT_ACCUMULATORS = 64
 MAX_ACCUMULATORS = 128
 REGISTER_FILE = 65536
 MAX_CONSUMER_REGS = 240
@@ -394,12 +401,15 @@ def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
     if block_scaled(problem) and params["SWAP_AB"]:
         return "e4m3: block scales with SWAP_AB=0 only (A's row scales on the accumulators' rows)"
     light = blocks_per_sm(params, problem.flag("layout")) > 1
-    limit = FP8_LIGHT_ACCUMULATORS if light else MAX_PROMOTED_ACCUMULATORS
+    limit = (FP8_LIGHT_ACCUMULATORS if light else FP8_SPLIT_ACCUMULATORS if params["SPLIT_K"] > 1
+             else MAX_PROMOTED_ACCUMULATORS)
     if accumulators(params) > limit:
+        split = " with K in parts" if limit == FP8_SPLIT_ACCUMULATORS and params["SPLIT_K"] > 1 else ""
         return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
-                f"(a K block's products and the promoted sums; at most {limit} a set)")
-    if 2 * accumulators(params) + FP8_OTHER_REGS > consumer_registers(params):
-        return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {FP8_OTHER_REGS} more "
+                f"(a K block's products and the promoted sums; at most {limit} a set{split})")
+    other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
+    if 2 * accumulators(params) + other > consumer_registers(params):
+        return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {other} more "
                 f"spill in {consumer_registers(params)} registers a consumer thread (setmaxnreg needed)")
     return None
 

@@ -279,9 +279,10 @@ FP8_TILES = ((128, 128, 8, 4, 40, 0, 1, 1, "direct", 0), (128, 128, 8, 6, 40, 0,
              (128, 128, 8, 4, 40, 1, 1, 1, "direct", 0), (128, 128, 8, 4, 40, 0, 1, 2, "direct", 0),
              (128, 128, 8, 4, 40, 1, 1, 1, "tma", 0), (64, 128, 4, 4, 40, 0, 4, 1, "direct", 0),
              (64, 64, 4, 4, 0, 0, 2, 1, "direct", 0), (128, 64, 8, 4, 40, 1, 1, 2, "tma", 0),
-             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1))
-# ping-pong's, 64 accumulators a thread in each set: (BLOCK_M, BLOCK_N, STAGES, CLUSTER_M, C_STORE)
-FP8_PINGPONG_TILES = ((128, 64, 6, 1, "tma"), (64, 128, 6, 2, "direct"))
+             (16, 64, 4, 8, 0, 0, 1, 1, "direct", 1), (32, 128, 4, 8, 0, 0, 4, 1, "direct", 1),
+             (128, 192, 8, 4, 40, 1, 1, 1, "tma", 0), (64, 192, 4, 4, 24, 0, 1, 1, "direct", 0))
+# ping-pong's, 64 or 96 accumulators a thread in each set: (BLOCK_M, BLOCK_N, STAGES, CLUSTER_M, C_STORE)
+FP8_PINGPONG_TILES = ((128, 64, 6, 1, "tma"), (64, 128, 6, 2, "direct"), (64, 192, 4, 1, "tma"))
 
 
 def _fp8_problems():

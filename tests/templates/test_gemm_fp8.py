@@ -141,6 +141,25 @@ def test_block_scales_take_tiles_of_one_b_scale_and_room_for_two_accumulator_set
         assert space.accumulators(config) <= space.MAX_PROMOTED_ACCUMULATORS
 
 
+def test_per_tensor_scales_take_two_sets_of_96_with_setmaxnreg_and_k_whole():
+    problem = _problem("4096,4096,4096")
+    wide = dict(WGMMA, BLOCK_N=192)  # 128 x 192 on two consumer warpgroups: 96 accumulators a set
+    assert space.accumulators(wide) == 96 and FAMILY.check(wide, problem, H100_LIMITS) is None
+    assert "BLOCK_N in [64, 128]" in FAMILY.check(wide, _problem("4096,4096,4096", "block"), H100_LIMITS)
+    plain = FAMILY.check(dict(wide, PRODUCER_REGS=0), problem, H100_LIMITS)
+    assert plain.startswith("registers: e4m3's two sets of 96 accumulators beside 48 more spill in 168"), plain
+    deep = _problem("512,1024,8192")  # few tiles, K long: K in parts is accepted
+    split = FAMILY.check(dict(wide, SPLIT_K=2), deep, H100_LIMITS)
+    assert split.startswith("registers: e4m3 keeps two sets of 96") and "at most 64 a set with K in parts" in split
+    assert FAMILY.check(dict(WGMMA, SPLIT_K=2), deep, H100_LIMITS) is None  # 64 a set: K in parts too
+    assert FAMILY.check(dict(WGMMA, BLOCK_N=256), problem, H100_LIMITS).startswith("registers: e4m3 keeps two sets of 128")
+    valid = FAMILY.valid_configs(problem, H100_LIMITS)
+    assert any(space.accumulators(c) == 96 and c["PINGPONG"] for c in valid)
+    assert all(space.accumulators(c) <= 64 for c in valid if c["SPLIT_K"] > 1)
+    # at the launch's cap (no setmaxnreg) only one consumer warpgroup of 255 registers holds two sets of 96
+    assert all(2 * space.accumulators(c) + 48 <= space.consumer_registers(c) for c in valid if not c["PRODUCER_REGS"])
+
+
 # Block scales by default (their rules are per-tensor's and more); per tensor in the soak tier.
 @pytest.mark.parametrize("scale", [pytest.param("tensor", marks=pytest.mark.soak), "block"])
 def test_the_whole_product_is_refused_with_reasons_or_among_the_valid_configs(scale):
@@ -179,6 +198,7 @@ def test_starting_points_are_valid_128_deep_wgmma_configs(shape, scale):
     assert all(FAMILY.check(p, problem, H100_LIMITS) is None and p["BLOCK_K"] == 128 for p in points)
     # ping-pong is persistent: refused where the work units are fewer than the multiprocessors
     assert any(p["PINGPONG"] for p in points) == (shape == "4096,4096,4096")
+    assert any(p["BLOCK_N"] == 192 for p in points) == (shape == "4096,4096,4096" and scale == "tensor")
 
 
 def test_the_launch_passes_one_byte_maps_and_the_scales():
