@@ -406,6 +406,15 @@ class PeerCall:
     tune_seconds: float | None = None
 
 
+def autotuned_peer(available: bool, tune: Callable[[], Any], run: Callable[[], Any], what: str = "") -> PeerCall:
+    """A Triton peer that Triton's autotuner tunes before it is timed: ``tune()`` returns its
+    choice (``config``, ``seconds``); where Triton is not installed, the reason instead."""
+    if not available:
+        return PeerCall(None, "Triton is not installed")
+    tuned = tune()
+    return PeerCall(run, f"{what}autotuned to {tuned.config}", tuned.seconds)
+
+
 @dataclass(frozen=True)
 class Validation:
     """The outcome of comparing a kernel's outputs with the reference."""

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from templates.attention.problem import group
-from templates.family import PeerCall, Problem
+from templates.family import PeerCall, Problem, autotuned_peer
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 
@@ -37,12 +37,8 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
         return run
 
     calls = {name: PeerCall(sdpa(backends[name])) for name in SDPA_BACKENDS}
-    if not triton_peer.available():
-        calls["triton"] = PeerCall(None, "Triton is not installed")
-        return calls
-    tuned = triton_peer.tune(q, k, v, causal)
-    calls["triton"] = PeerCall(lambda: triton_peer.attention(q, k, v, causal), f"autotuned to {tuned.config}",
-                               tuned.seconds)
+    calls["triton"] = autotuned_peer(triton_peer.available(), lambda: triton_peer.tune(q, k, v, causal),
+                                     lambda: triton_peer.attention(q, k, v, causal))
     return calls
 
 

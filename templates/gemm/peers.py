@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from templates.family import PeerCall, Problem
+from templates.family import PeerCall, Problem, autotuned_peer
 
 
 def operands(problem: Problem, inputs: Mapping[str, np.ndarray]) -> tuple[Any, Any, Any]:
@@ -45,14 +45,9 @@ def peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, 
         return fp8_peer_calls(problem, inputs)
     a, b, bias = operands(problem, inputs)
     epilogue = problem.flag("epilogue")
-    calls = {"cublas": PeerCall(cublas_call(a, b, bias, epilogue), cublas_description(epilogue))}
-    if not triton_peer.available():
-        calls["triton"] = PeerCall(None, "Triton is not installed")
-        return calls
-    tuned = triton_peer.tune(a, b, bias, epilogue)
-    calls["triton"] = PeerCall(lambda: triton_peer.matmul(a, b, bias, epilogue), f"autotuned to {tuned.config}",
-                               tuned.seconds)
-    return calls
+    return {"cublas": PeerCall(cublas_call(a, b, bias, epilogue), cublas_description(epilogue)),
+            "triton": autotuned_peer(triton_peer.available(), lambda: triton_peer.tune(a, b, bias, epilogue),
+                                     lambda: triton_peer.matmul(a, b, bias, epilogue))}
 
 
 def cublas_call(a: Any, b: Any, bias: Any, epilogue: str) -> Callable[[], Any]:
@@ -111,15 +106,10 @@ def fp8_peer_calls(problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[s
     ops = fp8_operands(problem, inputs)
     epilogue = problem.flag("epilogue")
     if problem.flag("scale") == "block":
-        calls = {"cublas": PeerCall(None, "torch._scaled_mm: per-tensor scales only here (block scales refused)")}
-        if not triton_peer.available():
-            calls["triton"] = PeerCall(None, "Triton is not installed")
-            return calls
         args = (ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], ops["bias"], epilogue, ops["out"])
-        tuned = triton_peer.tune_fp8(*args)
-        calls["triton"] = PeerCall(lambda: triton_peer.matmul_fp8(*args), f"block FP8, autotuned to {tuned.config}",
-                                   tuned.seconds)
-        return calls
+        return {"cublas": PeerCall(None, "torch._scaled_mm: per-tensor scales only here (block scales refused)"),
+                "triton": autotuned_peer(triton_peer.available(), lambda: triton_peer.tune_fp8(*args),
+                                         lambda: triton_peer.matmul_fp8(*args), "block FP8, ")}
     n = problem.shape[1]
     calls = {"triton": PeerCall(None, "our Triton FP8 kernel takes block scales only (per-tensor: cuBLASLt)")}
     if n % 16:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from templates import get_family
-from templates.family import BufferSpec, Flag, Problem, TemplateError, count_nonfinite
+from templates.family import BufferSpec, Flag, Problem, TemplateError, autotuned_peer, count_nonfinite
 
 ATTENTION = get_family("attention")
 
@@ -136,3 +137,16 @@ def test_a_config_outside_the_space_is_refused_by_name(change, message):
     with pytest.raises(TemplateError) as caught:
         family.validate_params(change(family.default_params()))
     assert str(caught.value) == message
+
+
+def test_an_autotuned_peer_says_what_it_chose_or_why_it_cannot_run():
+    run = lambda: "out"  # noqa: E731
+    tuned = autotuned_peer(True, lambda: SimpleNamespace(config="BLOCK_M=64 stages=3", seconds=1.5), run,
+                           "block FP8, ")
+    assert (tuned.run, tuned.note, tuned.tune_seconds) == (run, "block FP8, autotuned to BLOCK_M=64 stages=3", 1.5)
+
+    def never():
+        raise AssertionError("tuned without Triton")
+
+    missing = autotuned_peer(False, never, run)
+    assert (missing.run, missing.note, missing.tune_seconds) == (None, "Triton is not installed", None)
