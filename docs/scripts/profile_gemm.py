@@ -6,7 +6,9 @@
     ncu ... -k regex:sm90 -c 1 python3 docs/scripts/profile_gemm.py ... --cublas-only PARAMS_JSON
 
 Ours runs through the workers' trial (outputs checked against the float64 reference first),
-cuBLAS through torch.matmul on inputs of the same shape.
+cuBLAS on the family's inputs through the peer's call (``templates.gemm.peers.cublas_call``).
+The layout may name an epilogue after a colon, ``nt:bias_gelu_tanh``: ours then runs it, and
+cuBLAS its fused form (cuBLASLt's, through ``torch._addmm_activation``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import sys
 
 from templates import get_family
+from templates.gemm.peers import cublas_call, operands
 from workers.local import LocalBench
 
 FAMILY = get_family("gemm")
@@ -23,19 +26,17 @@ FAMILY = get_family("gemm")
 def main(shape: str, dtype: str, layout: str, params: dict) -> None:
     import torch
 
-    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout})
+    layout, _, epilogue = layout.partition(":")
+    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue or "none"})
     params = dict(FAMILY.default_params(), **params)
     if "--cublas-only" not in sys.argv:
         with LocalBench() as local:
             m = local.measure("gemm", problem, FAMILY.render(params, problem), FAMILY.launch(params, problem),
                               FAMILY.compile_options(params, problem))
             print(f"ours: {m.ok} {m.timing.median_ms * 1e3 if m.ok else m.reason} us", flush=True)
-    m, n, k = problem.shape
-    torch_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
-    a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
-    b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
+    cublas = cublas_call(*operands(problem, FAMILY.inputs(problem, 0)), problem.flag("epilogue"))
     for _ in range(3):
-        torch.matmul(a, b)
+        cublas()
     torch.cuda.synchronize()
     print("cublas: ran", flush=True)
 
