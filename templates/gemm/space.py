@@ -75,9 +75,9 @@ NON_POW2_BLOCK_N = (192, 224)
 WGMMA_BLOCK_K = 64
 FP8_BLOCK_K = 128
 # e4m3: a consumer holds a second set of fp32 accumulators (a K block's products beside the
-# promoted sums): at most this many a set, or FP8_LIGHT_ACCUMULATORS where two blocks share a
-# multiprocessor (128 registers a thread). With block scales B's scale is one a tile per 128-deep
-# K block (BLOCK_N 64 or 128).
+# promoted sums): at most this many a set, FP8_LIGHT_ACCUMULATORS where two blocks share a
+# multiprocessor (128 registers a thread), FP8_SPLIT_ACCUMULATORS with K in parts (below). With
+# block scales B's scale is one a tile per 128-deep K block (BLOCK_N 64 or 128).
 FP8_BLOCK_N = (64, 128)
 MAX_PROMOTED_ACCUMULATORS = 96
 FP8_LIGHT_ACCUMULATORS = 32
@@ -400,13 +400,15 @@ def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
                 f"K block), not {params['BLOCK_N']}")
     if block_scaled(problem) and params["SWAP_AB"]:
         return "e4m3: block scales with SWAP_AB=0 only (A's row scales on the accumulators' rows)"
-    light = blocks_per_sm(params, problem.flag("layout")) > 1
-    limit = (FP8_LIGHT_ACCUMULATORS if light else FP8_SPLIT_ACCUMULATORS if params["SPLIT_K"] > 1
-             else MAX_PROMOTED_ACCUMULATORS)
+    if blocks_per_sm(params, problem.flag("layout")) > 1:
+        limit, where = FP8_LIGHT_ACCUMULATORS, ""
+    elif params["SPLIT_K"] > 1:
+        limit, where = FP8_SPLIT_ACCUMULATORS, " with K in parts"
+    else:
+        limit, where = MAX_PROMOTED_ACCUMULATORS, ""
     if accumulators(params) > limit:
-        split = " with K in parts" if limit == FP8_SPLIT_ACCUMULATORS and params["SPLIT_K"] > 1 else ""
         return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
-                f"(a K block's products and the promoted sums; at most {limit} a set{split})")
+                f"(a K block's products and the promoted sums; at most {limit} a set{where})")
     other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
     if 2 * accumulators(params) + other > consumer_registers(params):
         return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {other} more "
