@@ -17,7 +17,8 @@ the second in reverse order, so that an order effect shows.
 Given a list of configs (JSON, or a ``.json`` file's path): all of them and cuBLAS in turns
 (``HeldTimer.time_each``), REPS repetitions each, then ``do_bench`` of each; a line a config, the
 fastest first. The layout may name an epilogue after a colon (``nt:bias_relu``): cuBLAS's call
-is then cuBLASLt's with that epilogue fused. ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every
+is then cuBLASLt's with that epilogue fused. The type may name e4m3's scales (``e4m3:block``);
+the line "cublas" is then the family's peer for them. ``all:{"BLOCK_M": 64, "STAGES": [6, 8]}`` for every
 valid wgmma config of the problem that matches (a value or a list of values a parameter; a list
 of such patterns: any of them). The configs compile on every
 core first. ``--flush read,memset`` times the turns once a flush: ``read`` is the workers' (the L2's size
@@ -38,7 +39,7 @@ import time
 import torch
 
 from templates import get_family
-from templates.gemm.peers import cublas_call, operands
+from templates.gemm.peers import cublas_call, operands, peer_calls
 from workers.driver import check_call, driver_api
 from workers.hold import stream_handle
 from workers.gpu import GpuBench
@@ -170,9 +171,25 @@ def _compile(args) -> None:
 
 
 def parse(shape: str, dtype: str, layout: str):
-    """The problem; ``layout`` may name an epilogue after a colon: ``nt:bias_gelu_tanh``."""
+    """The problem; ``layout`` may name an epilogue after a colon: ``nt:bias_gelu_tanh``; ``dtype``
+    e4m3's scales after one: ``e4m3:block`` (``e4m3``: per tensor; C in bf16)."""
     layout, _, epilogue = layout.partition(":")
-    return FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue or "none"})
+    dtype, _, scale = dtype.partition(":")
+    flags = {"layout": layout, "epilogue": epilogue or "none"}
+    if dtype == "e4m3":
+        flags |= {"scale": scale or "tensor", "out_dtype": "bf16"}
+    return FAMILY.parse_problem(shape, dtype, flags)
+
+
+def peer(problem):
+    """cuBLAS's call (cuBLASLt's with a fused epilogue); e4m3: the family's peer for its scales
+    (``torch._scaled_mm`` per tensor, the autotuned Triton kernel per block)."""
+    inputs = FAMILY.inputs(problem, 0)
+    if problem.dtype == "e4m3":
+        calls = peer_calls(problem, inputs)
+        return next(call.run for call in calls.values() if call.run is not None)
+    a, b, bias = operands(problem, inputs)
+    return cublas_call(a, b, bias, problem.flag("epilogue"))
 
 
 def matching(problem, wanted: list[dict]) -> list[dict]:
@@ -197,9 +214,8 @@ def sweep(shape: str, dtype: str, layout: str, configs: list[dict], flushes=("re
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         pool.map(_compile, [(problem, dict(FAMILY.default_params(), **c)) for c in configs])
     bench = GpuBench(0)
-    a, b, bias = operands(problem, FAMILY.inputs(problem, 0))
     tstream = stream_handle(torch.cuda.current_stream().cuda_stream)
-    runs, trials, failed = {"cublas": cublas_call(a, b, bias, problem.flag("epilogue"))}, [], []
+    runs, trials, failed = {"cublas": peer(problem)}, [], []
     for i, config in enumerate(configs):
         params = dict(FAMILY.default_params(), **config)
         if (why := FAMILY.check(params, problem, bench.device_info().limits)) is not None:
