@@ -63,6 +63,7 @@ def source(params: Params, problem: Problem) -> str:
         mma_type="e4m3" if fp8 else ("f16" if problem.dtype == "fp16" else "bf16"),
         elem_bytes=_space.operand_bytes(params),
         scale=SCALES[problem.flag("scale")] if fp8 else 0,
+        part_sets=_space.fp8_part_sets(params) if fp8 else 1,
         consumers=_space.consumers(params),
         blocks_per_sm=_blocks_per_sm(params, problem),
         consumer_regs=_space.consumer_registers(params) if _space.wgmma(params) else 0,

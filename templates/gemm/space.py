@@ -389,6 +389,16 @@ def wgmma_block_k(problem: Problem) -> int:
     return FP8_BLOCK_K if is_fp8(problem) else WGMMA_BLOCK_K
 
 
+def fp8_part_sets(params: Mapping[str, Any]) -> int:
+    """e4m3: the sets of a K block's products a consumer thread keeps beside the promoted sums: 2
+    (the next block's products issued before this one's are promoted, so that the tensor cores
+    run under the adds) where three sets and the other registers fit, K whole; else 1."""
+    other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
+    if params["SPLIT_K"] == 1 and 3 * accumulators(params) + other <= consumer_registers(params):
+        return 2
+    return 1
+
+
 def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
     """e4m3's own rules: the wgmma path, room for the two accumulator sets (a K block's products,
     the promoted sums); with block scales one B scale a tile per K block (BLOCK_N 64 or 128) and
