@@ -91,22 +91,23 @@ WGMMA_POINTS: tuple[dict[str, Any], ...] = tuple(
 )
 
 
-# e4m3: block scales' tiles first, 128 x 128 on two consumer warpgroups (one B scale a tile, 64
-# accumulators a thread in each of the two sets), persistent and not: the winners of 16-trial
-# studies on squares 2048-8192 and 4096x14336x4096, per tensor and per block (H200, 2026-11-29,
-# docs/BENCHMARKS.md); then the 16-bit wgmma points, 128 one-byte elements deep (the same 128
-# bytes a stage row).
+# e4m3: per tensor 128 x 192 on two consumer warpgroups (one set of 96 accumulators a thread for a
+# K block's products, one for the promoted sums), persistent, C by TMA, 4 and 3 stages: the two
+# fastest of 16 configs on 8192^3 (0.997x and 0.994x torch._scaled_mm) and 4096x14336x4096
+# (0.982x, 0.989x), timed in turns (H200, 2026-11-29, docs/BENCHMARKS.md); then block scales'
+# 128 x 128 (two sets of a K block's products), persistent with C by TMA (1.98x the Triton peer on
+# 8192^3) and the two of 6 stages; then the 16-bit wgmma points, 128 one-byte elements deep (the
+# same 128 bytes a stage row).
 FP8_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_K=128, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=warps, STAGES=stages, PRODUCER_REGS=regs,
-         SPLIT_K=1, CLUSTER_M=1, PERSISTENT=persistent, C_STORE=c_store)
+         SPLIT_K=1, CLUSTER_M=1, PERSISTENT=persistent, C_STORE=c_store, GROUP_M=16)
     for bm, bn, warps, stages, regs, persistent, c_store in (
+        (128, 192, 8, 4, 40, 1, "tma"), (128, 192, 8, 3, 40, 1, "tma"), (128, 128, 8, 4, 40, 1, "tma"),
         (128, 128, 8, 6, 40, 1, "tma"), (128, 128, 8, 6, 40, 0, "direct"))
 )
-# Then ping-pong, 64 x 128 a warpgroup (two sets of 64 accumulators): where the cooperative
-# tiles' two warpgroups wait out each K block's products together before promoting them, one
-# warpgroup's products run while the other promotes. Correct on the GPU's tests; not yet timed
-# (2026-11-29). Per tensor the 16-bit points' 128 x 192 (two sets of 96) follows among the deep
-# ones, not yet timed either.
+# Then ping-pong, 64 x 128 a warpgroup (two sets of 64 accumulators, two of a K block's products):
+# one warpgroup's products run while the other promotes. Correct on the GPU's tests; slower than
+# the cooperative 128 x 128 on 8192^3 in turns (H200, 2026-11-29), kept as the kind's one point.
 FP8_PINGPONG_POINTS: tuple[dict[str, Any], ...] = (
     dict(WGMMA, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, NUM_WARPS=8, STAGES=6, PRODUCER_REGS=40, GROUP_M=16,
          SPLIT_K=1, CLUSTER_M=1, PERSISTENT=1, C_STORE="tma", PINGPONG=1),
