@@ -116,9 +116,10 @@ FP8_PINGPONG_POINTS: tuple[dict[str, Any], ...] = (
 
 def starting_points(dtype: str = "fp16") -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept): for e4m3
-    FP8_POINTS and FP8_PINGPONG_POINTS, then the wgmma ones 128 deep."""
+    FP8_POINTS and FP8_PINGPONG_POINTS, then the wgmma ones 128 deep that are not among them."""
     if dtype == "e4m3":
         deep = [dict(p, BLOCK_K=128) for p in SWAP_POINTS + TMA_C_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS]
-        return [dict(p) for p in FP8_POINTS + FP8_PINGPONG_POINTS] + deep
+        first = [dict(p) for p in FP8_POINTS + FP8_PINGPONG_POINTS]
+        return first + [p for p in deep if p not in first]
     return [dict(p) for p in SWAP_POINTS + TMA_C_POINTS + PINGPONG_POINTS + SMALL_M_TMA_C_POINTS + WGMMA_POINTS
             + POINTS]

@@ -160,6 +160,25 @@ def test_per_tensor_scales_take_two_sets_of_96_with_setmaxnreg_and_k_whole():
     assert all(2 * space.accumulators(c) + 48 <= space.consumer_registers(c) for c in valid if not c["PRODUCER_REGS"])
 
 
+def test_two_sets_of_a_k_blocks_products_where_three_sets_fit_with_k_whole():
+    """fp8_part_sets: 2 where a thread holds three sets (two of a K block's products, the promoted
+    sums) beside the other registers; with K in parts, or 96 a set, one; rendered as PART_SETS."""
+    problem = _problem("4096,4096,4096")
+    two = dict(WGMMA, BLOCK_N=128)  # 128 x 128 on two warpgroups: 3 x 64 + 40 in 232 after setmaxnreg
+    assert space.consumer_registers(two) == 232 and space.fp8_part_sets(two) == 2
+    assert space.fp8_part_sets(dict(two, BLOCK_N=192)) == 1  # 3 x 96 do not fit
+    assert space.fp8_part_sets(dict(two, SPLIT_K=2)) == 1
+    one_group = dict(two, BLOCK_M=64, NUM_WARPS=4, PRODUCER_REGS=0)  # 3 x 64 + 48 in the launch's 255
+    assert space.fp8_part_sets(one_group) == 2
+    assert "#define PART_SETS 2" in FAMILY.render(two, problem)
+    assert "#define PART_SETS 1" in FAMILY.render(dict(two, BLOCK_N=192), problem)
+    assert "#define PART_SETS 1" in FAMILY.render(two, FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt"}))
+    for config in FAMILY.valid_configs(problem, H100_LIMITS):
+        other = space.FP8_SETMAXNREG_OTHER_REGS if config["PRODUCER_REGS"] else space.FP8_OTHER_REGS
+        sets = space.fp8_part_sets(config) + 1
+        assert sets * space.accumulators(config) + other <= space.consumer_registers(config)
+
+
 # Block scales by default (their rules are per-tensor's and more); per tensor in the soak tier.
 @pytest.mark.parametrize("scale", [pytest.param("tensor", marks=pytest.mark.soak), "block"])
 def test_the_whole_product_is_refused_with_reasons_or_among_the_valid_configs(scale):

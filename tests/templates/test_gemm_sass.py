@@ -9,6 +9,8 @@ import pytest
 from sass_tools import needs_sass, opcode_counts, sass_of
 from templates import get_family
 from templates.family import H100_LIMITS
+from templates.gemm import space
+from workers.compile import compile_cubin
 from workers.results import CompileRequest
 
 pytestmark = needs_sass
@@ -112,6 +114,29 @@ def test_e4m3_multiplies_by_the_fp8_wgmma_from_shared_memory(scale, tmp_path):
                                                   FAMILY.compile_options(params, plain)), tmp_path / "plain"))
     if scale == "block":  # the row and column scales, loaded in the k loop
         assert ops["LDG"] > tensor["LDG"]
+
+
+@pytest.mark.parametrize("scale", ["tensor", "block"])
+def test_e4m3_issues_a_second_k_block_before_promoting_the_first(scale, tmp_path):
+    """128 x 128 on two consumer warpgroups keeps two sets of a K block's products: the second
+    block's QGMMAs are issued before the first's are promoted (a wait for all groups but the last,
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x1``), and ptxas neither serializes the wgmmas (C7514) nor injects
+    waits of its own (C7517). 128 x 192 keeps one set: every wait is for all groups."""
+    problem = FAMILY.parse_problem("4096,4096,4096", "e4m3", {"layout": "nt", "scale": scale})
+    two = dict(WGMMA, BLOCK_N=128, BLOCK_K=128, PERSISTENT=1, C_STORE="tma")
+    assert space.fp8_part_sets(two) == 2 and FAMILY.check(two, problem, H100_LIMITS) is None
+    request = CompileRequest(FAMILY.render(two, problem), "gemm", FAMILY.compile_options(two, problem))
+    log = compile_cubin(request, cache_dir=tmp_path).log
+    assert "C7514" not in log and "C7517" not in log, log
+    sass = sass_of(request, tmp_path)
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass and opcode_counts(sass)["QGMMA"] % 8 == 0
+    if scale == "tensor":
+        one = dict(two, BLOCK_N=192)
+        assert space.fp8_part_sets(one) == 1
+        (tmp_path / "one").mkdir()
+        sass = sass_of(CompileRequest(FAMILY.render(one, problem), "gemm", FAMILY.compile_options(one, problem)),
+                       tmp_path / "one")
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass and "WARPGROUP.DEPBAR.LE gsb0, 0x0" in sass
 
 
 def test_pingpong_warpgroups_pass_turns_on_named_barriers(tmp_path):
