@@ -172,6 +172,19 @@ def parse_ptxas(log: str, kernel: str) -> Resources | None:
     )
 
 
+_ADVISORY = re.compile(r"ptxas info\s*:\s*\((C75\d\d)\)\s*(.*)")
+
+
+def ptxas_advisories(log: str) -> tuple[str, ...]:
+    """ptxas' notes that it cut a kernel's wgmma pipeline (Hopper, codes C75xx), one line each as
+    ``C7514: ...``: registers of an unfinished wgmma read early, so that ptxas injected a wait
+    (C7517) or an arrive (C7519), or serialized every wgmma of the kernel (C7514, a large loss)."""
+    seen: dict[str, None] = {}
+    for match in _ADVISORY.finditer(log):
+        seen[f"{match.group(1)}: {' '.join(match.group(2).split())}"] = None
+    return tuple(seen)
+
+
 def _cuobjdump_resources(cubin: bytes, kernel: str) -> Resources | None:
     tool = shutil.which("cuobjdump")
     if tool is None:
@@ -446,4 +459,5 @@ def compile_all(requests: list[CompileRequest], processes: int | None = None) ->
         return [e for e in pool.map(_compile_quietly, unique) if e]
 
 
-__all__ = ["compile_all", "compile_cubin", "parse_ptxas", "resolve_backend", "source_hash", "toolkit_version"]
+__all__ = ["compile_all", "compile_cubin", "parse_ptxas", "ptxas_advisories", "resolve_backend", "source_hash",
+           "toolkit_version"]

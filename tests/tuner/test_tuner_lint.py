@@ -13,6 +13,7 @@ import pytest
 
 from tuner.cli.commands import main
 from tuner.reports.lint import LintError, lint_family, spread
+from workers.compile import ptxas_advisories
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -37,7 +38,8 @@ def test_each_example_passes(example, valid, total):
     assert (first.valid, first.total) == (valid, total) and report.rendered == valid
     assert sum(first.reasons.values()) == total - valid
     assert len(report.compiled) == 2 and report.toolkit.split()[0] in ("nvcc", "nvrtc")
-    assert all(c.registers and c.spill_bytes == 0 and c.screened is None for c in report.compiled)
+    assert all(c.registers and c.spill_bytes == 0 and c.screened is None and not c.advisories
+               for c in report.compiled)
     if HAS_TORCH:
         assert "passes its own check" in report.reference and "64x" in report.reference
     else:
@@ -105,6 +107,46 @@ def test_a_broken_family_is_one_line_naming_the_file_and_the_field(tmp_path, cap
     err = [line for line in capsys.readouterr().err.strip().splitlines() if " lint: compiling" not in line]
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"tuner: error: {folder}/") and expected in err[0], err[0]
+
+
+# A wgmma whose accumulators are read before its wait: ptxas injects the wait (C7517).
+EARLY_READ = """extern "C" __global__ void fam(float* y, const float* x, int n) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const unsigned long long da = (unsigned long long)x, db = da + {{ THREADS }};
+    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\\n}\\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db));
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+    y[threadIdx.x] = d[0] + d[1];
+    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+    if (threadIdx.x < n) y[threadIdx.x + 128] = d[2] + d[3];
+}
+"""
+
+
+def test_ptxas_notes_of_a_cut_wgmma_pipeline_are_reported(tmp_path, capsys):
+    """A config whose wgmma registers are read before the wait compiles, and lint says what ptxas
+    did about it (a silent loss otherwise: a serialized pipeline runs at a fraction of the rate)."""
+    folder = tmp_path / "early"
+    folder.mkdir()
+    (folder / "k.cu.j2").write_text(EARLY_READ)
+    (folder / "__init__.py").write_text(DEFINITION)
+    report = lint_family(str(folder), sample=1)
+    (compiled,) = report.compiled
+    assert any(a.startswith("C7517: warpgroup.wait is injected") for a in compiled.advisories), compiled.advisories
+    assert main(["lint", str(folder), "--sample", "1"]) == 0
+    assert "ptxas C7517: warpgroup.wait is injected" in capsys.readouterr().out
+
+
+def test_ptxas_advisories_are_read_once_each_from_the_log():
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are  serialized\n"
+           "ptxas info    : Used 168 registers\n"
+           "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
+           "ptxas info    : (C7517) warpgroup.wait is injected in around line 9\n")
+    assert ptxas_advisories(log) == ("C7514: Potential Performance Loss: wgmma.mma_async instructions are serialized",
+                                     "C7517: warpgroup.wait is injected in around line 9")
+    assert ptxas_advisories("ptxas info    : Used 32 registers, 0 bytes spill stores") == ()
 
 
 def test_no_suite_needs_a_problem(tmp_path):

@@ -48,5 +48,6 @@ def text(report: LintReport) -> list[str]:
             params = " ".join(f"{k}={v}" for k, v in c.params.items())
             note = f"  [screened: {c.screened}]" if c.screened else ""
             lines.append(f"  {c.seconds:7.2f} {c.registers!s:>4} {c.spill_bytes!s:>6} {c.smem_static!s:>6}  {params}{note}")
+            lines.extend(f"          ptxas {advisory}" for advisory in c.advisories)
     lines.append(f"reference: {report.reference}")
     return lines

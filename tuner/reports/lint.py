@@ -8,7 +8,8 @@
 What it does: the space's size and valid share for each problem of the family's suite; every
 valid config of one problem rendered and its launch checked against the device's limits (sm_90:
 H100 and H200, when no GPU is asked about); a sample of them compiled for sm_90a the way the
-workers compile (registers, spills, seconds); the reference run on the CPU on a small problem
+workers compile (registers, spills, seconds, and ptxas' notes where it cut a wgmma pipeline:
+waits it injected, wgmmas it serialized); the reference run on the CPU on a small problem
 (short-form families; it needs torch). A broken family raises :class:`LintError`, one line that
 names the file and the field: a template that does not render, a constraint that raises, empty
 choices, a missing reference, an output the launch does not pass.
@@ -55,6 +56,7 @@ class Compiled:
     spill_bytes: int | None
     smem_static: int | None
     screened: str | None  # why the workers would not measure it (spills, registers a block), or None
+    advisories: tuple[str, ...] = ()  # ptxas' notes of a cut wgmma pipeline (workers.compile.ptxas_advisories)
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ def spread(configs: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]
 
 def _compile_sample(family: KernelFamily, file: Path, problem: Problem, valid: Sequence[dict[str, Any]],
                     sample: int, backend: str, device: DeviceLimits) -> tuple[str, list[Compiled]]:
-    from workers.compile import compile_cubin, toolkit_version
+    from workers.compile import compile_cubin, ptxas_advisories, toolkit_version
     from workers.compile_task import SCREEN_SPILL_BYTES, screen
     from workers.errors import CompileError
     from workers.results import CompileRequest
@@ -214,7 +216,7 @@ def _compile_sample(family: KernelFamily, file: Path, problem: Problem, valid: S
         res = binary.resources
         compiled.append(Compiled(dict(params), binary.compile_seconds, res and res.registers,
                                  res and res.spill_stores, res and res.smem_static,
-                                 screen(binary, SCREEN_SPILL_BYTES, launch, device)))
+                                 screen(binary, SCREEN_SPILL_BYTES, launch, device), ptxas_advisories(binary.log)))
     return toolkit, compiled
 
 
