@@ -391,8 +391,8 @@ def wgmma_block_k(problem: Problem) -> int:
 
 def fp8_part_sets(params: Mapping[str, Any]) -> int:
     """e4m3: the sets of a K block's products a consumer thread keeps beside the promoted sums: 2
-    (the next block's products issued before this one's are promoted, so that the tensor cores
-    run under the adds) where three sets and the other registers fit, K whole; else 1."""
+    (two K blocks a step, the first promoted while the second's products run) where three sets
+    and the other registers fit, K whole; else 1."""
     other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
     if params["SPLIT_K"] == 1 and 3 * accumulators(params) + other <= consumer_registers(params):
         return 2
