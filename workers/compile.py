@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from workers.errors import CompileError
 from workers.results import Binary, CompileRequest, Resources
@@ -183,6 +184,14 @@ def ptxas_advisories(log: str) -> tuple[str, ...]:
     for match in _ADVISORY.finditer(log):
         seen[f"{match.group(1)}: {' '.join(match.group(2).split())}"] = None
     return tuple(seen)
+
+
+def binary_tags(binary: Binary, resources: Resources | None = None) -> dict[str, Any]:
+    """What a measurement carries of the binary it timed: its hash, toolkit, compile time, the
+    compile report's resources (``resources`` where the report had none) and ptxas' notes."""
+    return {"resources": binary.resources or resources, "cubin_hash": binary.cubin_hash,
+            "toolkit": binary.toolkit, "compile_seconds": binary.compile_seconds,
+            "advisories": ptxas_advisories(binary.log)}
 
 
 def _cuobjdump_resources(cubin: bytes, kernel: str) -> Resources | None:
@@ -459,5 +468,5 @@ def compile_all(requests: list[CompileRequest], processes: int | None = None) ->
         return [e for e in pool.map(_compile_quietly, unique) if e]
 
 
-__all__ = ["compile_all", "compile_cubin", "parse_ptxas", "ptxas_advisories", "resolve_backend", "source_hash",
-           "toolkit_version"]
+__all__ = ["binary_tags", "compile_all", "compile_cubin", "parse_ptxas", "ptxas_advisories", "resolve_backend",
+           "source_hash", "toolkit_version"]

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from templates import get_family
 from templates.family import KernelFamily, Launch, Problem
+from workers.compile import binary_tags
 from workers.driver import check_call, driver_api
 from workers.errors import LaunchError, NoGPUError
 from workers.hold import StreamHold, compile_hold
@@ -329,10 +330,7 @@ class GpuBench(TakesRequests):
 
     @staticmethod
     def _tags(binary: Binary | None) -> dict[str, Any]:
-        if binary is None:
-            return {}
-        return {"resources": binary.resources, "cubin_hash": binary.cubin_hash,
-                "toolkit": binary.toolkit, "compile_seconds": binary.compile_seconds}
+        return {} if binary is None else binary_tags(binary)
 
     def close(self) -> None:
         if self.dead:

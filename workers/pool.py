@@ -53,7 +53,7 @@ from templates import get_family
 from templates.family import DeviceLimits, KernelFamily, Launch, Problem, TemplateError
 from workers.agent import AgentGpu, NodeAgent, Undelivered, node_id, on_node
 from workers.calibrate import CALIBRATE_EVERY, CALIBRATE_TIMING, CalibrationSchedule
-from workers.compile import check_toolkit_for_driver, default_cache_dir, toolkit_release
+from workers.compile import binary_tags, check_toolkit_for_driver, default_cache_dir, toolkit_release
 from workers.compile_task import SCREEN_SPILL_BYTES, CompileFailure, compile_task, screen, warm_compiler
 from workers.depth import MAX_DEPTH, ActorDepth
 from workers.errors import NoGPUError, WorkerError, summary_line
@@ -614,9 +614,7 @@ class WorkerPool:
         for i, binary in enumerate(binaries):
             m = settled[i]
             if isinstance(binary, Binary):
-                m = replace(m, cubin_hash=binary.cubin_hash, toolkit=binary.toolkit,
-                            compile_seconds=binary.compile_seconds,
-                            resources=binary.resources or m.resources)
+                m = replace(m, **binary_tags(binary, m.resources))
             out.append(replace(m, replayed=True) if self._replay else m)
         return replace(retiming, measurements=tuple(out), replayed=self._replay)
 
@@ -944,10 +942,7 @@ class WorkerPool:
     def _resolve(self, item: _Ticket, measurement: Measurement) -> None:
         binary = item.binary
         if binary is not None:
-            measurement = replace(measurement, cubin_hash=binary.cubin_hash,
-                                  toolkit=binary.toolkit,
-                                  compile_seconds=binary.compile_seconds,
-                                  resources=binary.resources or measurement.resources)
+            measurement = replace(measurement, **binary_tags(binary, measurement.resources))
         if self._replay:
             measurement = replace(measurement, replayed=True)
         self._add_busy(measurement)

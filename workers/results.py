@@ -183,6 +183,7 @@ class Measurement:
     cubin_hash: str | None = None
     toolkit: str | None = None  # what compiled the cubin, e.g. "nvcc 13.0.88"
     compile_seconds: float | None = None
+    advisories: tuple[str, ...] = ()  # ptxas' notes of a cut wgmma pipeline (workers.compile.ptxas_advisories)
     gpu_seconds: float = 0.0  # wall time the worker spent on the GPU for this trial
     kernel_seconds: float = 0.0  # of which the GPU ran the kernel (CUDA events; warm-up included)
     flush_seconds: float = 0.0  # and flushed the L2 before its timed launches (CUDA events)
@@ -253,6 +254,7 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
         "cubin_hash": m.cubin_hash,
         "toolkit": m.toolkit,
         "compile_seconds": m.compile_seconds,
+        "advisories": list(m.advisories),
         "gpu_seconds": m.gpu_seconds,
         "kernel_seconds": m.kernel_seconds,
         "flush_seconds": m.flush_seconds,
@@ -280,6 +282,7 @@ def measurement_from_json(data: Mapping[str, Any]) -> Measurement:
         cubin_hash=data.get("cubin_hash"),
         toolkit=data.get("toolkit"),
         compile_seconds=opt_float("compile_seconds"),
+        advisories=tuple(str(a) for a in data.get("advisories") or ()),
         gpu_seconds=float(data.get("gpu_seconds") or 0.0),
         kernel_seconds=float(data.get("kernel_seconds") or 0.0),
         flush_seconds=float(data.get("flush_seconds") or 0.0),

@@ -424,3 +424,26 @@ def test_a_stop_asked_for_ends_the_study_there_and_stores_what_was_in_flight(toy
 
 def _study_id(db):
     return open_repository(db).studies()[0].id
+
+
+def test_ptxas_notes_of_a_cut_wgmma_pipeline_are_told_once_a_run(toy, db, pools, monkeypatch, caplog):
+    """A trial whose compile ptxas serialized (its C7514 note) is stored as any other; the run
+    says so once, however many trials carry the note."""
+    import logging
+    from dataclasses import replace
+
+    import tuner_doubles
+
+    plain = tuner_doubles.measure
+    note = "C7514: Potential Performance Loss: wgmma.mma_async instructions are serialized"
+
+    def noted(params):
+        m = plain(params)
+        return replace(m, advisories=(note,)) if params["BLOCK_M"] in (16, 32, 64) else m
+
+    monkeypatch.setattr(tuner_doubles, "measure", noted)
+    with caplog.at_level(logging.WARNING, logger="tuner"):
+        result = _tune(trials=20, db=db)
+    assert result.measured == 20
+    told = [r.getMessage() for r in caplog.records if "ptxas C7514" in r.getMessage()]
+    assert len(told) == 1 and told[0].startswith("trial ") and "tuner lint" in told[0], told

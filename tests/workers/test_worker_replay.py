@@ -17,7 +17,8 @@ PROBLEM = Problem((4, 16, 4096, 128), "fp16", (("causal", True),))
 def test_measurement_json_round_trip():
     m = Measurement(ok=True, timing=Timing(1.0, 0.9, 1.5, 0.2, 40), error=1e-3, max_abs_error=2e-3,
                     resources=Resources(128, 0, 0, 0, 0), cubin_hash="ab", compile_seconds=1.5,
-                    gpu_seconds=0.7, kernel_seconds=0.5, flush_seconds=0.1, clocks={"sm_mhz": 1980})
+                    gpu_seconds=0.7, kernel_seconds=0.5, flush_seconds=0.1, clocks={"sm_mhz": 1980},
+                    advisories=("C7517: warpgroup.wait is injected in around line 9",))
     assert measurement_from_json(json.loads(json.dumps(measurement_to_json(m)))) == m
     f = Measurement.failed("compile", "nvcc failed", detail="log")
     assert measurement_from_json(measurement_to_json(f)) == f

@@ -277,6 +277,7 @@ class Coordinator:
         self._incumbent: str | None = None  # the best config so far, as the GPUs time it
         self._anchor_key: str | None = None  # the config the GPUs time in rounds (tuner.study.normalize)
         self._served = 0.0  # time.monotonic() of the pool's last serve between asks
+        self._advised: set[str] = set()  # ptxas' note codes told once (_advise)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -652,6 +653,7 @@ class Coordinator:
     def _measured(self, flight: _InFlight, m: Measurement, outcome: TrialOutcome, value: float,
                   record: Any) -> None:
         self._published(record)
+        self._advise(flight.proposal.number, m)
         for follower in flight.followers:
             self._mirror.repeated(follower)
         self.progress.measured(
@@ -659,6 +661,16 @@ class Coordinator:
             failure=None if m.ok else m.failure,
             median_ms=value if m.ok and m.timing else None, tflops=outcome.tflops,
         )
+
+    def _advise(self, number: int, m: Measurement) -> None:
+        """ptxas' notes of a cut wgmma pipeline, each code told once a run as a warning (the
+        template reads a wgmma's registers early: a loss no other field of the trial shows)."""
+        for advisory in m.advisories:
+            code = advisory.split(":")[0]
+            if code not in self._advised:
+                self._advised.add(code)
+                logger.warning("trial %d: ptxas %s (told once a run; `tuner lint` lists the notes under each "
+                               "config it compiles)", number, advisory)
 
     def _published(self, trial: Any) -> None:
         """A stored trial, to whoever wants each one (``stored``: the optuna-dashboard copy,
