@@ -2,8 +2,9 @@
 and replay workers standing in for two GPUs (simulated); clients submit with the commands. Jobs
 of different priorities all finish, the higher first, taking the GPUs while it is open; jobs of
 equal priority run at once on a GPU each; a job alone gets both; a job cancelled mid-way keeps
-every trial stored; a scheduler killed with kill -9 and started again goes on where the database
-left it, measuring no config twice (soak: two servers, and Ray in each)."""
+every trial stored (PostgreSQL; SQLite in the soak tier); a scheduler killed with kill -9 and
+started again goes on where the database left it, measuring no config twice (soak: two servers,
+and Ray in each)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,9 @@ def _at_once(log: str, jobs: set[int]) -> bool:
     return False
 
 
+# PostgreSQL by default (the backend several machines share), SQLite in the soak tier, for the
+# suite's time: tests/jobs/test_jobs_api.py runs a server on SQLite by default.
+@pytest.mark.parametrize("url", [pytest.param("sqlite", marks=pytest.mark.soak), "postgresql"], indirect=True)
 def test_jobs_share_the_gpus_by_priority_and_a_cancel_keeps_every_trial(server, tokens, capsys):
     write = tokens["write"]
     low = _submit(capsys, server.base, write, "--shape", "2,8,1024,64", "--dtype", "fp16", "--causal",
