@@ -389,12 +389,18 @@ def wgmma_block_k(problem: Problem) -> int:
     return FP8_BLOCK_K if is_fp8(problem) else WGMMA_BLOCK_K
 
 
+def fp8_other_registers(params: Mapping[str, Any]) -> int:
+    """e4m3: the registers a consumer thread needs beside its accumulator sets: fewer where
+    setmaxnreg gives the consumers their own."""
+    return FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
+
+
 def fp8_part_sets(params: Mapping[str, Any]) -> int:
     """e4m3: the sets of a K block's products a consumer thread keeps beside the promoted sums: 2
     (two K blocks a step, the first promoted while the second's products run) where three sets
     and the other registers fit, K whole; else 1."""
-    other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
-    if params["SPLIT_K"] == 1 and 3 * accumulators(params) + other <= consumer_registers(params):
+    three = 3 * accumulators(params) + fp8_other_registers(params)
+    if params["SPLIT_K"] == 1 and three <= consumer_registers(params):
         return 2
     return 1
 
@@ -419,7 +425,7 @@ def _fp8_check(params: Mapping[str, Any], problem: Problem) -> str | None:
     if accumulators(params) > limit:
         return (f"registers: e4m3 keeps two sets of {accumulators(params)} accumulators a consumer thread "
                 f"(a K block's products and the promoted sums; at most {limit} a set{where})")
-    other = FP8_SETMAXNREG_OTHER_REGS if params["PRODUCER_REGS"] else FP8_OTHER_REGS
+    other = fp8_other_registers(params)
     if 2 * accumulators(params) + other > consumer_registers(params):
         return (f"registers: e4m3's two sets of {accumulators(params)} accumulators beside {other} more "
                 f"spill in {consumer_registers(params)} registers a consumer thread (setmaxnreg needed)")

@@ -174,9 +174,8 @@ def test_two_sets_of_a_k_blocks_products_where_three_sets_fit_with_k_whole():
     assert "#define PART_SETS 1" in FAMILY.render(dict(two, BLOCK_N=192), problem)
     assert "#define PART_SETS 1" in FAMILY.render(two, FAMILY.parse_problem("4096,4096,4096", "bf16", {"layout": "nt"}))
     for config in FAMILY.valid_configs(problem, H100_LIMITS):
-        other = space.FP8_SETMAXNREG_OTHER_REGS if config["PRODUCER_REGS"] else space.FP8_OTHER_REGS
         sets = space.fp8_part_sets(config) + 1
-        assert sets * space.accumulators(config) + other <= space.consumer_registers(config)
+        assert sets * space.accumulators(config) + space.fp8_other_registers(config) <= space.consumer_registers(config)
 
 
 # Block scales by default (their rules are per-tensor's and more); per tensor in the soak tier.
