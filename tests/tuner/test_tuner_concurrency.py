@@ -42,7 +42,7 @@ def test_two_coordinators_share_one_study_and_stop_together_at_its_trial_count(u
     """The same command twice at once: each config measured by one of them, once; 300 stored in
     all (not 600), and each says how many the other measured. 300 of the landscape's 744 configs:
     a coordinator alone replays them in about 12 s, so that the two overlap even where one's Ray
-    starts seconds after the other's (with 150, on a loaded machine, one once finished alone)."""
+    starts seconds after the other's (on a loaded machine, 150 can all be replayed by one first)."""
     argv = tune_argv(url, 300)
     first, second = Coordinator(argv, tmp_path), Coordinator(argv, tmp_path)
     results = [first.finish(), second.finish()]

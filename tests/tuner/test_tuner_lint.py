@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ptxas_kernels import early_read_kernel
 from tuner.cli.commands import main
 from tuner.reports.lint import LintError, lint_family, spread
 from workers.compile import ptxas_advisories
@@ -110,19 +111,7 @@ def test_a_broken_family_is_one_line_naming_the_file_and_the_field(tmp_path, cap
 
 
 # A wgmma whose accumulators are read before its wait: ptxas injects the wait (C7517).
-EARLY_READ = """extern "C" __global__ void fam(float* y, const float* x, int n) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    const unsigned long long da = (unsigned long long)x, db = da + {{ THREADS }};
-    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
-    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\\n}\\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db));
-    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-    y[threadIdx.x] = d[0] + d[1];
-    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
-    if (threadIdx.x < n) y[threadIdx.x + 128] = d[2] + d[3];
-}
-"""
+EARLY_READ = early_read_kernel('extern "C" __global__ void fam(float* y, const float* x, int n)')
 
 
 def test_ptxas_notes_of_a_cut_wgmma_pipeline_are_reported(tmp_path, capsys):

@@ -7,6 +7,7 @@ import time
 import pytest
 
 import worker_family
+from ptxas_kernels import early_read_kernel
 from workers.driver import gpu_count
 from templates.family import Problem
 from worker_doubles import FAKE_DEVICE, FakeBench, PreparingBench, TwoFakeBenches, TwoPreparingBenches
@@ -71,20 +72,8 @@ def test_ok_measurements(pool_factory):
     assert pool.gpu_busy_seconds == pytest.approx(1.5)
 
 
-# The kernel's signature with a wgmma whose accumulators are read before its wait.
-EARLY_READ = r"""extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    const unsigned long long da = (unsigned long long)x, db = da + 64;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    y[threadIdx.x] = a * (d[0] + d[1]);
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if ((int)threadIdx.x < n) y[threadIdx.x + 128] = d[2] + d[3];
-}
-"""
+# The family's kernel, its wgmma's accumulators read before the wait.
+EARLY_READ = early_read_kernel('extern "C" __global__ void scale(float* y, const float* x, float a, int n)')
 
 
 def test_ptxas_notes_of_a_cut_wgmma_pipeline_travel_with_the_measurement(pool_factory):
