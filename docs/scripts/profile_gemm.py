@@ -6,9 +6,10 @@
     ncu ... -k regex:sm90 -c 1 python3 docs/scripts/profile_gemm.py ... --cublas-only PARAMS_JSON
 
 Ours runs through the workers' trial (outputs checked against the float64 reference first),
-cuBLAS on the family's inputs through the peer's call (``templates.gemm.peers.cublas_call``).
-The layout may name an epilogue after a colon, ``nt:bias_gelu_tanh``: ours then runs it, and
-cuBLAS its fused form (cuBLASLt's, through ``torch._addmm_activation``).
+cuBLAS on the family's inputs through ``gemm_timing.peer``. The layout may name an epilogue after
+a colon, ``nt:bias_gelu_tanh``: ours then runs it, and cuBLAS its fused form (cuBLASLt's, through
+``torch._addmm_activation``); the type e4m3's scales (``e4m3:block``): the family's peer for them
+runs instead of cuBLAS.
 """
 
 from __future__ import annotations
@@ -16,25 +17,21 @@ from __future__ import annotations
 import json
 import sys
 
-from templates import get_family
-from templates.gemm.peers import cublas_call, operands
+from gemm_timing import FAMILY, parse, peer
 from workers.local import LocalBench
-
-FAMILY = get_family("gemm")
 
 
 def main(shape: str, dtype: str, layout: str, params: dict) -> None:
     import torch
 
-    layout, _, epilogue = layout.partition(":")
-    problem = FAMILY.parse_problem(shape, dtype, {"layout": layout, "epilogue": epilogue or "none"})
+    problem = parse(shape, dtype, layout)
     params = dict(FAMILY.default_params(), **params)
     if "--cublas-only" not in sys.argv:
         with LocalBench() as local:
             m = local.measure("gemm", problem, FAMILY.render(params, problem), FAMILY.launch(params, problem),
                               FAMILY.compile_options(params, problem))
             print(f"ours: {m.ok} {m.timing.median_ms * 1e3 if m.ok else m.reason} us", flush=True)
-    cublas = cublas_call(*operands(problem, FAMILY.inputs(problem, 0)), problem.flag("epilogue"))
+    cublas = peer(problem)
     for _ in range(3):
         cublas()
     torch.cuda.synchronize()
