@@ -49,7 +49,7 @@ TMA_C_POINTS: tuple[dict[str, Any], ...] = tuple(
 # turns with cuBLASLt beside every persistent cooperative config of C by TMA (H200, 2026-11-29,
 # docs/BENCHMARKS.md), the fastest kind on each of four LLM projections with fused epilogues:
 # 128 x 128 a warpgroup, 6 stages (bias + ReLU, K 1024) and 4 (bias, K 768); 64 x 256, 4 stages
-# (bias + GELU, K 768 and 4096).
+# (bias + GELU, K 768 and 4096; GELU then by an exp and a division).
 PINGPONG_POINTS: tuple[dict[str, Any], ...] = tuple(
     dict(WGMMA, BLOCK_M=bm, BLOCK_N=bn, NUM_WARPS=8, STAGES=stages, PRODUCER_REGS=40, GROUP_M=16, SPLIT_K=1,
          CLUSTER_M=1, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
