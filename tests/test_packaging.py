@@ -89,6 +89,8 @@ def test_the_wheel_carries_the_landscape_the_readme_replays_and_the_license(tmp_
         names = set(archive.namelist())
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"templates/attention/landscapes/{name}" in names
+    shipped = {str(path.relative_to(ROOT)) for path in ROOT.glob("templates/*/landscapes/*.json*")}
+    assert any(n.endswith(".json.gz") for n in shipped) and shipped <= names  # compressed ones too
     # tuner export-dispatch's C++ templates
     assert {"tuner/answers/dispatch.h.j2", "templates/attention/dispatch.h.j2", "templates/gemm/dispatch.h.j2"} <= names
     # tuner export-torch's package and the families' torch ops

@@ -16,7 +16,6 @@ whose text is one line.
 
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from tuner.study.meter import Meter
 from tuner.study.options import DEFAULT_LOOP, LoopOptions, StudyOptions, split_keywords
 from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
+from workers.replay import landscape_json
 
 logger = logging.getLogger("tuner")
 
@@ -219,6 +219,10 @@ def _run_study(
         if reason is not None:
             raise UsageError(f"the config picked for {problem.key} cannot be measured here: {reason}")
         warm_start = 0
+    listed = fam.valid_configs(problem, pool.limits)  # once a study: the coordinator takes them too
+    points = search.valid_in_space(fam, problem, pool.limits, space, listed=listed)
+    if sampler == "grid" and trials is not None:
+        trials = min(trials, len(points))  # a grid ends with its valid configs: the progress counts to them
     name = search.study_name(fam.name, fam.template_hash, problem, device.name,
                              replay=replay is not None)
     picks = warmstart.nearest_winners(fam, problem, database.call(lambda: repo.bests(
@@ -240,9 +244,6 @@ def _run_study(
     def valid(params: dict[str, Any]) -> bool:
         return fam.check(params, problem, pool.limits) is None
 
-    listed = fam.valid_configs(problem, pool.limits)  # once a study: the coordinator takes them too
-    points = search.valid_in_space(fam, problem, pool.limits, space, listed=listed)
-
     stored = len(database.call(lambda: repo.trials(record.id)))
     if only is not None:
         from storage import params_key
@@ -259,7 +260,7 @@ def _run_study(
     if picks:
         sources = dict.fromkeys(pick.source for pick in picks)
         logger.info("warm start: %d configs, from %s", len(picks), ", ".join(sources))
-    logger.info("study %s (%s sampler, %d configs)", name, sampler, space.size)
+    logger.info("study %s (%s sampler, %d valid configs of %d)", name, sampler, len(points), space.size)
     meter = loop.meter or Meter()
 
     def start_copy() -> dashboard.DashboardCopy | None:
@@ -445,9 +446,9 @@ def validate(
 
 def landscape_file(fam: KernelFamily, replay: str | Path | None) -> str | Path | None:
     """``replay`` as a path: itself where a file is there, else the landscape of that name the
-    family ships (``landscapes/`` in its folder, ``.json`` optional); else itself (the workers say
-    that it cannot be read). A UsageError where it is a landscape of another family: a file that
-    names another, or the name of a landscape another installed family ships."""
+    family ships (``landscapes/`` in its folder, ``.json`` or ``.json.gz`` optional); else itself
+    (the workers say that it cannot be read). A UsageError where it is a landscape of another
+    family: a file that names another, or the name of a landscape another installed family ships."""
     if replay is None:
         return None
     if Path(replay).exists():
@@ -466,9 +467,10 @@ def landscape_file(fam: KernelFamily, replay: str | Path | None) -> str | Path |
 
 
 def _shipped(fam: KernelFamily, name: str) -> Path | None:
-    """The landscape named ``name`` (``.json`` optional) that ``fam`` ships; None if it ships none."""
+    """The landscape named ``name`` (``.json`` or ``.json.gz`` optional) that ``fam`` ships; None if
+    it ships none."""
     folder = Path(fam.folder) / "landscapes"
-    for candidate in (name, f"{name}.json"):
+    for candidate in (name, f"{name}.json", f"{name}.json.gz"):
         if "/" not in candidate and (folder / candidate).is_file():
             return folder / candidate
     return None
@@ -477,7 +479,7 @@ def _shipped(fam: KernelFamily, name: str) -> Path | None:
 def _recorded_family(path: Path) -> str | None:
     """The family a landscape file names; None where it cannot be read as one (the workers say why)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = landscape_json(path)
     except (OSError, ValueError):  # UnicodeDecodeError too
         return None
     family = data.get("family") if isinstance(data, dict) else None

@@ -20,6 +20,7 @@ The file: ``{"format": 1, "device": {...}, "family": "...", "problem": {...},
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -79,8 +80,10 @@ def save_landscape(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".landscape-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=1)
+    with os.fdopen(fd, "wb") as handle:
+        text = json.dumps(data, indent=1).encode()
+        # mtime 0: the same landscape compresses to the same bytes
+        handle.write(gzip.compress(text, mtime=0) if path.name.endswith(".gz") else text)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a landscape is shared
     os.replace(tmp, path)
     return path
@@ -92,6 +95,13 @@ def _umask() -> int:
     return mask
 
 
+def landscape_json(path: str | Path) -> Any:
+    """A landscape file's JSON, decompressed where its name ends in ``.gz`` (``.json.gz``: a
+    tenth of the size); OSError or ValueError as reading and parsing raise them."""
+    raw = Path(path).read_bytes()
+    return json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+
+
 def load_landscape(path: str | Path, family: Any = None) -> Landscape:
     """Read a landscape; a missing, malformed or wrong file raises WorkerError with one line. Its
     configs are completed by ``family`` (a reference ``templates.get_family`` resolves; None:
@@ -101,8 +111,8 @@ def load_landscape(path: str | Path, family: Any = None) -> Landscape:
     that is ok, and where the family is found and is the one the file names, its problem and
     every config (completed) of the family's (a problem or a parameter of another space)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
+        data = landscape_json(path)
+    except OSError as exc:  # gzip's BadGzipFile too
         raise WorkerError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # UnicodeDecodeError too
         raise WorkerError(f"landscape {path} is not JSON: {exc}") from None

@@ -6,6 +6,7 @@ import json
 import math
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -415,6 +416,24 @@ def test_older_configs_complete_to_the_kernels_they_were():
     recorded = {p.name: p.choices for p in FAMILY.recorded_space(older)}
     assert recorded["LOADS"] == ("cp.async",) and recorded["EPILOGUE"] == ("st16",)
     assert recorded["BLOCK_M"] == (64, 128) and recorded["STAGES"] == (2, 3) and recorded["MMA"] == ("sync", "wgmma")
+
+
+def test_a_study_replays_the_head_dim_256_landscape_by_name(tmp_path, module_ray):
+    """Every valid config of 2x8x1024x256 fp16 causal, recorded on an H200 (2026-11-29) with the
+    current template: a replay by its name comes within 5% of its best, well under its median."""
+    import tuner
+    from workers.replay import landscape_json
+
+    name = "attention_2x8x1024x256-fp16-causal_h200"
+    landscape = landscape_json(Path(attn.__file__).parent / "landscapes" / f"{name}.json.gz")
+    problem = FAMILY.parse_problem("2,8,1024,256", "fp16", {"causal": True})
+    assert landscape["template_hash"] == FAMILY.template_hash
+    assert len(landscape["entries"]) == len(FAMILY.valid_configs(problem, H100_LIMITS))
+    times = sorted(e["measurement"]["timing"]["median_ms"] for e in landscape["entries"] if e["measurement"]["ok"])
+    result = tuner.tune("attention", "2,8,1024,256", "fp16", {"causal": True}, trials=24, replay=name,
+                        db=f"sqlite:///{tmp_path / 'replay.db'}", seed=0)
+    assert result.status == "finished" and result.measured == 24 and result.failed == 0
+    assert result.best.median_ms <= 1.05 * times[0] < times[len(times) // 2]
 
 
 @pytest.mark.parametrize("problem", WHOLE)

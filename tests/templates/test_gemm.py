@@ -710,17 +710,22 @@ def test_swapped_configs_compile_without_spilling(tmp_path):
         assert resources.spill_stores == 0 and resources.stack_bytes == 0, (problem.key, params, resources)
 
 
-# -- the landscapes the family ships (H100, 2026-11-27: every valid config, `--sampler grid`)
+# -- the landscapes the family ships (every valid config, `--sampler grid`: 16-bit on an H100,
+# 2026-11-27; e4m3 per tensor on an H200, 2026-11-29)
 @pytest.mark.parametrize("name,shape,dtype,layout,trials", [
     ("gemm_64x4096x14336-bf16-nt_h100", "64,4096,14336", "bf16", "nt", 40),
     ("gemm_2048x2048x2048-fp16-nn_h100", "2048,2048,2048", "fp16", "nn", 40),
+    ("gemm_1024x4096x4096-e4m3-nt_h200", "1024,4096,4096", "e4m3", "nt", 40),
 ])
 def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path, module_ray):
     import json
 
     import tuner
 
-    landscape = json.loads((ROOT / "templates" / "gemm" / "landscapes" / f"{name}.json").read_text())
+    from workers.replay import landscape_json
+
+    (path,) = (ROOT / "templates" / "gemm" / "landscapes").glob(f"{name}.json*")  # .json or .json.gz
+    landscape = landscape_json(path)
     problem = _problem(shape, dtype, layout)
     assert landscape["family"] == "gemm" and landscape["problem"]["shape"] == list(problem.shape)
     measured = [e for e in landscape["entries"] if e["measurement"]["ok"]]

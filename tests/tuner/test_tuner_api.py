@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -95,6 +96,17 @@ def test_tune_result_reports_the_winner(toy, db, tuned):
     assert tuned.result.status == "finished" and tuned.result.device == "NVIDIA H100 80GB HBM3"
     assert tuned.result.best.params == _fastest_ok(toy)
     assert tuned.result.gpu_busy_s > 0
+
+
+def test_a_grid_study_counts_to_its_valid_configs_not_the_space(toy, db, tuned):
+    from storage import open_repository
+
+    valid = valid_configs(toy)
+    (record,) = open_repository(db).studies()
+    assert len(valid) < math.prod(len(p.choices) for p in toy.params)  # the toy space has invalid points
+    # the study's target (its progress line and ETA count to it) is every valid config, once
+    assert record.settings["trials"] == len(valid)
+    assert tuned.result.measured == len(valid)  # failed ones included
 
 
 def test_bad_inputs_are_usage_errors(toy, db):

@@ -194,3 +194,14 @@ def test_tune_json_prints_the_runs_summary(tmp_path, module_ray):
     assert len(result["retimed"]) == 2 and result["device"] == "NVIDIA H200"
     stored = tuner.studies(db=db)[0]
     assert stored.settings["replay_file"] == str(LANDSCAPE)
+
+
+def test_a_folder_of_landscapes_gives_its_compressed_ones_too():
+    from templates import get_family
+    from tuner.study.many import recorded_landscapes
+
+    family = get_family("attention")
+    found = recorded_landscapes(family, [LANDSCAPE.parent])  # the family's own: a .json and a .json.gz
+    assert {p.key: path.name for p, path in found.items()} == {
+        "2x8x1024x64-fp16-causal": "attention_2x8x1024x64-fp16-causal_h200.json",
+        "2x8x1024x256-fp16-causal": "attention_2x8x1024x256-fp16-causal_h200.json.gz"}

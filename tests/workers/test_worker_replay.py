@@ -45,6 +45,24 @@ def test_landscape_round_trip_and_bench(tmp_path):
     assert missing.failure == "invalid" and missing.reason == "not in the recorded landscape"
 
 
+def test_a_landscape_named_json_gz_is_written_and_read_compressed(tmp_path):
+    import gzip
+
+    from templates import get_family
+
+    entries = [(dict(get_family("attention").default_params(), BLOCK_M=m), Measurement(ok=True, timing=Timing(
+        1.0 + m / 1000, 0.9, 1.5, 0.2, 40))) for m in (32, 64, 128)]
+    keywords = dict(device=FAKE_DEVICE, family="attention", problem=PROBLEM, template_hash="h", entries=entries)
+    plain = save_landscape(tmp_path / "l.json", **keywords)
+    packed = save_landscape(tmp_path / "l.json.gz", **keywords)
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()  # the same JSON, compressed
+    assert save_landscape(tmp_path / "again.json.gz", **keywords).read_bytes() == packed.read_bytes()
+    assert load_landscape(packed) == load_landscape(plain)
+    packed.write_bytes(plain.read_bytes())  # named .gz, not compressed: one line
+    with pytest.raises(WorkerError, match=r"cannot read landscape .*l\.json\.gz: Not a gzipped file"):
+        load_landscape(packed)
+
+
 def test_malformed_landscape_is_one_line(tmp_path):
     path = tmp_path / "l.json"
     path.write_text('{"format": 99}')
@@ -157,8 +175,9 @@ def test_every_shipped_and_test_landscape_loads():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    paths = sorted(root.glob("templates/*/landscapes/*.json")) + sorted((root / "tests" / "data").glob("*.json"))
-    assert len(paths) >= 9
+    paths = sorted([*root.glob("templates/*/landscapes/*.json"), *root.glob("templates/*/landscapes/*.json.gz")])
+    paths += sorted((root / "tests" / "data").glob("*.json"))
+    assert len(paths) >= 11 and any(p.name.endswith(".json.gz") for p in paths)
     for path in paths:
         family = str(root / "docs" / "examples" / "row_softmax") if path.name.startswith("row_softmax") else None
         assert load_landscape(path, family).entries, path

@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     landscape = sub.add_parser("landscape", parents=[common],
                                help="write a study's trials as a replay landscape (JSON)")
     landscape.add_argument("study", metavar="STUDY", help="study name or id (see `tuner studies`)")
-    landscape.add_argument("-o", "--out", required=True, metavar="FILE", help="landscape file to write")
+    landscape.add_argument("-o", "--out", required=True, metavar="FILE",
+                           help="landscape file to write (a name ending in .json.gz: compressed by gzip)")
 
     export_dispatch.add_parser(sub, common)
     export_torch.add_parser(sub, common)

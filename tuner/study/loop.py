@@ -358,12 +358,12 @@ class Coordinator:
     def _stop_reason(self) -> str | None:
         """Why no new trial should be asked now, or None."""
         measured = self._previous + self._shared + self.progress.counts.measured
+        if not self._unmeasured:  # first: a grid's budget is its valid configs, and this says so
+            return f"every valid config ({self._n_valid}) measured"
         if self.trials is not None and measured + len(self._in_flight) >= self.trials:
             return f"{self.trials} trials measured"
         if self.time_budget is not None and self.clock() - self._started >= self.time_budget:
             return f"time budget of {self.time_budget:g}s spent"
-        if not self._unmeasured:
-            return f"every valid config ({self._n_valid}) measured"
         if self._idle >= self.max_idle_asks:
             return f"{self._idle} asks in a row brought no new config"
         return self.loop.stop_when() if self.loop.stop_when is not None else None

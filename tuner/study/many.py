@@ -22,7 +22,6 @@ worker pool every problem of a family in a row (:mod:`tuner.study.shared_run`).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from tuner.study.options import StudyOptions, split_keywords
 from tuner.study.progress import format_params
 from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
+from workers.replay import landscape_json
 
 logger = logging.getLogger("tuner")
 
@@ -121,7 +121,7 @@ def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path], *,
                 continue
             raise
         if path.is_dir():
-            files += sorted(path.glob("*.json"))
+            files += sorted([*path.glob("*.json"), *path.glob("*.json.gz")])
         elif path.is_file():
             files.append(path)
         else:
@@ -129,7 +129,7 @@ def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path], *,
     found: dict[Problem, Path] = {}
     for path in files:
         try:
-            data = json.loads(path.read_text())
+            data = landscape_json(path)
             recorded = Problem.from_json(data["problem"]) if data.get("family") == fam.name else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a landscape: the folder may hold other files
