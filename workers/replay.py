@@ -25,6 +25,7 @@ import json
 import math
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -99,7 +100,12 @@ def landscape_json(path: str | Path) -> Any:
     """A landscape file's JSON, decompressed where its name ends in ``.gz`` (``.json.gz``: a
     tenth of the size); OSError or ValueError as reading and parsing raise them."""
     raw = Path(path).read_bytes()
-    return json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+    if str(path).endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)  # not gzip at all: BadGzipFile, an OSError
+        except (EOFError, zlib.error) as exc:  # cut short, or corrupt
+            raise OSError(f"{exc}") from None
+    return json.loads(raw)
 
 
 def load_landscape(path: str | Path, family: Any = None) -> Landscape:

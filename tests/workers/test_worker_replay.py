@@ -61,6 +61,9 @@ def test_a_landscape_named_json_gz_is_written_and_read_compressed(tmp_path):
     packed.write_bytes(plain.read_bytes())  # named .gz, not compressed: one line
     with pytest.raises(WorkerError, match=r"cannot read landscape .*l\.json\.gz: Not a gzipped file"):
         load_landscape(packed)
+    packed.write_bytes(gzip.compress(plain.read_bytes())[:-20])  # cut short
+    with pytest.raises(WorkerError, match=r"cannot read landscape .*l\.json\.gz: Compressed file ended"):
+        load_landscape(packed)
 
 
 def test_malformed_landscape_is_one_line(tmp_path):
