@@ -37,7 +37,6 @@ from tuner.study.meter import Meter
 from tuner.study.options import DEFAULT_LOOP, LoopOptions, StudyOptions, split_keywords
 from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
-from workers.replay import landscape_json
 
 logger = logging.getLogger("tuner")
 
@@ -478,6 +477,8 @@ def _shipped(fam: KernelFamily, name: str) -> Path | None:
 
 def _recorded_family(path: Path) -> str | None:
     """The family a landscape file names; None where it cannot be read as one (the workers say why)."""
+    from workers.replay import landscape_json  # here: importing tuner loads no Ray
+
     try:
         data = landscape_json(path)
     except (OSError, ValueError):  # UnicodeDecodeError too

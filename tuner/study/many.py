@@ -34,7 +34,6 @@ from tuner.study.options import StudyOptions, split_keywords
 from tuner.study.progress import format_params
 from tuner.study.shared_run import SharedRun
 from workers.pool_options import PoolOptions
-from workers.replay import landscape_json
 
 logger = logging.getLogger("tuner")
 
@@ -112,6 +111,8 @@ def recorded_landscapes(fam: KernelFamily, replay: Sequence[str | Path], *,
     """The problems of ``fam`` that the landscapes among ``replay`` record, each with the first
     that does; UsageError naming a path that is neither a file nor a folder, or a landscape of
     another family (passed over with ``others``: a model's landscapes of several families)."""
+    from workers.replay import landscape_json  # here: importing tuner loads no Ray
+
     files: list[Path] = []
     for given in replay:
         try:
