@@ -420,7 +420,9 @@ def test_older_configs_complete_to_the_kernels_they_were():
 
 def test_a_study_replays_the_head_dim_256_landscape_by_name(tmp_path, module_ray):
     """Every valid config of 2x8x1024x256 fp16 causal, recorded on an H200 (2026-11-29) with the
-    current template: a replay by its name comes within 5% of its best, well under its median."""
+    current template: a replay by its name comes within 10% of its best (27 of the 259 configs
+    are), well under its median (1.44x the best). No re-timing: a replay's trials in flight make its
+    sequence vary from run to run, and the re-timing's pick among ties (fewer registers) with it."""
     import tuner
     from workers.replay import landscape_json
 
@@ -431,9 +433,9 @@ def test_a_study_replays_the_head_dim_256_landscape_by_name(tmp_path, module_ray
     assert len(landscape["entries"]) == len(FAMILY.valid_configs(problem, H100_LIMITS))
     times = sorted(e["measurement"]["timing"]["median_ms"] for e in landscape["entries"] if e["measurement"]["ok"])
     result = tuner.tune("attention", "2,8,1024,256", "fp16", {"causal": True}, trials=24, replay=name,
-                        db=f"sqlite:///{tmp_path / 'replay.db'}", seed=0)
+                        db=f"sqlite:///{tmp_path / 'replay.db'}", seed=0, retime=0)
     assert result.status == "finished" and result.measured == 24 and result.failed == 0
-    assert result.best.median_ms <= 1.05 * times[0] < times[len(times) // 2]
+    assert result.best.median_ms <= 1.10 * times[0] < times[len(times) // 2]
 
 
 @pytest.mark.parametrize("problem", WHOLE)

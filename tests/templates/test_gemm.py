@@ -734,7 +734,9 @@ def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout,
     fastest = min(e["measurement"]["timing"]["median_ms"] for e in measured)
     median = sorted(e["measurement"]["timing"]["median_ms"] for e in measured)[len(measured) // 2]
     db = f"sqlite:///{tmp_path / 'replay.db'}"
-    result = tuner.tune("gemm", shape, dtype, {"layout": layout}, trials=trials, replay=name, db=db, seed=0)
+    # no re-timing: its pick among ties (fewer registers) varies with the replay's trials in flight
+    result = tuner.tune("gemm", shape, dtype, {"layout": layout}, trials=trials, replay=name, db=db, seed=0,
+                        retime=0)
     assert result.status == "finished" and result.measured == trials and result.failed == 0
     # the starting points and TPE: within 5% of the landscape's best, well under its median
     assert result.best.median_ms <= 1.05 * fastest < median
