@@ -264,7 +264,8 @@ def test_the_peers_of_gelu_tanh_pass_the_familys_check(monkeypatch):
 
 # e4m3 (layout nt, K a multiple of 16), per-tensor and block scales, bf16 and fp16 out: sizes off
 # every tile (M and N odd or one past a tile, K not a multiple of 128: a scale block cut short);
-# K blocks a step's multiple and not (the two-set loop takes 8 or 4 blocks a step, the rest two).
+# K blocks even and odd past the first steps (the two-set loop takes two a step, an odd count's
+# last block after it).
 FP8_CASES = (
     ("1000,264,1008", "tensor", "bf16", "bias_gelu"),
     ("300,520,1360", "tensor", "bf16", "none"),

@@ -718,10 +718,7 @@ def test_swapped_configs_compile_without_spilling(tmp_path):
     ("gemm_1024x4096x4096-e4m3-nt_h200", "1024,4096,4096", "e4m3", "nt", 40),
 ])
 def test_a_study_replays_a_shipped_landscape_by_name(name, shape, dtype, layout, trials, tmp_path, module_ray):
-    import json
-
     import tuner
-
     from workers.replay import landscape_json
 
     (path,) = (ROOT / "templates" / "gemm" / "landscapes").glob(f"{name}.json*")  # .json or .json.gz
