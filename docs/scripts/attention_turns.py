@@ -15,6 +15,7 @@ the fastest first: its median, TFLOPS and cuDNN's time over its own by both meth
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +61,7 @@ def time_problem(problem, configs: list[dict], switch: _Switch, bench: GpuBench)
         switch.selected = version
         requests.append(CompileRequest(FAMILY.render(config, problem), FAMILY.launch(config, problem).kernel,
                                        tuple(FAMILY.compile_options(config, problem))))
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # nvcc runs apart: a thread waits on each
         list(pool.map(compile_cubin, requests))
     stream = stream_handle(torch.cuda.current_stream().cuda_stream)
     runs, trials = {"cudnn": peer_calls(problem, FAMILY.inputs(problem, 0))["cudnn"].run}, []

@@ -31,7 +31,8 @@ FIRST_AT_D128 = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=3, SMEM_LAYOU
 # causal mask the longest tiles first (1.37x on 2x16x1000x64, 1.05x persistent on 4x16x4096x128).
 # The constraints drop what does not apply (TILE_ORDER=lpt without the mask). Persistent blocks
 # of 128 x 160: the fastest of these on 8x16x2048x128 and 4x16x4096x128 in turns with cuDNN
-# (0.985x and 0.990x; 128 x 160 a block a tile 0.946x and 0.987x; H200, 2026-11-29).
+# (0.985x and 0.988x; 128 x 160 a block a tile 0.944x and 0.984x; H200, 2026-11-29,
+# docs/scripts/attention_turns.py).
 TMA = dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, STAGES=2, SMEM_LAYOUT="swizzle", WARP_SPECIALIZED=1, Q_IN_REGS=0,
            MMA="wgmma", LOADS="tma", PRODUCER_REGS=24, INTRA_OVERLAP=1, PINGPONG=1, EPILOGUE="st16")
 LPT = dict(TMA, TILE_ORDER="lpt")
