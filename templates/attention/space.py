@@ -11,7 +11,8 @@ from templates.family import DeviceLimits, Param, Problem
 PARAMS: tuple[Param, ...] = (
     Param("BLOCK_M", (64, 128, 32, 192), "query rows per thread block (32: more blocks for small problems; "
           "192: three consumer warpgroups, TMA path)"),
-    Param("BLOCK_N", (32, 64, 128, 96, 160, 176, 192), "keys per step of the K/V loop (96 and up from 160: TMA path)"),
+    Param("BLOCK_N", (32, 64, 128, 96, 160, 176, 192, 80), "keys per step of the K/V loop (96, 160 and up: "
+          "TMA path; 80: TMA path at D=256)"),
     Param("NUM_WARPS", (4, 8, 2, 12), "warps that compute (16 or 32 rows each; 12: TMA path)"),
     Param("STAGES", (1, 2, 3, 4), "K/V stages in shared memory (1: no overlap; 4: TMA path)"),
     Param("SMEM_LAYOUT", ("pad8", "swizzle", "pad0", "pad16"), "row padding in halves, or XOR swizzle"),
@@ -41,7 +42,11 @@ PARAMS: tuple[Param, ...] = (
           "halve each thread's registers and need both blocks' shared memory to fit"),
 )
 
-HOPPER_ONLY = {"BLOCK_M": (192,), "BLOCK_N": (96, 160, 176, 192), "NUM_WARPS": (12,), "STAGES": (4,)}
+HOPPER_ONLY = {"BLOCK_M": (192,), "BLOCK_N": (96, 160, 176, 192, 80), "NUM_WARPS": (12,), "STAGES": (4,)}
+# FA3's key block at D=256: two stages of 80 keys beside Q's 64 KB fill shared memory, where 96 do
+# not fit; 1.03-1.06x the 64-key block at D=256 (H200, docs/BENCHMARKS.md). Not offered at
+# narrower heads, where 96 keys and more fit.
+KEYS_AT_D256_ONLY = 80
 HOPPER_PARAMS = ("PRODUCER_REGS", "INTRA_OVERLAP", "PINGPONG", "EPILOGUE", "SCHEDULE", "TILE_ORDER",
                  "BLOCKS_PER_SM")
 # Registers of a thread that the launch bound (BLOCKS_PER_SM blocks an SM) leaves each warpgroup count.
@@ -66,8 +71,12 @@ TWO_BLOCK_LOW_RESERVE = 48
 # TMA config of D=256 (bf16 causal and fp16 without the mask, sm_90a, nvcc 13.0): with the
 # overlap, configs spilled with up to 32 registers to spare, none with 40 or more; with the
 # overlap, the persistent schedule and the TMA store, with up to 63 to spare.
+# Of 80 keys (KEYS_AT_D256_ONLY; every such config, the same two problems, nvcc 13.0): with the
+# overlap, spilled with 16 and 24 registers to spare, none with 32 (but the persistent ones with
+# the TMA store, up to 47).
 WIDE_ACC = 256
 WIDE_OVERLAP_RESERVE = 40
+WIDE_OVERLAP_RESERVE_AT_80_KEYS = 32
 WIDE_PERSISTENT_STORE_RESERVE = 64
 # The cp.async paths at D=256 and D=96, from ptxas' reports of every config (same two problems):
 # mma.sync on the XOR-swizzled tiles spilled in 52 of 64 at D=256 (its addresses beside the
@@ -310,6 +319,9 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
                "or 192 = 16*NUM_WARPS)"
     if params["BLOCK_N"] < 64:
         return "tile: the TMA path takes BLOCK_N of 64 and more"
+    if params["BLOCK_N"] == KEYS_AT_D256_ONLY and head_dim != 256:
+        return f"tile: {KEYS_AT_D256_ONLY} keys a step are D=256's (two stages of them fit beside its Q, as FA3 " \
+               "takes them there; narrower heads fit 96 and more)"
     if params["STAGES"] < 2:
         return "stages: the TMA path keeps two K/V stages or more"
     if params["TILE_ORDER"] != "head" and not problem.flag("causal"):
@@ -330,8 +342,10 @@ def _hopper_check(params: Mapping[str, Any], problem: Problem, device: DeviceLim
     if blocks > 1 and budget <= TWO_BLOCK_LOW_BUDGET:
         reserve = TWO_BLOCK_LOW_RESERVE
     if acc_dim(params, head_dim) >= WIDE_ACC and params["INTRA_OVERLAP"]:
-        wide = WIDE_PERSISTENT_STORE_RESERVE if persistent(params) and params["EPILOGUE"] == "tma" \
-            else WIDE_OVERLAP_RESERVE
+        if persistent(params) and params["EPILOGUE"] == "tma":
+            wide = WIDE_PERSISTENT_STORE_RESERVE
+        else:
+            wide = WIDE_OVERLAP_RESERVE_AT_80_KEYS if params["BLOCK_N"] == KEYS_AT_D256_ONLY else WIDE_OVERLAP_RESERVE
         reserve = max(reserve, wide)
     if padded_dim(head_dim) != head_dim:
         reserve = max(reserve, _padded_reserve(params, budget))

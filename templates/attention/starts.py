@@ -47,13 +47,17 @@ TMA_POINTS: dict[int, tuple[dict[str, Any], ...]] = {
 # D=96 holds D=128's tiles (its swizzled tiles and O accumulator are 128 columns wide, the last 32
 # unused), so it starts from D=128's points; FA3 takes 128 x 128 at D=96, here among them.
 TMA_POINTS[96] = TMA_POINTS[128]
-# D=256 (not yet measured on the H200): FA3's tile of 128 rows on two consumer warpgroups with
-# setmaxnreg 24/240 and the overlap, its 80 keys as 64 here (the space has no 80, and two stages
-# of 96 beside Q's 64 KB exceed shared memory); then without
-# ping-pong or without the overlap, the TMA store, the longest tiles first, and one consumer
-# warpgroup of 64 rows (96 keys, 176 fragment registers without the overlap).
+# D=256: FA3's tile of 128 rows on two consumer warpgroups with setmaxnreg 24/240 and the overlap,
+# with its 80 keys, first without ping-pong, then with it and the TMA store, and the longest
+# tiles first: 128 x 80 without ping-pong was the fastest of these on 4x8x4096x256 and
+# 1x8x16384x256 fp16 in turns with cuDNN (1.007x and 1.041x; 128 x 64 without ping-pong, the
+# earlier winner, 0.972x and 0.981x; H200, 2026-11-29, docs/scripts/attention_turns.py). Then
+# 64 keys: without ping-pong or without the overlap, the TMA store, the longest tiles first, and
+# one consumer warpgroup of 64 rows (96 keys, 176 fragment registers without the overlap).
 WIDE_ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PINGPONG=0)
-TMA_POINTS[256] = (dict(TMA, BLOCK_N=64), dict(TMA, BLOCK_N=64, PINGPONG=0), dict(LPT, BLOCK_N=64),
+TMA_POINTS[256] = (dict(TMA, BLOCK_N=80, PINGPONG=0), dict(TMA, BLOCK_N=80, EPILOGUE="tma"),
+                   dict(LPT, BLOCK_N=80, PINGPONG=0),
+                   dict(TMA, BLOCK_N=64, PINGPONG=0), dict(TMA, BLOCK_N=64), dict(LPT, BLOCK_N=64),
                    dict(TMA, BLOCK_N=64, INTRA_OVERLAP=0), dict(TMA, BLOCK_N=64, EPILOGUE="tma"),
                    dict(WIDE_ONE_CONSUMER, BLOCK_N=64), dict(WIDE_ONE_CONSUMER, BLOCK_N=96, INTRA_OVERLAP=0),
                    dict(WIDE_ONE_CONSUMER, BLOCK_N=64, STAGES=3, INTRA_OVERLAP=0))
@@ -69,11 +73,17 @@ SYNC_ONE_TILE = dict(BLOCK_M=64, BLOCK_N=64, NUM_WARPS=4, STAGES=2, SMEM_LAYOUT=
 # the fp16 studies, which had not measured them, kept the cp.async 64x128 tile (10.6-11.5 us).
 ONE_CONSUMER = dict(TMA, BLOCK_M=64, NUM_WARPS=4, PRODUCER_REGS=56, PINGPONG=0)
 FEW_TILES_POINTS = (dict(ONE_CONSUMER, STAGES=4), dict(ONE_CONSUMER, BLOCK_N=176, STAGES=3))
+# At D=256 neither fits shared memory: under the causal mask (the constraints drop it without),
+# 64 x 64 in two stages, persistent, the longest tiles first, the fastest config of the recorded
+# 2x8x1024x256 fp16 causal landscape (128 tiles; 128 x 80, the first of D=256's points, 1.12x its
+# time).
+FEW_TILES_AT_D256 = (dict(ONE_CONSUMER, BLOCK_N=64, SCHEDULE="persistent", TILE_ORDER="lpt"),)
 
 
 def starting_points(head_dim: int, few_tiles: bool = False) -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept).
     ``few_tiles``: the problem has fewer 128-row tiles than the GPU has SMs."""
-    return ([dict(p) for p in FEW_TILES_POINTS if few_tiles] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
+    few = FEW_TILES_POINTS + (FEW_TILES_AT_D256 if head_dim == 256 else ()) if few_tiles else ()
+    return ([dict(p) for p in few] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
             + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON]
             + ([dict(SYNC_ONE_TILE)] if head_dim in (96, 256) else []))

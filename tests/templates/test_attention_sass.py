@@ -182,9 +182,11 @@ def test_cp_async_paths_at_d96_and_d256(d, tmp_path):
 def test_a_whole_tiles_16_byte_store_epilogue_loads_before_it_stores(d, loads_in_flight, tmp_path):
     """The staged O rows come back from shared memory 16 bytes a load: at D 64 and 128 (two
     consumer warpgroups) a whole tile issues all of a warp's D/16 loads before its first global
-    store; the checked loop (D 96 here) waits for each store's row check, load and store in turn."""
+    store; the checked loop (D 96 here) waits for each store's row check, load and store in turn.
+    Every global store is one of 16 bytes (the compiler split the C++ form into four of 4 bytes)."""
     problem = FAMILY.parse_problem(f"4,16,4096,{d}", "fp16", {"causal": False})
     sass = disassemble(dict(TMA, PINGPONG=1, EPILOGUE="st16"), tmp_path, problem)
+    stores = re.findall(r"\b(STG\S*)\s", sass)
+    assert stores and set(stores) == {"STG.E.128"}
     order = "".join("L" if op.startswith("LDS") else "S" for op in re.findall(r"\b(LDS\S*\.128|STG\S*)\s", sass))
-    assert "S" in order
     assert max(len(run) for run in order.split("S")) == loads_in_flight
