@@ -16,37 +16,19 @@ and the peer's time over its own by both methods.
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import gemm_timing  # noqa: E402  (this folder's script: the problem's parsing and its peer)
+import gemm_timing  # noqa: E402  (this folder's scripts: the problem's parsing and its peer; the timing)
+from in_turns import Switch, time_and_print, verified_kernels  # noqa: E402
 
 from templates.gemm import render as gemm_render  # noqa: E402
-from workers.compile import compile_cubin  # noqa: E402
 from workers.gpu import GpuBench  # noqa: E402
-from workers.hold import stream_handle  # noqa: E402
-from workers.kernel_run import verified_run  # noqa: E402
-from workers.peers import do_bench_ms, held_timer  # noqa: E402
-from workers.results import CompileRequest  # noqa: E402
 
-REPS = 200
 FAMILY = gemm_timing.FAMILY
-
-
-class _Switch:
-    """Stands in for the wgmma path's template: renders whichever version is selected."""
-
-    def __init__(self, versions: dict[str, object]) -> None:
-        self.versions, self.selected = versions, "current"
-
-    def render(self, **context: object) -> str:
-        return self.versions[self.selected].render(**context)
 
 
 def _label(config: dict, version: str) -> str:
@@ -54,40 +36,14 @@ def _label(config: dict, version: str) -> str:
     return f"{config['BLOCK_M']}x{config['BLOCK_N']} {config['STAGES']} stages {kind}, C {config['C_STORE']} | {version}"
 
 
-def time_problem(problem, configs: list[dict], switch: _Switch, bench: GpuBench) -> None:
-    limits = bench.device_info().limits
-    kernels = [(c, v) for c in configs if FAMILY.check(c, problem, limits) is None for v in switch.versions]
-    requests = []
-    for config, version in kernels:
-        switch.selected = version
-        requests.append(CompileRequest(FAMILY.render(config, problem), FAMILY.launch(config, problem).kernel,
-                                       tuple(FAMILY.compile_options(config, problem))))
-    with ThreadPoolExecutor(os.cpu_count()) as pool:  # nvcc runs apart: a thread waits on each
-        list(pool.map(compile_cubin, requests))
-    stream = stream_handle(torch.cuda.current_stream().cuda_stream)
-    runs, trials = {"peer": gemm_timing.peer(problem)}, []
-    for config, version in kernels:
-        switch.selected = version
-        trial = verified_run(bench, FAMILY, problem, config)
-        trials.append(trial)
-        runs[_label(config, version)] = (lambda t: lambda: t.launch_on(stream))(trial)
-    timer = held_timer(torch)
-    for run in runs.values():
-        for _ in range(10):
-            run()
-    samples, late = timer.time_each(runs, REPS)
-    medians = {name: statistics.median(times) for name, times in samples.items()}
-    second = {name: do_bench_ms(run) for name, run in runs.items()}
-    m, n, k = problem.shape
-    print(f"\n{problem.key}: {len(kernels)} kernels and the peer in turns, {REPS} repetitions, {late} late holds")
-    for name in sorted(medians, key=medians.get):
-        print(f"  {1e3 * medians[name]:8.1f} us {2.0 * m * n * k / medians[name] / 1e9:5.0f} TFLOPS  peer/this "
-              f"{medians['peer'] / medians[name]:.3f} (do_bench {second['peer'] / second[name]:.3f})  {name}",
-              flush=True)
-    torch.cuda.synchronize()
-    for trial in trials:
-        trial.release()
-    timer.hold.close()
+def time_problem(problem, configs: list[dict], switch: Switch, bench: GpuBench) -> None:
+    runs, trials = verified_kernels(torch, FAMILY, problem, configs, switch, bench, _label)
+    try:
+        m, n, k = problem.shape
+        time_and_print(torch, problem.key, {"peer": gemm_timing.peer(problem), **runs}, "peer", 2.0 * m * n * k)
+    finally:
+        for trial in trials:
+            trial.release()
 
 
 def main(problems: str, config_file: str, others: list[str]) -> None:
@@ -95,7 +51,7 @@ def main(problems: str, config_file: str, others: list[str]) -> None:
     current = gemm_render._TEMPLATES["wgmma"]
     versions = {"current": current} | {Path(f).name: gemm_render._ENVIRONMENT.from_string(Path(f).read_text())
                                         for f in others}
-    switch = _Switch(versions)
+    switch = Switch(versions)
     gemm_render._TEMPLATES["wgmma"] = switch
     bench = GpuBench(0)
     try:
