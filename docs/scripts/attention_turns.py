@@ -18,10 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from in_turns import Switch, time_and_print, verified_kernels  # noqa: E402  (this folder's helper)
+from in_turns import template_versions, time_versions  # noqa: E402  (this folder's helper)
 
 from templates import get_family  # noqa: E402
 from templates.attention import render as attention_render  # noqa: E402
@@ -37,30 +35,15 @@ def _label(config: dict, version: str) -> str:
             f"{config['SCHEDULE']} {config['EPILOGUE']} {config['TILE_ORDER']} | {version}")
 
 
-def time_problem(problem, configs: list[dict], switch: Switch, bench: GpuBench) -> None:
-    runs, trials = verified_kernels(torch, FAMILY, problem, configs, switch, bench, _label)
-    try:
-        cudnn = peer_calls(problem, FAMILY.inputs(problem, 0))["cudnn"].run
-        time_and_print(torch, problem.key, {"cudnn": cudnn, **runs}, "cudnn", FAMILY.flops(problem))
-    finally:
-        for trial in trials:
-            trial.release()
-
-
 def main(shapes: str, dtype: str, config_file: str, others: list[str]) -> None:
     dtype, _, mask = dtype.partition(":")
     configs = [{**FAMILY.default_params(), **TMA, **c} for c in json.loads(Path(config_file).read_text())]
-    current = attention_render._TEMPLATES["tma"]
-    versions = {"current": current} | {Path(f).name: attention_render._ENVIRONMENT.from_string(Path(f).read_text())
-                                        for f in others}
-    switch = Switch(versions)
-    attention_render._TEMPLATES["tma"] = switch
     bench = GpuBench(0)
-    try:
+    with template_versions(attention_render, "tma", others) as switch:
         for shape in shapes.split(";"):
-            time_problem(FAMILY.parse_problem(shape, dtype, {"causal": mask == "causal"}), configs, switch, bench)
-    finally:
-        attention_render._TEMPLATES["tma"] = current
+            problem = FAMILY.parse_problem(shape, dtype, {"causal": mask == "causal"})
+            cudnn = peer_calls(problem, FAMILY.inputs(problem, 0))["cudnn"].run
+            time_versions(FAMILY, problem, configs, switch, bench, _label, ("cudnn", cudnn))
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
 import gemm_timing  # noqa: E402  (this folder's scripts: the problem's parsing and its peer; the timing)
-from in_turns import Switch, time_and_print, verified_kernels  # noqa: E402
+from in_turns import template_versions, time_versions  # noqa: E402
 
 from templates.gemm import render as gemm_render  # noqa: E402
 from workers.gpu import GpuBench  # noqa: E402
@@ -36,29 +34,13 @@ def _label(config: dict, version: str) -> str:
     return f"{config['BLOCK_M']}x{config['BLOCK_N']} {config['STAGES']} stages {kind}, C {config['C_STORE']} | {version}"
 
 
-def time_problem(problem, configs: list[dict], switch: Switch, bench: GpuBench) -> None:
-    runs, trials = verified_kernels(torch, FAMILY, problem, configs, switch, bench, _label)
-    try:
-        m, n, k = problem.shape
-        time_and_print(torch, problem.key, {"peer": gemm_timing.peer(problem), **runs}, "peer", 2.0 * m * n * k)
-    finally:
-        for trial in trials:
-            trial.release()
-
-
 def main(problems: str, config_file: str, others: list[str]) -> None:
     configs = [{**FAMILY.default_params(), **c} for c in json.loads(Path(config_file).read_text())]
-    current = gemm_render._TEMPLATES["wgmma"]
-    versions = {"current": current} | {Path(f).name: gemm_render._ENVIRONMENT.from_string(Path(f).read_text())
-                                        for f in others}
-    switch = Switch(versions)
-    gemm_render._TEMPLATES["wgmma"] = switch
     bench = GpuBench(0)
-    try:
+    with template_versions(gemm_render, "wgmma", others) as switch:
         for spec in problems.split(";"):
-            time_problem(gemm_timing.parse(*spec.split()), configs, switch, bench)
-    finally:
-        gemm_render._TEMPLATES["wgmma"] = current
+            problem = gemm_timing.parse(*spec.split())
+            time_versions(FAMILY, problem, configs, switch, bench, _label, ("peer", gemm_timing.peer(problem)))
 
 
 if __name__ == "__main__":

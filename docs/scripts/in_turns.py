@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import statistics
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
 
 from workers.compile import compile_cubin
 from workers.hold import stream_handle
@@ -28,7 +32,34 @@ class Switch:
         return self.versions[self.selected].render(**context)
 
 
-def verified_kernels(torch, family, problem, configs: list[dict], switch: Switch, bench, label) -> tuple[dict, list]:
+@contextmanager
+def template_versions(render, key: str, files: list[str]) -> Iterator[Switch]:
+    """``render._TEMPLATES[key]`` (a family's render module) replaced, while the block runs, by a
+    Switch over it ("current") and each file's template (by its name)."""
+    current = render._TEMPLATES[key]
+    switch = Switch({"current": current} | {Path(f).name: render._ENVIRONMENT.from_string(Path(f).read_text())
+                                            for f in files})
+    render._TEMPLATES[key] = switch
+    try:
+        yield switch
+    finally:
+        render._TEMPLATES[key] = current
+
+
+def time_versions(family, problem, configs: list[dict], switch: Switch, bench,
+                  label: Callable[[dict, str], str], peer: tuple[str, Callable[[], None]]) -> None:
+    """Each valid config in each of ``switch``'s versions, labelled ``label(config, version)``,
+    verified, then timed in turns with ``peer`` (its name and a call) and printed."""
+    runs, trials = verified_kernels(family, problem, configs, switch, bench, label)
+    try:
+        name, call = peer
+        time_and_print(problem.key, {name: call, **runs}, name, family.flops(problem))
+    finally:
+        for trial in trials:
+            trial.release()
+
+
+def verified_kernels(family, problem, configs: list[dict], switch: Switch, bench, label) -> tuple[dict, list]:
     """Each valid config in each of ``switch``'s versions, compiled on every core, checked by the
     workers' verification (outputs poisoned, float64 reference): ``label(config, version)`` to a
     launch on torch's stream, and the trials to release."""
@@ -51,7 +82,7 @@ def verified_kernels(torch, family, problem, configs: list[dict], switch: Switch
     return runs, trials
 
 
-def time_and_print(torch, title: str, runs: dict[str, Callable[[], None]], peer: str, flops: float) -> None:
+def time_and_print(title: str, runs: dict[str, Callable[[], None]], peer: str, flops: float) -> None:
     """Warms each of ``runs`` up, times them all by ``HeldTimer.time_each`` (the workers' flush,
     held events, REPS repetitions in turns), then each by ``triton.testing.do_bench``; prints a
     line a run, the fastest first: its median, TFLOPS and ``peer``'s time over its own by both."""
