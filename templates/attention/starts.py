@@ -83,7 +83,7 @@ FEW_TILES_AT_D256 = (dict(ONE_CONSUMER, BLOCK_N=64, SCHEDULE="persistent", TILE_
 def starting_points(head_dim: int, few_tiles: bool = False) -> list[dict[str, Any]]:
     """In the order they are measured (the family keeps those its constraints accept).
     ``few_tiles``: the problem has fewer 128-row tiles than the GPU has SMs."""
-    few = FEW_TILES_POINTS + (FEW_TILES_AT_D256 if head_dim == 256 else ()) if few_tiles else ()
-    return ([dict(p) for p in few] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
+    few = FEW_TILES_POINTS + FEW_TILES_AT_D256 if head_dim == 256 else FEW_TILES_POINTS
+    return ([dict(p) for p in few if few_tiles] + [dict(p) for p in TMA_POINTS.get(head_dim, ())]
             + ([dict(FIRST_AT_D128)] if head_dim == 128 else []) + [dict(p) for p in COMMON]
             + ([dict(SYNC_ONE_TILE)] if head_dim in (96, 256) else []))

@@ -4,6 +4,8 @@ memory), beside the mma.sync path's. Needs nvcc and cuobjdump; skipped where eit
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sass_tools import needs_sass, opcode_counts, sass_of
@@ -157,8 +159,6 @@ def test_c_by_tma_loads_the_tiles_bias_before_its_first_box(pingpong, block_m, t
     """With C stored by TMA, a thread's bias columns of the whole tile (BLOCK_N/8 pairs) are loaded
     before the epilogue's first stmatrix: no load waits behind a box's barrier (loaded box by box,
     the bias cost these kernels 5-20% at K=768)."""
-    import re
-
     problem = FAMILY.parse_problem("8192,3072,768", "bf16", {"layout": "nt", "epilogue": "bias"})
     params = dict(WGMMA, BLOCK_M=block_m, PERSISTENT=1, C_STORE="tma", PINGPONG=pingpong, GROUP_M=16)
     assert FAMILY.check(params, problem, H100_LIMITS) is None
