@@ -26,7 +26,7 @@ def fits_device(params: Mapping[str, Any], device: DeviceLimits) -> bool:
         rows = space.warpgroup_rows(params)
         if device.compute_capability != (9, 0) or rows not in (64, 128):
             return False
-        if space.pingpong_check(params):
+        if space.pingpong_check(params) or space.plain_accumulators_spill(params):
             return False
         if params["SWAP_AB"] and (params["BLOCK_M"] not in space.SWAP_BLOCK_M or params["C_STORE"] == "tma"
                                   or params["CLUSTER_M"] > 1):

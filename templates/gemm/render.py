@@ -58,6 +58,8 @@ def source(params: Params, problem: Problem) -> str:
         a_stride=_space.row_stride(params, a_cols),
         b_stride=_space.row_stride(params, b_cols),
         bias=_problem.has_bias(problem),
+        bias_ahead=(_problem.has_bias(problem) and _space.wgmma(params)
+                    and _space.bias_ahead(params, _space.fp8_part_sets(params) if fp8 else 1)),
         activation=ACTIVATIONS[epilogue],
         ptx_type="f16" if _problem.out_dtype(problem) == "fp16" else "bf16",
         mma_type="e4m3" if fp8 else ("f16" if problem.dtype == "fp16" else "bf16"),

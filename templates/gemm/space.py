@@ -99,11 +99,21 @@ MAX_CONSUMER_REGS = 240
 # PINGPONG=1: two consumer warpgroups (NUM_WARPS 8) of a persistent block taking whole tiles in turn,
 # each unit a whole tile (SPLIT_K 1), A's rows on the MMA's 64-row side (SWAP_AB 0)
 PINGPONG_FIXED = {"PERSISTENT": 1, "NUM_WARPS": 8, "SPLIT_K": 1, "SWAP_AB": 0}
-# ptxas' reports on every ping-pong kind (tile, setmaxnreg, cluster, C store; fewest and most
-# stages; five epilogues, four layouts, e4m3): of 1,968 compiles 52 spilled (4-12 bytes), all of
-# them 128 accumulators a thread without setmaxnreg (168 registers); 96 or fewer never did. With
-# this rule none of the 1,608 left spilled.
-PINGPONG_PLAIN_ACCUMULATORS = 96
+# A's rows on the MMA's 64-row side, more than this many accumulators a consumer thread need
+# setmaxnreg (at the launch's cap of 168 registers they spill). ptxas' reports: of 1,968 compiles
+# of every ping-pong kind (tile, setmaxnreg, cluster, C store; fewest and most stages; five
+# epilogues, four layouts, e4m3) 52 spilled (4-12 bytes), all of them 128 accumulators a thread
+# without setmaxnreg; 96 or fewer never did. Sharing tiles, 128 a thread at the cap spilled 4-20
+# bytes from registers and beside GELU's erf by TMA (128 x 256, 128 x 224, 256 x 128 on two
+# consumer warpgroups).
+PLAIN_ACCUMULATORS = 96
+# The epilogue loads the tile's whole bias (a register a column pair of each 8-column n-tile)
+# before its first store where a consumer thread has this many registers beside its accumulators,
+# else column pair by column pair. ptxas' reports on every wgmma kind (tile, setmaxnreg,
+# persistent, cluster, C store, ping-pong) of seven bias problems (every epilogue, four layouts,
+# e4m3 with either scale): 1,132 compiles, none spilled; loaded ahead, 128 x 192 at the cap (72
+# spare) spilled 8-40 bytes.
+BIAS_AHEAD_SPARE_REGS = 96
 HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB", "PINGPONG")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
 # ptxas' reports: with PERSISTENT or CLUSTER_M the producer warpgroup's loop
@@ -208,6 +218,19 @@ def consumer_registers(params: Mapping[str, Any]) -> int:
         return cap
     pool = (1 + consumers(params)) * min(256, (cap + 7) // 8 * 8)
     return min(MAX_CONSUMER_REGS, (pool - params["PRODUCER_REGS"]) // consumers(params) // 8 * 8)
+
+
+def plain_accumulators_spill(params: Mapping[str, Any]) -> bool:
+    """wgmma, A's rows on the MMA's 64-row side: more than PLAIN_ACCUMULATORS a thread without
+    setmaxnreg."""
+    return not params["SWAP_AB"] and accumulators(params) > PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]
+
+
+def bias_ahead(params: Mapping[str, Any], sets: int = 1) -> bool:
+    """wgmma: whether the epilogue loads the tile's whole bias before its first store (see
+    BIAS_AHEAD_SPARE_REGS), beside ``sets`` sets of accumulators (e4m3: ``fp8_part_sets``)."""
+    spare = consumer_registers(params) - sets * accumulators(params)
+    return not params["SWAP_AB"] and spare >= BIAS_AHEAD_SPARE_REGS
 
 
 def warps_m(params: Mapping[str, Any]) -> int:
@@ -364,6 +387,9 @@ def _wgmma_check(params: Mapping[str, Any], problem: Problem, device: DeviceLimi
             return reason
     if accumulators(params) > MAX_ACCUMULATORS:
         return f"registers: {accumulators(params)} accumulators a consumer thread > {MAX_ACCUMULATORS}"
+    if plain_accumulators_spill(params):
+        return (f"registers: {accumulators(params)} accumulators a thread spill in {consumer_registers(params)} "
+                f"registers (setmaxnreg needed)")
     smem = smem_bytes(params, problem.flag("layout"))
     if smem > device.max_smem_per_block_optin:
         return f"shared memory: {smem} bytes > {device.max_smem_per_block_optin} opt-in limit"
@@ -378,9 +404,6 @@ def pingpong_check(params: Mapping[str, Any]) -> str | None:
         if params[name] != value:
             return (f"pingpong: PINGPONG=1 takes whole tiles in turn on two consumer warpgroups of a persistent "
                     f"block ({', '.join(f'{n}={v}' for n, v in PINGPONG_FIXED.items())}), not {name}={params[name]}")
-    if accumulators(params) > PINGPONG_PLAIN_ACCUMULATORS and not params["PRODUCER_REGS"]:
-        return (f"registers: ping-pong's {accumulators(params)} accumulators a thread spill in "
-                f"{consumer_registers(params)} registers (setmaxnreg needed)")
     return None
 
 

@@ -595,6 +595,24 @@ def test_persistent_blocks_are_capped_at_what_the_multiprocessors_hold():
     assert FAMILY.check(dict(params, PRODUCER_REGS=24), problem, H100_LIMITS).startswith("registers: a producer")
 
 
+def test_more_than_96_accumulators_a_thread_take_setmaxnreg_and_the_bias_loads_ahead_where_registers_allow():
+    problem = _problem("8192,3072,768", "bf16", "nt", "bias")
+    wide = _wgmma(BLOCK_M=128, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1)
+    for store in ("direct", "tma"):
+        assert FAMILY.check(dict(wide, C_STORE=store), problem, H100_LIMITS) is None
+        assert FAMILY.check(dict(wide, C_STORE=store, PRODUCER_REGS=0), problem, H100_LIMITS).startswith(
+            "registers: 128 accumulators a thread spill in 168 registers")
+    # 128 accumulators beside 232 registers: the whole tile's bias ahead; 96 beside the cap's 168 not
+    assert "#define BIAS_AHEAD 1" in FAMILY.render(wide, problem)
+    capped = dict(wide, BLOCK_N=192, PRODUCER_REGS=0)
+    assert FAMILY.check(capped, problem, H100_LIMITS) is None
+    assert "#define BIAS_AHEAD 0" in FAMILY.render(capped, problem)
+    assert "#define BIAS_AHEAD 0" in FAMILY.render(wide, _problem("8192,3072,768", "bf16", "nt", "none"))
+    # A on the MMA's N side (few rows): its own registers' rules
+    swapped = _wgmma(BLOCK_M=32, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=0, SWAP_AB=1)
+    assert not space.plain_accumulators_spill(swapped) and not space.bias_ahead(swapped)
+
+
 def test_pingpong_warpgroups_take_whole_tiles_in_turn():
     params = _wgmma(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1, C_STORE="tma", PINGPONG=1)
     problem = _problem("8192,3072,768", "fp16", "nt", "bias_gelu_tanh")
@@ -613,7 +631,7 @@ def test_pingpong_warpgroups_take_whole_tiles_in_turn():
         "a block a tile": (dict(params, PERSISTENT=0), problem, "pingpong: PINGPONG=1"),
         "256 rows a warpgroup": (dict(params, BLOCK_M=256, BLOCK_N=64), problem,
                                  "wgmma: 256 rows a consumer warpgroup"),
-        "no setmaxnreg": (dict(params, PRODUCER_REGS=0), problem, "registers: ping-pong's 128 accumulators"),
+        "no setmaxnreg": (dict(params, PRODUCER_REGS=0), problem, "registers: 128 accumulators a thread spill"),
         "too few tiles": (params, _problem("1024,1024,4096", "fp16", "nt"), "persistent: 64 work units"),
         "mma.sync": (dict(FAMILY.default_params(), PINGPONG=1), problem, "path: PINGPONG applies"),
     }
