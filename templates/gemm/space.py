@@ -107,12 +107,13 @@ PINGPONG_FIXED = {"PERSISTENT": 1, "NUM_WARPS": 8, "SPLIT_K": 1, "SWAP_AB": 0}
 # bytes from registers and beside GELU's erf by TMA (128 x 256, 128 x 224, 256 x 128 on two
 # consumer warpgroups).
 PLAIN_ACCUMULATORS = 96
-# The epilogue loads the tile's whole bias (a register a column pair of each 8-column n-tile)
-# before its first store where a consumer thread has this many registers beside its accumulators,
-# else column pair by column pair. ptxas' reports on every wgmma kind (tile, setmaxnreg,
-# persistent, cluster, C store, ping-pong) of seven bias problems (every epilogue, four layouts,
-# e4m3 with either scale): 1,132 compiles, none spilled; loaded ahead, 128 x 192 at the cap (72
-# spare) spilled 8-40 bytes.
+# With C stored by TMA, the epilogue loads the tile's whole bias (a register a column pair of each
+# 8-column n-tile) before its first box where a consumer thread has this many registers beside its
+# accumulators, else box by box. ptxas' reports on every wgmma kind (tile, setmaxnreg, persistent,
+# cluster, C store, ping-pong) of seven bias problems (every epilogue, four layouts, e4m3 with
+# either scale): 1,132 compiles, none spilled; loaded ahead, 128 x 192 at the cap (72 spare)
+# spilled 4-40 bytes beside GELU's erf. (From registers the loads stay column pair by column pair:
+# loaded ahead they were 2-8% slower, H200.)
 BIAS_AHEAD_SPARE_REGS = 96
 HOPPER_PARAMS = ("PRODUCER_REGS", "PERSISTENT", "SPLIT_K", "CLUSTER_M", "C_STORE", "SWAP_AB", "PINGPONG")
 MAX_SYNC_STAGES = 4  # the mma.sync path's cp.async pipeline (its 864 configs)
@@ -227,10 +228,10 @@ def plain_accumulators_spill(params: Mapping[str, Any]) -> bool:
 
 
 def bias_ahead(params: Mapping[str, Any], sets: int = 1) -> bool:
-    """wgmma: whether the epilogue loads the tile's whole bias before its first store (see
+    """wgmma, C by TMA: whether the epilogue loads the tile's whole bias before its first box (see
     BIAS_AHEAD_SPARE_REGS), beside ``sets`` sets of accumulators (e4m3: ``fp8_part_sets``)."""
     spare = consumer_registers(params) - sets * accumulators(params)
-    return not params["SWAP_AB"] and spare >= BIAS_AHEAD_SPARE_REGS
+    return params["C_STORE"] == "tma" and spare >= BIAS_AHEAD_SPARE_REGS
 
 
 def warps_m(params: Mapping[str, Any]) -> int:

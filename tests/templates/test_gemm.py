@@ -595,18 +595,21 @@ def test_persistent_blocks_are_capped_at_what_the_multiprocessors_hold():
     assert FAMILY.check(dict(params, PRODUCER_REGS=24), problem, H100_LIMITS).startswith("registers: a producer")
 
 
-def test_more_than_96_accumulators_a_thread_take_setmaxnreg_and_the_bias_loads_ahead_where_registers_allow():
+def test_more_than_96_accumulators_a_thread_take_setmaxnreg_and_tma_stores_load_the_bias_ahead_where_registers_allow():
     problem = _problem("8192,3072,768", "bf16", "nt", "bias")
     wide = _wgmma(BLOCK_M=128, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=40, PERSISTENT=1)
     for store in ("direct", "tma"):
         assert FAMILY.check(dict(wide, C_STORE=store), problem, H100_LIMITS) is None
         assert FAMILY.check(dict(wide, C_STORE=store, PRODUCER_REGS=0), problem, H100_LIMITS).startswith(
             "registers: 128 accumulators a thread spill in 168 registers")
-    # 128 accumulators beside 232 registers: the whole tile's bias ahead; 96 beside the cap's 168 not
+    # C by TMA, 128 accumulators beside 232 registers: the whole tile's bias ahead of the first box;
+    # 96 beside the cap's 168 not; from registers never
+    wide = dict(wide, C_STORE="tma")
     assert "#define BIAS_AHEAD 1" in FAMILY.render(wide, problem)
     capped = dict(wide, BLOCK_N=192, PRODUCER_REGS=0)
     assert FAMILY.check(capped, problem, H100_LIMITS) is None
     assert "#define BIAS_AHEAD 0" in FAMILY.render(capped, problem)
+    assert "#define BIAS_AHEAD 0" in FAMILY.render(dict(wide, C_STORE="direct"), problem)
     assert "#define BIAS_AHEAD 0" in FAMILY.render(wide, _problem("8192,3072,768", "bf16", "nt", "none"))
     # A on the MMA's N side (few rows): its own registers' rules
     swapped = _wgmma(BLOCK_M=32, BLOCK_N=256, NUM_WARPS=8, PRODUCER_REGS=0, SWAP_AB=1)
