@@ -231,9 +231,7 @@ def bias_ahead(params: Mapping[str, Any], sets: int = 1) -> bool:
     """wgmma, C by TMA: whether the epilogue loads the tile's whole bias before its first box (see
     BIAS_AHEAD_SPARE_REGS): the consumer's registers less ``sets`` times its accumulators. e4m3
     passes ``fp8_part_sets``, which leaves the promoted sums' set uncounted: that is the rule
-    ptxas' reports checked (none of its e4m3 compiles spilled), not a count of every set; counting
-    that set too would load e4m3's 128 x 128 and 128 x 192 bias box by box, 4-11% slower with
-    per-tensor scales (H200, docs/BENCHMARKS.md)."""
+    ptxas' reports checked (none of its e4m3 compiles spilled), not a count of every set."""
     spare = consumer_registers(params) - sets * accumulators(params)
     return params["C_STORE"] == "tma" and spare >= BIAS_AHEAD_SPARE_REGS
 
