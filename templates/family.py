@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from templates.versions import versioned_bytes
+
 Params = Mapping[str, Any]
 
 
@@ -644,8 +646,9 @@ class KernelFamily(abc.ABC):
 
     @property
     def template_hash(self) -> str:
-        """Hash of the ``kernel_files`` (every file of the folder when none are named) and of the
-        space: a new one is a new version of the kernels."""
+        """Hash of the ``kernel_files`` (every file of the folder when none are named; of a Python
+        file its code, not its comments or docstrings: ``templates.versions``) and of the space: a
+        new one is a new version of the kernels."""
         digest = hashlib.sha256()
         paths = [self.folder / name for name in self.kernel_files] or [
             p for p in sorted(self.folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
@@ -653,7 +656,7 @@ class KernelFamily(abc.ABC):
             if not path.is_file():
                 raise TemplateError(f"{self.name}: kernel file {path.name!r} is not in {self.folder}")
             digest.update(path.relative_to(self.folder).as_posix().encode())
-            digest.update(path.read_bytes())
+            digest.update(versioned_bytes(path))
         space = [[p.name, [repr(c) for c in p.choices]] for p in self.params]
         digest.update(json.dumps(space).encode())
         return digest.hexdigest()[:16]

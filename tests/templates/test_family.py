@@ -30,14 +30,30 @@ def test_the_hash_follows_the_kernel_files_only(tmp_path):
     (folder / "starts.py").write_text((folder / "starts.py").read_text() + "\n")
     (folder / "__init__.py").write_text((folder / "__init__.py").read_text() + "\n")
     assert family.template_hash == ATTENTION.template_hash  # not kernel files
-    (folder / "space.py").write_text((folder / "space.py").read_text() + "\n")
+    (folder / "space.py").write_text((folder / "space.py").read_text() + "\nLIMIT = 1\n")
+    assert family.template_hash != ATTENTION.template_hash
+
+
+def test_a_python_kernel_files_comments_and_docstrings_are_not_its_version(tmp_path):
+    family, folder = _copy_of_attention(tmp_path, ATTENTION.kernel_files)
+    space = folder / "space.py"
+    text = space.read_text()
+    assert '"""' in text and "# " in text
+    reworded = text.replace('"""', '"""Reworded. ', 1).replace("# ", "# reworded: ", 3)
+    space.write_text(reworded + "\n\n# a note at the end\n")
+    assert family.template_hash == ATTENTION.template_hash
+    space.write_text(reworded + "\nLIMIT = 1\n")
+    assert family.template_hash != ATTENTION.template_hash
+    space.write_text(text)
+    hopper = folder / "hopper.cu.j2"  # the CUDA template: byte for byte, its comments too
+    hopper.write_text(hopper.read_text() + "// a note\n")
     assert family.template_hash != ATTENTION.template_hash
 
 
 def test_without_kernel_files_every_file_counts(tmp_path):
     family, folder = _copy_of_attention(tmp_path, ())
     before = family.template_hash
-    (folder / "problem.py").write_text((folder / "problem.py").read_text() + "\n")
+    (folder / "problem.py").write_text((folder / "problem.py").read_text() + "\nTOLERANCE = 1\n")
     assert family.template_hash != before
 
 
