@@ -10,6 +10,7 @@ tokens differ between 3.11 and 3.12, and a study stored on one machine is looked
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from pathlib import Path
@@ -25,6 +26,7 @@ def versioned_bytes(path: Path) -> bytes:
     return code_only(data.decode()).encode()
 
 
+@functools.lru_cache(maxsize=64)  # by the text: a template version is read often, its files rarely change
 def code_only(source: str) -> str:
     """``source`` without comments, docstrings, blank lines and trailing spaces."""
     lines = source.splitlines()
