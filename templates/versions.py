@@ -23,7 +23,10 @@ def versioned_bytes(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix != ".py":
         return data
-    return code_only(data.decode()).encode()
+    try:
+        return code_only(data.decode()).encode()
+    except (SyntaxError, tokenize.TokenError, UnicodeDecodeError):  # not Python we can read: every byte
+        return data
 
 
 @functools.lru_cache(maxsize=64)  # by the text: a template version is read often, its files rarely change

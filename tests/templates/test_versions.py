@@ -60,3 +60,6 @@ def test_other_files_count_byte_for_byte(tmp_path):
     py = tmp_path / "k.py"
     py.write_text("N = 4  # a note\n")
     assert versioned_bytes(py) == b"N = 4"
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n    pass  # a note\n")
+    assert versioned_bytes(broken) == b"def f(:\n    pass  # a note\n"
